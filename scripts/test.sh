@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up .venv (CPU torch on machines without CUDA) and runs the whole test suite under SPEC_STRICT=1.
+# pytest's exit code 5 (no tests collected) counts as a failure: a suite that collects nothing is broken.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh runtime,test || exit 1
+export SPEC_STRICT="${SPEC_STRICT:-1}"
+.venv/bin/python -m pytest -q "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"

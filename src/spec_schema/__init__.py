@@ -1,0 +1,44 @@
+"""spec_schema: the typed contract of speculative decoding.
+
+One frozen dataclass per phase (`DraftInput`, `VerifyInput`, `VerifyOutput`, `DraftExtendInput`)
+with jaxtyping axes; one width rule (`hidden_width`, `*.hidden_size_for`, `*.dtype_for`); strict
+checking at construction and at `@boundary` functions when SPEC_STRICT is 1 or 2, and nothing at all
+when it is unset. Depends on torch, jaxtyping, beartype and pydantic only.
+"""
+
+from . import _strict
+from ._contract import boundary, check, reference_checker, standing_aside
+from .config import TRAITS, AlgorithmTraits, ModelDims, SpecAlgorithm, SpecConfig, max_tree_nodes, traits
+from .errors import SpecContractError
+from .phases import DraftExtendInput, DraftInput, HiddenFloat, VerifyInput, VerifyOutput
+from .widths import Width, hidden_width
+
+STRICT_LEVEL: int = _strict.LEVEL
+"""The strict level read from SPEC_STRICT at import: 0, 1 or 2."""
+
+PHASE_CLASSES = (DraftInput, VerifyInput, VerifyOutput, DraftExtendInput)
+
+__all__ = [
+    "STRICT_LEVEL",
+    "PHASE_CLASSES",
+    "SpecAlgorithm",
+    "AlgorithmTraits",
+    "TRAITS",
+    "traits",
+    "ModelDims",
+    "SpecConfig",
+    "max_tree_nodes",
+    "Width",
+    "hidden_width",
+    "DraftInput",
+    "VerifyInput",
+    "VerifyOutput",
+    "DraftExtendInput",
+    "HiddenFloat",
+    "SpecContractError",
+    "boundary",
+    "check",
+    "reference_checker",
+    "standing_aside",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,253 @@
+"""Strict checking: the phase-class decorator, the boundary decorator and `check()`.
+
+With SPEC_STRICT unset, `phase_class` returns a plain frozen dataclass and `boundary` returns the
+function itself: nothing wraps anything. With SPEC_STRICT=1 a phase object is checked when it is
+built (internal consistency) and at every decorated boundary (config-known sizes too). Checks read
+only shapes, dtypes and devices, and stand aside during CUDA-graph capture and torch.compile tracing.
+SPEC_STRICT=2 adds value invariants and the jaxtyping + beartype reference check.
+"""
+
+import dataclasses
+import functools
+import inspect
+import threading
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, TypeVar
+
+import torch
+
+from . import _strict
+from ._plan import Bound, Context, check_fields, plan_for
+from .config import SpecConfig
+from .errors import SpecContractError
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_HAS_CUDA = torch.cuda.is_available()
+
+
+def standing_aside() -> bool:
+    """True while torch.compile traces or a CUDA graph is being captured: checks do nothing then."""
+    if torch.compiler.is_compiling():
+        return True
+    return _HAS_CUDA and torch.cuda.is_current_stream_capturing()
+
+
+class _Active(threading.local):
+    """The boundary running on this thread: its config and name (objects built inside it use them)."""
+
+    config: Optional[SpecConfig] = None
+    name: Optional[str] = None
+
+
+_ACTIVE = _Active()
+
+
+def _post_init(self: Any) -> None:
+    if standing_aside():
+        return
+    config = _ACTIVE.config
+    _check(self, type(self), config, Context(type(self).__name__, _ACTIVE.name), getattr, _strict.LEVEL >= 2)
+    if config is not None:
+        object.__setattr__(self, "_spec_checked", config)
+
+
+def phase_class(cls: type[T]) -> type[T]:
+    """Make a frozen phase dataclass; under SPEC_STRICT its construction is checked.
+
+    The check lives in `__post_init__`, which the dataclass machinery also calls from the `__init__`
+    of any subclass (an engine's tag subclass for an MTP variant, say), so subclasses are checked too.
+    """
+    if _strict.LEVEL:
+        cls.__post_init__ = _post_init  # type: ignore[attr-defined]
+    return dataclasses.dataclass(frozen=True, eq=False)(cls)
+
+
+def _check(
+    obj: Any,
+    cls: type,
+    config: Optional[SpecConfig],
+    ctx: Context,
+    getter: Callable[[Any, str], Any],
+    values: bool,
+) -> None:
+    plan = plan_for(cls)
+    bound: Bound = {}
+    expect: Mapping[str, tuple[Any, str]] = {}
+    if config is not None:
+        axes, expect = _config_facts(cls, config)
+        bound = dict(axes)
+    try:
+        nested = check_fields(obj, plan, ctx, bound, getter, expect)
+    except SpecContractError as err:
+        raise err from _reference_verdict(obj, cls, getter)
+    for f, value in nested:
+        if config is not None and getattr(value, "_spec_checked", None) is config:
+            continue
+        _check(value, f.phase_cls, config, Context(f"{ctx.cls_name}.{f.name}", ctx.producer, ctx.consumer),
+               getattr, values)
+    if values:
+        _check_values(obj, cls, config, ctx, getter)
+
+
+_FACTS: dict[tuple[type, int], tuple[SpecConfig, Mapping[str, tuple[int, str]], Mapping[str, Any]]] = {}
+
+
+def _config_facts(cls: type, config: SpecConfig) -> tuple[Mapping[str, tuple[int, str]], Mapping[str, Any]]:
+    """The config-known axes and field expectations of a class, computed once per (class, config)."""
+    key = (cls, id(config))
+    hit = _FACTS.get(key)
+    if hit is None or hit[0] is not config:
+        if len(_FACTS) > 256:
+            _FACTS.clear()
+        hit = _FACTS[key] = (config, cls._config_axes(config), cls._config_expect(config))  # type: ignore[attr-defined]
+    return hit[1], hit[2]
+
+
+def _check_values(obj: Any, cls: type, config: Optional[SpecConfig], ctx: Context, getter: Any) -> None:
+    view = obj if getter is getattr else _MappedView(obj, getter, plan_for(cls))
+    problem = cls._value_problem(view, config)  # type: ignore[attr-defined]
+    if problem is not None:
+        field, text = problem
+        raise ctx.fail(field, f"value invariant broken: {text}")
+
+
+class _MappedView:
+    """Presents a foreign object under our field names (for value invariants of `check`)."""
+
+    def __init__(self, obj: Any, getter: Callable[[Any, str], Any], plan: Any) -> None:
+        for f in plan.fields:
+            setattr(self, f.name, getter(obj, f.name))
+
+
+_REFERENCE: dict[type, Callable[..., Any]] = {}
+
+
+def reference_checker(cls: type) -> Callable[..., Any]:
+    """A jaxtyping + beartype checked function with the class's fields as annotated parameters."""
+    fn = _REFERENCE.get(cls)
+    if fn is None:
+        from beartype import beartype
+        from jaxtyping import jaxtyped
+
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=hints[n]) for n in names]
+
+        def reference(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        reference.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        reference.__annotations__ = {n: hints[n] for n in names}
+        reference.__qualname__ = reference.__name__ = f"{cls.__name__}_reference"
+        fn = _REFERENCE[cls] = jaxtyped(typechecker=beartype)(reference)
+    return fn
+
+
+def _reference_verdict(obj: Any, cls: type, getter: Callable[[Any, str], Any]) -> Optional[BaseException]:
+    """Run the jaxtyping + beartype reference on a failing object; its error explains the failure."""
+    try:
+        reference_checker(cls)(**{f.name: getter(obj, f.name) for f in plan_for(cls).fields})
+    except Exception as err:  # noqa: BLE001 - any checker error is the explanation we want
+        return err
+    return None
+
+
+def check(
+    obj: Any,
+    cls: type,
+    config: Optional[SpecConfig] = None,
+    *,
+    mapping: Optional[Mapping[str, str]] = None,
+    values: Optional[bool] = None,
+    producer: Optional[str] = None,
+    consumer: Optional[str] = None,
+) -> None:
+    """Check any object with the fields of phase class `cls` against the contract.
+
+    `obj` may be a foreign engine's own class: its attributes are read by our field names, or through
+    `mapping` (our field name -> its attribute name). With `config`, the config-known sizes (hidden
+    widths, vocab, topk, num_draft ...) and the width rule's dtypes and None-ness are checked too.
+    `values` adds the value invariants (default: only at SPEC_STRICT=2). Runs whatever SPEC_STRICT
+    says; raises `SpecContractError`.
+    """
+    getter = getattr
+    if mapping:
+        missing = object()
+
+        def getter(o: Any, name: str) -> Any:
+            attr = mapping.get(name, name)
+            value = getattr(o, attr, missing)
+            if value is missing:
+                raise SpecContractError(
+                    f"{cls.__name__}.{name}: the object has no attribute {attr!r}", cls_name=cls.__name__, field=name
+                )
+            return value
+
+    ctx = Context(cls.__name__, producer, consumer)
+    _check(obj, cls, config, ctx, getter, _strict.LEVEL >= 2 if values is None else values)
+
+
+def _phase_params(fn: Callable[..., Any]) -> tuple[list[tuple[int, str, type]], Optional[type], Callable[..., Any]]:
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn)
+    consumed = []
+    for i, (name, _) in enumerate(sig.parameters.items()):
+        hint = hints.get(name)
+        if isinstance(hint, type) and hasattr(hint, "_config_axes"):
+            consumed.append((i, name, hint))
+    ret = hints.get("return")
+    produced = ret if isinstance(ret, type) and hasattr(ret, "_config_axes") else None
+    return consumed, produced, _config_finder(fn, sig)
+
+
+def _config_finder(fn: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Any]:
+    names = list(sig.parameters)
+    if "config" in names:
+        idx = names.index("config")
+        return lambda args, kwargs: kwargs["config"] if "config" in kwargs else args[idx]
+    if names and names[0] == "self":
+        return lambda args, kwargs: args[0].spec_config
+    raise TypeError(f"{fn.__qualname__}: a boundary needs a `config` parameter or a method of an object "
+                    "with `spec_config`")
+
+
+def boundary(fn: F) -> F:
+    """Mark a producer/consumer function of phase objects.
+
+    Parameters annotated with a phase class are checked on entry (consumer side), a phase-class
+    return value on exit (producer side), both against the `SpecConfig` found in the `config`
+    parameter or in `self.spec_config`. With SPEC_STRICT unset this returns `fn` itself.
+    """
+    if not _strict.LEVEL:
+        return fn
+    consumed, produced, find_config = _phase_params(fn)
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    values = _strict.LEVEL >= 2
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if standing_aside():
+            return fn(*args, **kwargs)
+        config = find_config(args, kwargs)
+        for idx, pname, cls in consumed:
+            obj = kwargs[pname] if pname in kwargs else args[idx]
+            if getattr(obj, "_spec_checked", None) is not config:  # each object is checked once
+                ctx = Context(type(obj).__name__, getattr(obj, "_spec_producer", None), name)
+                _check(obj, cls, config, ctx, getattr, values)
+        saved = _ACTIVE.config, _ACTIVE.name
+        _ACTIVE.config, _ACTIVE.name = config, name
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            _ACTIVE.config, _ACTIVE.name = saved
+        if produced is not None:
+            if getattr(out, "_spec_checked", None) is not config:
+                _check(out, produced, config, Context(type(out).__name__, name), getattr, values)
+            object.__setattr__(out, "_spec_producer", name)
+        return out
+
+    wrapper.__spec_boundary__ = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]

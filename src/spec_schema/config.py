@@ -1,0 +1,298 @@
+"""Algorithms, their traits, and the validated configuration of a speculative-decoding setup."""
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class SpecAlgorithm(str, enum.Enum):
+    """The speculative-decoding algorithms of the contract."""
+
+    EAGLE = "EAGLE"
+    EAGLE3 = "EAGLE3"
+    STANDALONE = "STANDALONE"
+
+
+Capture = Literal["none", "final", "aux"]
+
+
+@dataclass(frozen=True)
+class AlgorithmTraits:
+    """What differs between algorithms, as data. Code asks this table instead of branching on names.
+
+    Attributes:
+        draft_reads_hidden: the draft consumes hidden states (decode and extend phases).
+        target_capture: what the target captures in prefill and verify for the draft-extend phase:
+            "none", "final" (its post-norm last hidden state), or "aux" (the residual stream entering
+            a few layers, concatenated; EAGLE-3 with aux on, otherwise "final").
+        capture_rows: which target rows the capture keeps: "all" tree rows, or "none".
+        shares_embedding: the draft embeds tokens with the target's embedding unless its checkpoint
+            carries its own.
+        shares_lm_head: the draft scores tokens with the target's lm_head unless it carries its own.
+        draft_vocab_map: how draft-vocabulary ids become target ids: "identity" or "d2t" offsets.
+        has_aux_layers: the algorithm may capture several target layers (EAGLE-3).
+    """
+
+    draft_reads_hidden: bool
+    target_capture: Capture
+    capture_rows: Literal["all", "none"]
+    shares_embedding: bool
+    shares_lm_head: bool
+    draft_vocab_map: Literal["identity", "d2t"]
+    has_aux_layers: bool
+
+
+TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
+    SpecAlgorithm.EAGLE: AlgorithmTraits(
+        draft_reads_hidden=True,
+        target_capture="final",
+        capture_rows="all",
+        shares_embedding=True,
+        shares_lm_head=True,
+        draft_vocab_map="identity",
+        has_aux_layers=False,
+    ),
+    SpecAlgorithm.EAGLE3: AlgorithmTraits(
+        draft_reads_hidden=True,
+        target_capture="aux",
+        capture_rows="all",
+        shares_embedding=True,
+        shares_lm_head=False,
+        draft_vocab_map="d2t",
+        has_aux_layers=True,
+    ),
+    SpecAlgorithm.STANDALONE: AlgorithmTraits(
+        draft_reads_hidden=False,
+        target_capture="none",
+        capture_rows="none",
+        shares_embedding=False,
+        shares_lm_head=False,
+        draft_vocab_map="identity",
+        has_aux_layers=False,
+    ),
+}
+
+
+def traits(algorithm: SpecAlgorithm | str) -> AlgorithmTraits:
+    """The traits of one algorithm (accepts the enum or its name)."""
+    return TRAITS[SpecAlgorithm(algorithm)]
+
+
+class ModelDims(BaseModel):
+    """The dimensions of one model that the contract depends on.
+
+    For EAGLE-3 heads, `target_hidden_size` (when the head was trained on a target of another width),
+    `draft_vocab_size`, `use_aux_hidden_state` and the aux layers (`aux_layer_ids` or
+    `num_aux_hidden_states`) describe the head. Other models leave them unset.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden_size: PositiveInt = Field(description="width of the model's residual stream")
+    vocab_size: PositiveInt = Field(description="rows of the (input) embedding")
+    dtype: DTypeName = Field("bfloat16", description="dtype of weights and hidden states")
+    num_hidden_layers: Optional[PositiveInt] = Field(None, description="decoder layers, when known")
+    target_hidden_size: Optional[PositiveInt] = Field(
+        None, description="EAGLE-3 head: hidden size of the target it reads, when it differs"
+    )
+    draft_vocab_size: Optional[PositiveInt] = Field(
+        None, description="EAGLE-3 head: size of the draft vocabulary its lm_head scores"
+    )
+    use_aux_hidden_state: bool = Field(True, description="EAGLE-3 head: reads concatenated aux layers")
+    aux_layer_ids: Optional[tuple[int, ...]] = Field(
+        None, description="EAGLE-3 head: target layers whose input residual stream is captured"
+    )
+    num_aux_hidden_states: Optional[PositiveInt] = Field(
+        None, description="EAGLE-3 head: number of aux layers, when the ids are not given"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelDims":
+        ids, n = self.aux_layer_ids, self.num_aux_hidden_states
+        if ids is not None and n is not None and len(ids) != n:
+            raise ValueError(
+                f"aux_layer_ids {list(ids)} has {len(ids)} entries but num_aux_hidden_states is {n}"
+            )
+        if ids is not None and len(ids) == 0:
+            raise ValueError("aux_layer_ids must not be empty")
+        if self.draft_vocab_size is not None and self.draft_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}"
+            )
+        return self
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of this model's hidden states."""
+        return _TORCH_DTYPES[self.dtype]
+
+    @property
+    def num_aux(self) -> int:
+        """Aux layers an EAGLE-3 head reads: from the ids, else the count, else 3."""
+        if self.aux_layer_ids is not None:
+            return len(self.aux_layer_ids)
+        return self.num_aux_hidden_states or 3
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any, dtype: Optional[str | torch.dtype] = None) -> "ModelDims":
+        """Read a transformers config object or a config.json dict (duck-typed).
+
+        Reads `hidden_size`, `vocab_size`, `num_hidden_layers`, `torch_dtype`/`dtype`, and for
+        EAGLE-3 heads `target_hidden_size`, `draft_vocab_size`, `num_aux_hidden_states` and
+        `eagle_config.{eagle_aux_hidden_state_layer_ids, use_aux_hidden_state}`. `dtype` overrides
+        the config's dtype (the dtype the model will run in).
+        """
+        d = _as_dict(cfg)
+        eagle = d.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids") or d.get("eagle_aux_hidden_state_layer_ids")
+        return cls(
+            hidden_size=d["hidden_size"],
+            vocab_size=d["vocab_size"],
+            dtype=_dtype_name(dtype if dtype is not None else d.get("torch_dtype") or d.get("dtype")),
+            num_hidden_layers=d.get("num_hidden_layers"),
+            target_hidden_size=d.get("target_hidden_size"),
+            draft_vocab_size=d.get("draft_vocab_size"),
+            use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
+            aux_layer_ids=tuple(ids) if ids else None,
+            num_aux_hidden_states=d.get("num_aux_hidden_states"),
+        )
+
+
+def _as_dict(cfg: Any) -> dict[str, Any]:
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    if hasattr(cfg, "to_dict"):
+        return dict(cfg.to_dict())
+    return dict(vars(cfg))
+
+
+def _dtype_name(dtype: Any) -> str:
+    if dtype is None:
+        return "bfloat16"
+    if isinstance(dtype, torch.dtype):
+        for name, value in _TORCH_DTYPES.items():
+            if value == dtype:
+                return name
+        raise ValueError(f"unsupported dtype {dtype}; expected one of {sorted(_TORCH_DTYPES)}")
+    name = str(dtype).removeprefix("torch.")
+    return {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(name, name)
+
+
+def max_tree_nodes(num_steps: int, topk: int) -> int:
+    """Largest useful tree (root included): the root, topk first-level nodes, topk^2 per later step."""
+    return 1 + topk + (num_steps - 1) * topk * topk
+
+
+class SpecConfig(BaseModel):
+    """A speculative-decoding setup: the algorithm, both models' dims and the tree shape.
+
+    `num_steps` is the draft depth, `topk` the branching factor, `num_draft_tokens` the tree size per
+    request including the root. `topk == 1` means a chain of `num_steps + 1` nodes.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algorithm: SpecAlgorithm
+    target: ModelDims
+    draft: ModelDims
+    num_steps: PositiveInt = Field(description="draft depth: draft forward passes per iteration")
+    topk: PositiveInt = Field(description="branching factor of the draft tree")
+    num_draft_tokens: PositiveInt = Field(description="tree size per request, root included")
+
+    @model_validator(mode="after")
+    def _validate(self) -> "SpecConfig":
+        self._check_tree()
+        self._check_vocab()
+        self._check_aux()
+        return self
+
+    def _check_tree(self) -> None:
+        n, k, s = self.num_draft_tokens, self.topk, self.num_steps
+        if n < 2:
+            raise ValueError(f"num_draft_tokens must be >= 2 (the root and one draft), got {n}")
+        if k == 1 and n != s + 1:
+            raise ValueError(
+                f"topk 1 means a chain of num_steps + 1 = {s + 1} tokens, but num_draft_tokens is {n}"
+            )
+        limit = max_tree_nodes(s, k)
+        if n > limit:
+            raise ValueError(
+                f"num_draft_tokens {n} exceeds the largest tree for num_steps {s} and topk {k}: "
+                f"1 + topk + (num_steps - 1) * topk^2 = {limit}"
+            )
+
+    def _check_vocab(self) -> None:
+        t, d = self.target.vocab_size, self.draft.vocab_size
+        if d != t:
+            raise ValueError(
+                f"{self.algorithm.value}: draft vocab_size {d} differs from the target's {t}; "
+                "the draft must embed target token ids"
+            )
+        if self.target.draft_vocab_size is not None:
+            raise ValueError("draft_vocab_size belongs to the draft (an EAGLE-3 head), not the target")
+        if self.draft.draft_vocab_size is not None and not self.traits.draft_vocab_map == "d2t":
+            raise ValueError(
+                f"{self.algorithm.value} drafts score the target vocabulary; "
+                f"draft_vocab_size {self.draft.draft_vocab_size} is only valid for EAGLE3"
+            )
+
+    def _check_aux(self) -> None:
+        ids, layers = self.draft.aux_layer_ids, self.target.num_hidden_layers
+        if ids is None or layers is None or not self.traits.has_aux_layers:
+            return
+        bad = [i for i in ids if not 0 <= i < layers]
+        if bad:
+            raise ValueError(f"aux_layer_ids {bad} are outside the target's {layers} layers")
+
+    @property
+    def traits(self) -> AlgorithmTraits:
+        """The algorithm's row of the traits table."""
+        return TRAITS[self.algorithm]
+
+    @property
+    def vocab(self) -> int:
+        """Target vocabulary size."""
+        return self.target.vocab_size
+
+    @property
+    def draft_vocab(self) -> int:
+        """Vocabulary the draft's lm_head scores (an EAGLE-3 head's may be smaller)."""
+        return self.draft.draft_vocab_size or self.draft.vocab_size
+
+    @property
+    def use_aux(self) -> bool:
+        """Whether the target captures concatenated aux layers (EAGLE-3 with aux on)."""
+        return self.traits.has_aux_layers and self.draft.use_aux_hidden_state
+
+    @property
+    def num_aux(self) -> int:
+        """Aux layers captured by the target (1 when aux capture is off)."""
+        return self.draft.num_aux if self.use_aux else 1
+
+    @property
+    def target_capture(self) -> Capture:
+        """What the target captures in prefill and verify: "none", "final" or "aux"."""
+        if not self.traits.draft_reads_hidden:
+            return "none"
+        return "aux" if self.use_aux else "final"
+
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        """Target layers whose input residual stream EAGLE-3 captures: the config's, else 2, N//2, N-3."""
+        if self.draft.aux_layer_ids is not None:
+            return self.draft.aux_layer_ids
+        n = self.target.num_hidden_layers
+        if n is None:
+            raise ValueError("target num_hidden_layers is needed to place the default aux layers")
+        return (2, n // 2, n - 3) if n >= 4 else tuple(range(min(n, 3)))
