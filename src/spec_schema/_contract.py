@@ -173,21 +173,28 @@ def check(
     `values` adds the value invariants (default: only at SPEC_STRICT=2). Runs whatever SPEC_STRICT
     says; raises `SpecContractError`.
     """
-    getter = getattr
-    if mapping:
-        missing = object()
-
-        def getter(o: Any, name: str) -> Any:
-            attr = mapping.get(name, name)
-            value = getattr(o, attr, missing)
-            if value is missing:
-                raise SpecContractError(
-                    f"{cls.__name__}.{name}: the object has no attribute {attr!r}", cls_name=cls.__name__, field=name
-                )
-            return value
-
+    getter = getattr if isinstance(obj, cls) else _foreign_getter(cls, mapping or {})
     ctx = Context(cls.__name__, producer, consumer)
     _check(obj, cls, config, ctx, getter, _strict.LEVEL >= 2 if values is None else values)
+
+
+def _foreign_getter(cls: type, mapping: Mapping[str, str]) -> Callable[[Any, str], Any]:
+    """Read a foreign object's attributes under our field names; absent optional fields are None."""
+    missing = object()
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+    def getter(o: Any, name: str) -> Any:
+        attr = mapping.get(name, name)
+        value = getattr(o, attr, missing)
+        if value is not missing:
+            return value
+        if name in defaults:
+            return defaults[name]
+        raise SpecContractError(
+            f"{cls.__name__}.{name}: the object has no attribute {attr!r}", cls_name=cls.__name__, field=name
+        )
+
+    return getter
 
 
 def _phase_params(fn: Callable[..., Any]) -> tuple[list[tuple[int, str, type]], Optional[type], Callable[..., Any]]:
@@ -208,10 +215,11 @@ def _config_finder(fn: Callable[..., Any], sig: inspect.Signature) -> Callable[.
     if "config" in names:
         idx = names.index("config")
         return lambda args, kwargs: kwargs["config"] if "config" in kwargs else args[idx]
-    if names and names[0] == "self":
-        return lambda args, kwargs: args[0].spec_config
-    raise TypeError(f"{fn.__qualname__}: a boundary needs a `config` parameter or a method of an object "
-                    "with `spec_config`")
+    if names:
+        first = names[0]
+        return lambda args, kwargs: (kwargs[first] if first in kwargs else args[0]).spec_config
+    raise TypeError(f"{fn.__qualname__}: a boundary needs a `config` parameter or a first parameter "
+                    "with a `spec_config` attribute (a runtime context or `self`)")
 
 
 def boundary(fn: F) -> F:

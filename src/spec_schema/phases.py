@@ -142,6 +142,11 @@ class DraftInput(_Batched):
     bonus_tokens: Int64[Tensor, " bs"] = _doc("the newest emitted token per request: the tree root")
     seq_lens: Int64[Tensor, " bs"] = _doc("tokens with committed target KV per request (the root's position)")
     req_pool_indices: Int64[Tensor, " bs"] = _doc("row of each request in the KV slot tables")
+    draft_probs: Optional[Float32[Tensor, "bs vocab"]] = field(
+        default=None,
+        metadata={"doc": "for sampled chains (STANDALONE, topk 1): the draft distribution the root's child "
+                  "was sampled from; None otherwise"},
+    )
 
     @staticmethod
     def hidden_size_for(config: SpecConfig) -> Optional[int]:
@@ -174,7 +179,10 @@ class DraftInput(_Batched):
     @classmethod
     def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
         w = hidden_width(config, "draft")
-        axes = {"topk": (config.topk, f"SpecConfig.topk = {config.topk}")}
+        axes = {
+            "topk": (config.topk, f"SpecConfig.topk = {config.topk}"),
+            "vocab": (config.vocab, f"target vocab_size = {config.vocab}"),
+        }
         if w.size is not None:
             axes["hidden_draft"] = (w.size, w.origin)
         return axes
