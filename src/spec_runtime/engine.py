@@ -12,11 +12,11 @@ join between iterations; an iteration in which every request finishes goes on wi
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-from spec_schema import DraftInput
+from spec_schema import SpecAlgorithm
 
 from .draft import draft
 from .extend import draft_extend, prefill
@@ -78,8 +78,35 @@ class SpecEngine:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}
-        self.state = DraftInput.create_idle(rt.spec_config, rt.device)
+        self.state = rt.idle_draft_input()
         self._ids = itertools.count()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: Any,
+        draft: Any,
+        algorithm: str,
+        *,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        dtype: torch.dtype = torch.float32,
+        device: Any = "cpu",
+        max_batch_size: int = 8,
+        max_context: int = 1024,
+        seed: int = 0,
+    ) -> "SpecEngine":
+        """Load a target (directory or transformers model) and a draft directory, and size the caches."""
+        from .models.loading import DRAFT_LOADERS, load_target
+
+        alg = SpecAlgorithm(algorithm)
+        t = load_target(target, dtype, device)
+        d = DRAFT_LOADERS[alg](draft, t, dtype, device)
+        rt = Runtime.create(t, d, alg, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
+                            max_batch_size=max_batch_size, max_context=max_context, seed=seed)
+        eos = t.hf_config.get("eos_token_id")
+        return cls(rt, eos_token_ids=[eos] if isinstance(eos, int) else (eos or []))
 
     # ---- requests ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ def draft_extend(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) ->
     """Run the draft over the accepted rows and produce the next iteration's DraftInput."""
     config = rt.spec_config
     if len(inp) == 0:
-        return DraftInput.create_idle(config, rt.device)
+        return rt.idle_draft_input()
     counts = inp.num_accept_tokens.long()
     slots = rt.draft_cache.alloc_slots(inp.input_ids.shape[0])
     attn = AttnBatch.extend(inp.req_pool_indices, inp.seq_lens - counts, counts, slots)

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 import torch
 
-from spec_schema import ModelDims, SpecAlgorithm, SpecConfig
+from spec_schema import DraftInput, ModelDims, SpecAlgorithm, SpecConfig
 
 from .kv_cache import KVCache, RequestTable
 from .models.base import DraftModel
@@ -121,6 +121,10 @@ class Runtime:
         """Whether drafts are sampled from the draft's distribution (STANDALONE, topk 1)."""
         cfg = self.spec_config
         return self.sample_drafts and cfg.algorithm == SpecAlgorithm.STANDALONE and cfg.topk == 1
+
+    def idle_draft_input(self) -> DraftInput:
+        """The zero-row DraftInput of this runtime (with `draft_probs` when chains are sampled)."""
+        return DraftInput.create_idle(self.spec_config, self.device, sampled_chain=self.sampled_chain)
 
     def capture(self, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The target rows the draft-extend phase reads (by the traits table), or None."""

@@ -159,8 +159,10 @@ class DraftInput(_Batched):
         return hidden_width(config, "draft").dtype
 
     @classmethod
-    def create_idle(cls, config: SpecConfig, device: Any = "cpu") -> "DraftInput":
-        """A zero-row input with the live path's dtypes, ranks and widths."""
+    def create_idle(cls, config: SpecConfig, device: Any = "cpu", sampled_chain: bool = False) -> "DraftInput":
+        """A zero-row input with the live path's dtypes, ranks and widths.
+
+        `sampled_chain`: the runtime samples chain drafts, so live inputs carry `draft_probs`."""
         k = config.topk
         return cls(
             topk_p=_zeros((0, k), torch.float32, device),
@@ -169,6 +171,7 @@ class DraftInput(_Batched):
             bonus_tokens=_zeros((0,), torch.int64, device),
             seq_lens=_zeros((0,), torch.int64, device),
             req_pool_indices=_zeros((0,), torch.int64, device),
+            draft_probs=_zeros((0, config.vocab), torch.float32, device) if sampled_chain else None,
         )
 
     def filter_batch(self, keep: Tensor) -> "DraftInput":

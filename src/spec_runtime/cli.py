@@ -1,0 +1,157 @@
+"""`spec-runtime`: generate with local target/draft directories, or run the tiny-model demo.
+
+    spec-runtime generate --target DIR --draft DIR --speculative-algorithm EAGLE3 \\
+        --speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8 \\
+        --prompt-ids 1,2,3 --max-new-tokens 64 --json
+    spec-runtime demo
+
+spec_schema reads SPEC_STRICT once at import, so this module imports the runtime lazily: `demo`
+turns strict checking on (SPEC_STRICT=1) unless the environment already says otherwise.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default="EAGLE3")
+    p.add_argument("--speculative-num-steps", type=int, default=5)
+    p.add_argument("--speculative-eagle-topk", type=int, default=4)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=8)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spec-runtime", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate with local target and draft directories")
+    gen.add_argument("--target", required=True, help="target model directory (config.json + safetensors)")
+    gen.add_argument("--draft", required=True, help="draft directory (EAGLE/EAGLE-3 head or STANDALONE model)")
+    _spec_flags(gen)
+    gen.add_argument("--prompt", action="append", default=[], help="prompt text (needs the target's tokenizer)")
+    gen.add_argument("--prompt-ids", action="append", default=[], help="prompt as comma-separated token ids")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--stop-token-ids", default="", help="comma-separated token ids that end a request")
+    gen.add_argument("--dtype", choices=DTYPES, default="float32")
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--max-context", type=int, default=1024)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
+    gen.add_argument("--no-progress", action="store_true")
+    demo = sub.add_parser("demo", help="build tiny random models and run all three algorithms")
+    demo.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "spec_runtime" / "demo"))
+    demo.add_argument("--max-new-tokens", type=int, default=48)
+    demo.add_argument("--batch-size", type=int, default=4)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of the `spec-runtime` command."""
+    args = _parser().parse_args(argv)
+    if args.command == "demo":
+        os.environ.setdefault("SPEC_STRICT", "1")
+        from .demo import run_demo
+
+        return run_demo(Path(args.cache_dir), args.max_new_tokens, args.batch_size)
+    return _generate(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine import SpecEngine
+    from .sampling import SamplingParams
+
+    try:
+        engine = SpecEngine.from_pretrained(
+            args.target, args.draft, args.speculative_algorithm,
+            num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
+            num_draft_tokens=args.speculative_num_draft_tokens, dtype=getattr(torch, args.dtype),
+            device=args.device, max_context=args.max_context, seed=args.seed,
+        )
+        prompts, tokenizer = _prompts(args)
+        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except (ValueError, OSError) as err:
+        print(f"spec-runtime: error: {err}", file=sys.stderr)
+        return 2
+    stops = [int(t) for t in args.stop_token_ids.split(",") if t.strip()]
+    start = time.perf_counter()
+    reqs = _run(engine, prompts, args.max_new_tokens, sampling, stops, progress=not (args.json or args.no_progress))
+    _report(reqs, tokenizer, time.perf_counter() - start, args.json)
+    return 0 if all(r.error is None for r in reqs) else 1
+
+
+def _prompts(args: argparse.Namespace) -> tuple[list[list[int]], Any]:
+    prompts = [[int(t) for t in p.split(",") if t.strip()] for p in args.prompt_ids]
+    tokenizer = None
+    if args.prompt or (Path(args.target) / "tokenizer_config.json").exists():
+        tokenizer = _tokenizer(args.target) if (Path(args.target) / "tokenizer_config.json").exists() else None
+    if args.prompt:
+        if tokenizer is None:
+            raise ValueError(f"--prompt needs a tokenizer in {args.target}; pass --prompt-ids instead")
+        prompts += [tokenizer.encode(p) for p in args.prompt]
+    if not prompts:
+        raise ValueError("no prompt given: use --prompt-ids 1,2,3 (or --prompt TEXT with a tokenizer)")
+    return prompts, tokenizer
+
+
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _run(engine: Any, prompts: list[list[int]], max_new: int, sampling: Any, stops: list[int], progress: bool):
+    from tqdm import tqdm
+
+    from .engine import Request, RequestError
+
+    reqs = []
+    for prompt in prompts:
+        try:
+            reqs.append(engine.requests[engine.add_request(prompt, max_new, sampling, stops)])
+        except RequestError as err:
+            bad = Request(-1, prompt, max_new, sampling, frozenset())
+            bad.error, bad.finish_reason = str(err), "error"
+            reqs.append(bad)
+    with tqdm(total=max_new * len(prompts), disable=not progress, unit="tok", file=sys.stderr) as bar:
+        engine.run(lambda ev: bar.update(len(ev.tokens)))
+    return reqs
+
+
+def _report(reqs: list, tokenizer: Any, seconds: float, as_json: bool) -> None:
+    total = sum(len(r.output) for r in reqs)
+    rows = [{
+        "tokens": r.output,
+        "text": tokenizer.decode(r.output) if tokenizer is not None and r.output else None,
+        "finish_reason": r.finish_reason,
+        "error": r.error,
+        "accept_lengths": r.accept_lengths,
+        "mean_accept_length": round(r.mean_accept_length, 3),
+        "iterations": r.iterations,
+    } for r in reqs]
+    if as_json:
+        print(json.dumps({"requests": rows, "seconds": round(seconds, 4),
+                          "tokens_per_second": round(total / seconds, 2) if seconds else None}, indent=2))
+        return
+    for i, row in enumerate(rows):
+        head = f"[{i}] {row['finish_reason']}"
+        if row["error"]:
+            print(f"{head}: {row['error']}")
+            continue
+        print(f"{head}, accept length {row['mean_accept_length']}: {row['text'] or row['tokens']}")
+    print(f"{total} tokens in {seconds:.2f} s ({total / max(seconds, 1e-9):.1f} tok/s)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""EAGLE-1 draft head: `fc(cat(embed(token), feature))` then one decoder layer without input norm.
+
+Checkpoint keys: `fc.weight` `[H, 2H]` (+ `fc.bias` when the config's `bias` is true, the EAGLE
+repo's default), `layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.mlp.{gate,up,down}_proj.weight`,
+`layers.0.post_attention_layernorm.weight`, optional `embed_tokens.weight` and `lm_head.weight`
+(else the target's). The feature is the target's post-final-norm hidden state; later draft steps feed
+the head's own output back, so the head width must equal the target's. Logits are an lm_head applied
+to the layer output with no norm.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spec_runtime.attention import AttentionFn, AttnBatch, torch_attention
+from spec_runtime.kv_cache import KVCache
+from spec_runtime.models.base import load_checked
+from spec_runtime.models.llama import DecoderLayer, LlamaArch, LlamaForCausal, RotaryEmbedding
+
+__all__ = ["Eagle1Head"]
+
+
+class Eagle1Head(nn.Module):
+    """EAGLE-1 head (a `DraftModel`).
+
+    Args:
+        arch: the head's config (`num_hidden_layers` 1; only layer 0 is built).
+        target: the target model; its embedding and lm_head are used unless the head has its own.
+        bias: whether `fc` has a bias (config key `bias`, default True).
+        own_embed, own_lm_head: whether the checkpoint carries `embed_tokens.weight` / `lm_head.weight`.
+    """
+
+    def __init__(
+        self,
+        arch: LlamaArch,
+        target: LlamaForCausal,
+        bias: bool = True,
+        own_embed: bool = False,
+        own_lm_head: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        attention_fn: AttentionFn = torch_attention,
+    ) -> None:
+        super().__init__()
+        if arch.hidden_size != target.hidden_size:
+            raise ValueError(
+                f"EAGLE-1 head hidden size {arch.hidden_size} must equal the target hidden size "
+                f"{target.hidden_size} (the head's output is fed back as the next feature)"
+            )
+        self.arch, self.dtype, self.attention_fn = arch, dtype, attention_fn
+        self.hf_config: dict[str, Any] = {}
+        h = arch.hidden_size
+        with torch.device("meta"):
+            self.fc = nn.Linear(2 * h, h, bias=bias, dtype=dtype)
+            self.layers = nn.ModuleList([DecoderLayer(arch, dtype, input_norm=False)])
+            self.embed_tokens = nn.Embedding(target.vocab_size, h, dtype=dtype) if own_embed else None
+            self.lm_head = nn.Linear(h, target.vocab_size, bias=False, dtype=dtype) if own_lm_head else None
+        self.to_empty(device=torch.device(device)).requires_grad_(False)
+        # Not registered as a submodule: the target's weights stay out of this head's state dict.
+        object.__setattr__(self, "_target", target)
+        self.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+        self.hidden_size, self.vocab_size = h, target.vocab_size
+        self.num_layers, self.num_kv_heads, self.head_dim = 1, arch.num_key_value_heads, arch.head_dim
+
+    def load_state_dict_checked(self, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
+        """Load EAGLE-1 keys (names and shapes checked)."""
+        load_checked(self, state_dict, source)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`(T,)` ids -> `(T, H)` in the head dtype (own embedding or the target's)."""
+        if self.embed_tokens is not None:
+            return self.embed_tokens(input_ids)
+        return self._target.embed(input_ids).to(self.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden_in: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttnBatch,
+        cache: KVCache,
+        from_target: bool = False,
+    ) -> torch.Tensor:
+        """`(T,)` next tokens and `(T, H)` features (target post-norm hidden, or the head's own
+        previous output; both are width H) -> `(T, H)` predicted features."""
+        if hidden_in.shape[-1] != self.hidden_size:
+            raise ValueError(f"EAGLE-1 hidden_in has width {hidden_in.shape[-1]}, expected {self.hidden_size}")
+        h = self.fc(torch.cat([self.embed(input_ids), hidden_in.to(self.dtype)], dim=-1))
+        rope = self.rotary(positions, h.dtype)
+        return self.layers[0](h, rope, attn, cache, 0, self.attention_fn)
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 `(T, vocab)`: the lm_head (own or target's) on the layer output, no norm."""
+        weight = self.lm_head.weight if self.lm_head is not None else self._target.lm_head_weight
+        return F.linear(h.to(weight.dtype), weight).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Identity: EAGLE-1 drafts in the target vocabulary."""
+        return draft_ids

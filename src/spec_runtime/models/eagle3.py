@@ -1,0 +1,201 @@
+"""EAGLE-3 draft head: one "midlayer" over `cat(input_layernorm(embed), hidden_norm(h))`, own norm and
+lm_head over a smaller draft vocabulary mapped to target ids by `d2t` offsets.
+
+Checkpoint keys: `fc.weight` `[H, target_hidden * num_aux]`, `midlayer.{hidden_norm,input_layernorm,
+post_attention_layernorm}.weight`, `midlayer.self_attn.{q,k,v}_proj.weight` `[*, 2H]`, `o_proj`,
+`midlayer.mlp.*`, `norm.weight`, `lm_head.weight` `[draft_vocab, H]`, `d2t` int64 `[draft_vocab]`,
+`t2d` bool `[target_vocab]` (shape-checked only), optional `embed_tokens.weight`.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from spec_runtime.attention import AttentionFn, AttnBatch, torch_attention
+from spec_runtime.kv_cache import KVCache
+from spec_runtime.models.base import CheckpointError, load_checked
+from spec_runtime.models.llama import MLP, LlamaArch, LlamaForCausal, RMSNorm, RotaryEmbedding, SelfAttention
+
+__all__ = ["Eagle3Head", "Eagle3Settings", "Eagle3Midlayer"]
+
+
+@dataclass(frozen=True)
+class Eagle3Settings:
+    """EAGLE-3 config keys resolved against the target.
+
+    `aux_layer_ids` is None when `use_aux_hidden_state` is false: then the capture is the target's
+    post-norm final hidden (`num_aux` 1).
+    """
+
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None
+
+    @property
+    def num_aux(self) -> int:
+        """Captured target hidden states concatenated into `fc`'s input."""
+        return 1 if self.aux_layer_ids is None else len(self.aux_layer_ids)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], target: LlamaForCausal) -> "Eagle3Settings":
+        """Read `draft_vocab_size`, `target_hidden_size` and `eagle_config` (defaults per the EAGLE repo)."""
+        eagle = cfg.get("eagle_config") or {}
+        n = target.num_layers
+        ids: Sequence[int] | None = eagle.get("eagle_aux_hidden_state_layer_ids") or [2, n // 2, n - 3]
+        if not eagle.get("use_aux_hidden_state", True):
+            ids = None
+        elif any(not 0 <= i < n for i in ids):
+            raise CheckpointError(f"EAGLE-3 aux layer ids {list(ids)} out of range for a {n}-layer target")
+        return cls(
+            draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
+            target_hidden_size=cfg.get("target_hidden_size") or target.hidden_size,
+            aux_layer_ids=None if ids is None else tuple(ids),
+        )
+
+
+class Eagle3Midlayer(nn.Module):
+    """The EAGLE-3 decoder layer: attention over `2H` inputs, residual `h`."""
+
+    def __init__(self, arch: LlamaArch, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, eps = arch.hidden_size, arch.rms_norm_eps
+        self.hidden_norm = RMSNorm(h, eps, dtype)
+        self.input_layernorm = RMSNorm(h, eps, dtype)
+        self.self_attn = SelfAttention(arch, 2 * h, dtype)
+        self.post_attention_layernorm = RMSNorm(h, eps, dtype)
+        self.mlp = MLP(arch, dtype)
+
+    def forward(
+        self,
+        emb: torch.Tensor,
+        h: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        attn: AttnBatch,
+        cache: KVCache,
+        attention_fn: AttentionFn,
+    ) -> torch.Tensor:
+        """`(T, H)` embeddings and `(T, H)` hidden -> `(T, H)` pre-norm output."""
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)
+        h = h + self.self_attn(x, rope, attn, cache, 0, attention_fn)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3 head (a `DraftModel`) over a draft vocabulary.
+
+    Args:
+        arch: the head's config (hidden `H`, heads, MLP; `vocab_size` is the target's).
+        settings: draft vocab, target hidden size, aux layers.
+        target: the target; its embedding is used unless `own_embed`.
+    """
+
+    def __init__(
+        self,
+        arch: LlamaArch,
+        settings: Eagle3Settings,
+        target: LlamaForCausal,
+        own_embed: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        attention_fn: AttentionFn = torch_attention,
+    ) -> None:
+        super().__init__()
+        h = arch.hidden_size
+        if not own_embed and h != target.hidden_size:
+            raise CheckpointError(
+                f"EAGLE-3 head has no embed_tokens.weight and its hidden size {h} differs from the "
+                f"target hidden size {target.hidden_size}, so the target embedding cannot be shared"
+            )
+        self.arch, self.settings, self.dtype, self.attention_fn = arch, settings, dtype, attention_fn
+        self.hf_config: dict[str, Any] = {}
+        self._build(arch, settings, target.vocab_size, own_embed, dtype)
+        self.to_empty(device=torch.device(device)).requires_grad_(False)
+        object.__setattr__(self, "_target", target)  # not a submodule: keeps our state dict ours
+        self.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+        self.hidden_size, self.vocab_size, self.target_vocab_size = h, settings.draft_vocab_size, target.vocab_size
+        self.num_layers, self.num_kv_heads, self.head_dim = 1, arch.num_key_value_heads, arch.head_dim
+
+    def _build(self, arch: LlamaArch, s: Eagle3Settings, target_vocab: int, own_embed: bool,
+               dtype: torch.dtype) -> None:
+        h = arch.hidden_size
+        with torch.device("meta"):
+            self.fc = nn.Linear(s.target_hidden_size * s.num_aux, h, bias=False, dtype=dtype)
+            self.midlayer = Eagle3Midlayer(arch, dtype)
+            self.norm = RMSNorm(h, arch.rms_norm_eps, dtype)
+            self.lm_head = nn.Linear(h, s.draft_vocab_size, bias=False, dtype=dtype)
+            self.embed_tokens = nn.Embedding(target_vocab, h, dtype=dtype) if own_embed else None
+            self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.int64))
+            self.register_buffer("t2d", torch.zeros(target_vocab, dtype=torch.bool))
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...] | None:
+        """Target layers whose input the target must capture (None: its post-norm final hidden)."""
+        return self.settings.aux_layer_ids
+
+    @property
+    def fc_input_width(self) -> int:
+        """`target_hidden_size * num_aux`: the width of the target capture `forward` expects."""
+        return self.settings.target_hidden_size * self.settings.num_aux
+
+    def load_state_dict_checked(self, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
+        """Load EAGLE-3 keys; a checkpoint without `d2t`/`t2d` is accepted only when the draft
+        vocab equals the target's (identity map)."""
+        sd = dict(state_dict)
+        self._check_fc(sd, source)
+        if self.vocab_size == self.target_vocab_size:
+            sd.setdefault("d2t", torch.zeros(self.vocab_size, dtype=torch.int64))
+            sd.setdefault("t2d", torch.ones(self.target_vocab_size, dtype=torch.bool))
+        load_checked(self, sd, source)
+        self._check_d2t(source)
+
+    def _check_fc(self, sd: Mapping[str, torch.Tensor], source: str) -> None:
+        fc = sd.get("fc.weight")
+        s = self.settings
+        if fc is not None and fc.dim() == 2 and fc.shape[1] != self.fc_input_width:
+            raise CheckpointError(
+                f"fc.weight in {source} has input width {fc.shape[1]}, expected target hidden "
+                f"{s.target_hidden_size} x {s.num_aux} aux layers = {self.fc_input_width}"
+            )
+
+    def _check_d2t(self, source: str) -> None:
+        target_ids = self.to_target_ids(torch.arange(self.vocab_size, device=self.d2t.device))
+        if self.vocab_size and not bool(((target_ids >= 0) & (target_ids < self.target_vocab_size)).all()):
+            raise CheckpointError(f"d2t in {source} maps draft ids outside the target vocab [0, {self.target_vocab_size})")
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`(T,)` target-vocabulary ids -> `(T, H)` (own embedding or the target's)."""
+        if self.embed_tokens is not None:
+            return self.embed_tokens(input_ids)
+        return self._target.embed(input_ids).to(self.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden_in: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttnBatch,
+        cache: KVCache,
+        from_target: bool,
+    ) -> torch.Tensor:
+        """`(T,)` ids with `(T, target_hidden * num_aux)` target captures (`from_target`) or
+        `(T, H)` own outputs -> `(T, H)` pre-norm output."""
+        expected = self.fc_input_width if from_target else self.hidden_size
+        if hidden_in.shape[-1] != expected:
+            source = "target capture" if from_target else "draft hidden"
+            raise ValueError(f"EAGLE-3 hidden_in ({source}) has width {hidden_in.shape[-1]}, expected {expected}")
+        h = hidden_in.to(self.dtype)
+        if from_target:
+            h = self.fc(h)
+        rope = self.rotary(positions, h.dtype)
+        return self.midlayer(self.embed(input_ids), h, rope, attn, cache, self.attention_fn)
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 `(T, draft_vocab)`: `lm_head(norm(h))`."""
+        return self.lm_head(self.norm(h)).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """`target_id = draft_id + d2t[draft_id]` (any shape)."""
+        return draft_ids + self.d2t[draft_ids]

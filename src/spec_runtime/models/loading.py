@@ -1,0 +1,177 @@
+"""Load targets and drafts from local Hugging Face-style directories (never remote code).
+
+A directory holds `config.json` and one of: `model.safetensors`, a sharded
+`model.safetensors.index.json`, `pytorch_model.bin` (read with `weights_only=True`) or a sharded
+`pytorch_model.bin.index.json`. Every loaded model carries the parsed config dict as `.hf_config`.
+"""
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from spec_runtime.models.base import CheckpointError
+from spec_runtime.models.eagle import Eagle1Head
+from spec_runtime.models.eagle3 import Eagle3Head, Eagle3Settings
+from spec_runtime.models.llama import LlamaArch, LlamaForCausal, StandaloneDraft, config_to_dict
+
+__all__ = [
+    "WEIGHT_FILES",
+    "load_eagle1",
+    "load_eagle3",
+    "load_standalone",
+    "load_target",
+    "read_config",
+    "read_state_dict",
+]
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """`config.json` of `directory` as a dict; raises FileNotFoundError when absent."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in {directory}")
+    with path.open() as f:
+        return json.load(f)
+
+
+def _check_no_remote_code(cfg: Mapping[str, Any], source: str) -> None:
+    if cfg.get("auto_map"):
+        raise CheckpointError(
+            f"{source} needs remote code (config auto_map {sorted(cfg['auto_map'])}); "
+            "spec_runtime never uses trust_remote_code"
+        )
+
+
+def _read_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return load_file(str(path), device="cpu")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _read_sharded(index: Path) -> tuple[dict[str, torch.Tensor], str]:
+    with index.open() as f:
+        weight_map: dict[str, str] = json.load(f)["weight_map"]
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = index.parent / shard
+        if not shard_path.is_file():
+            raise FileNotFoundError(f"shard {shard} listed in {index} is missing")
+        tensors.update(_read_file(shard_path))
+    return tensors, f"{index} ({len(set(weight_map.values()))} shards)"
+
+
+def read_state_dict(directory: str | Path) -> tuple[dict[str, torch.Tensor], str]:
+    """All tensors of a checkpoint directory on CPU, and a description of the file(s) for errors."""
+    d = Path(directory)
+    for name in WEIGHT_FILES:
+        path = d / name
+        if path.is_file():
+            if name.endswith(".index.json"):
+                return _read_sharded(path)
+            return _read_file(path), str(path)
+    raise FileNotFoundError(f"no weights file found in {directory}: looked for {', '.join(WEIGHT_FILES)}")
+
+
+def _strip_prefix(sd: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """Drop `prefix` when every key has it (some converted draft heads are saved as `model.*`)."""
+    if sd and all(k.startswith(prefix) for k in sd):
+        return {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+def _target_from_instance(model: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor], str]:
+    cfg = config_to_dict(model.config)
+    return cfg, dict(model.state_dict()), f"{type(model).__name__} instance"
+
+
+def load_target(src: Any, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LlamaForCausal:
+    """Load a Llama/Qwen2/Mistral target from a directory or a `transformers` PreTrainedModel."""
+    if isinstance(src, (str, Path)):
+        cfg = read_config(src)
+        _check_no_remote_code(cfg, str(src))
+        arch = LlamaArch.from_hf_config(cfg)
+        sd, source = read_state_dict(src)
+    elif hasattr(src, "config") and hasattr(src, "state_dict"):
+        cfg, sd, source = _target_from_instance(src)
+        arch = LlamaArch.from_hf_config(cfg)
+    else:
+        raise TypeError(f"load_target expects a directory or a transformers model, got {type(src).__name__}")
+    model = LlamaForCausal(arch, dtype, device)
+    model.load_state_dict_checked(sd, source)
+    model.hf_config = cfg
+    return model.eval()
+
+
+def _head_arch(cfg: Mapping[str, Any]) -> LlamaArch:
+    """A draft head's config is a Llama config; some omit `model_type`."""
+    return LlamaArch.from_hf_config({**cfg, "model_type": cfg.get("model_type") or "llama"})
+
+
+def load_eagle1(directory: str | Path, target: LlamaForCausal, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> Eagle1Head:
+    """Load an EAGLE-1 head (config `bias` defaults to True, as in the EAGLE repo)."""
+    cfg = read_config(directory)
+    _check_no_remote_code(cfg, str(directory))
+    sd, source = read_state_dict(directory)
+    sd = _strip_prefix(sd, "model.")
+    head = Eagle1Head(
+        _head_arch(cfg), target, bias=bool(cfg.get("bias", True)),
+        own_embed="embed_tokens.weight" in sd, own_lm_head="lm_head.weight" in sd, dtype=dtype, device=device,
+    )
+    head.load_state_dict_checked(sd, source)
+    head.hf_config = cfg
+    return head.eval()
+
+
+def load_eagle3(directory: str | Path, target: LlamaForCausal, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> Eagle3Head:
+    """Load an EAGLE-3 head; the fc input width must be target hidden x number of aux layers."""
+    cfg = read_config(directory)
+    _check_no_remote_code(cfg, str(directory))
+    sd, source = read_state_dict(directory)
+    settings = Eagle3Settings.from_config(cfg, target)
+    head = Eagle3Head(
+        _head_arch(cfg), settings, target,
+        own_embed="embed_tokens.weight" in sd, dtype=dtype, device=device,
+    )
+    head.load_state_dict_checked(sd, source)
+    head.hf_config = cfg
+    return head.eval()
+
+
+def load_standalone(directory: str | Path, target: LlamaForCausal, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu") -> StandaloneDraft:
+    """Load a small causal LM as a STANDALONE draft; its vocabulary must equal the target's."""
+    cfg = read_config(directory)
+    vocab = cfg.get("vocab_size")
+    if vocab != target.vocab_size:
+        raise CheckpointError(
+            f"STANDALONE draft vocab_size {vocab} differs from the target vocab_size {target.vocab_size}; "
+            "they must be equal"
+        )
+    return StandaloneDraft(load_target(directory, dtype, device))
+
+
+def _draft_loaders() -> dict[Any, Any]:
+    from spec_schema import SpecAlgorithm
+
+    return {
+        SpecAlgorithm.EAGLE: load_eagle1,
+        SpecAlgorithm.EAGLE3: load_eagle3,
+        SpecAlgorithm.STANDALONE: load_standalone,
+    }
+
+
+DRAFT_LOADERS = _draft_loaders()
+"""The loader of each algorithm's draft: `DRAFT_LOADERS[alg](directory, target, dtype, device)`."""
