@@ -76,6 +76,7 @@ def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampli
         seq_lens=lens,
         bonus_tokens=first,
         req_pool_indices=rows,
+        num_accept_tokens_cpu=tuple(len(p) for p in prompts),
     )
 
 

@@ -46,11 +46,11 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     rt.counters.add_hidden(captured)
     logits = rt.target.compute_logits(hidden).view(bs, n, -1)
     accept_index, accept_tokens, num_correct = _accept(rt, inp, logits, sampling)
-    num_accept, finished = _apply_stops(accept_tokens, num_correct, stops)
+    num_accept, finished, host_counts = _apply_stops(accept_tokens, num_correct, stops)
     accept_index = _cut(accept_index, num_accept)
     accept_tokens = _cut(accept_tokens, num_accept)
     _commit_kv(rt, inp, slots, accept_index, num_accept)
-    extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished)
+    extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts)
     return VerifyOutput(
         accept_tokens=accept_tokens,
         accept_indices=accept_index,
@@ -102,7 +102,8 @@ def _apply_stops(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: 
         counts.append(count)
         finished.append(count == budget or row[count - 1] in stop_ids)
     device = accept_tokens.device
-    return torch.tensor(counts, device=device), torch.tensor(finished, device=device)
+    live_counts = tuple(c for c, done in zip(counts, finished) if not done)
+    return torch.tensor(counts, device=device), torch.tensor(finished, device=device), live_counts
 
 
 def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -126,7 +127,7 @@ def _commit_kv(rt: Runtime, inp: VerifyInput, slots: torch.Tensor, accept_index:
 
 
 def _extend_input(rt: Runtime, inp: VerifyInput, captured, accept_index, accept_tokens, num_accept,
-                  finished) -> DraftExtendInput:
+                  finished, host_counts: tuple[int, ...]) -> DraftExtendInput:
     """Draft-extend rows of the unfinished requests: the emitted tokens at positions seq_len + j."""
     live = ~finished
     index, tokens, counts = accept_index[live], accept_tokens[live], num_accept[live]
@@ -146,4 +147,5 @@ def _extend_input(rt: Runtime, inp: VerifyInput, captured, accept_index, accept_
         seq_lens=seq_lens + counts,
         bonus_tokens=tokens.gather(1, (counts - 1)[:, None]).squeeze(1),
         req_pool_indices=inp.req_pool_indices[live],
+        num_accept_tokens_cpu=host_counts,
     )

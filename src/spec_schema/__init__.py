@@ -7,7 +7,7 @@ when it is unset. Depends on torch, jaxtyping, beartype and pydantic only.
 """
 
 from . import _strict
-from ._contract import boundary, check, reference_checker, standing_aside
+from ._contract import BOUNDARY_CALLS, boundary, check, reference_checker, standing_aside
 from .config import TRAITS, AlgorithmTraits, ModelDims, SpecAlgorithm, SpecConfig, max_tree_nodes, traits
 from .errors import SpecContractError
 from .phases import DraftExtendInput, DraftInput, HiddenFloat, VerifyInput, VerifyOutput
@@ -37,6 +37,7 @@ __all__ = [
     "HiddenFloat",
     "SpecContractError",
     "boundary",
+    "BOUNDARY_CALLS",
     "check",
     "reference_checker",
     "standing_aside",

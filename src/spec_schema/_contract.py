@@ -7,6 +7,7 @@ only shapes, dtypes and devices, and stand aside during CUDA-graph capture and t
 SPEC_STRICT=2 adds value invariants and the jaxtyping + beartype reference check.
 """
 
+import collections
 import dataclasses
 import functools
 import inspect
@@ -26,6 +27,9 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _HAS_CUDA = torch.cuda.is_available()
+
+BOUNDARY_CALLS: "collections.Counter[str]" = collections.Counter()
+"""How many times each decorated boundary ran its checks (strict mode only; for tests and stats)."""
 
 
 def standing_aside() -> bool:
@@ -83,6 +87,10 @@ def _check(
         nested = check_fields(obj, plan, ctx, bound, getter, expect)
     except SpecContractError as err:
         raise err from _reference_verdict(obj, cls, getter)
+    host = getattr(cls, "_host_problem", None)
+    problem = host(obj if getter is getattr else _MappedView(obj, getter, plan)) if host else None
+    if problem is not None:
+        raise ctx.fail(problem[0], problem[1])
     for f, value in nested:
         if config is not None and getattr(value, "_spec_checked", None) is config:
             continue
@@ -240,6 +248,7 @@ def boundary(fn: F) -> F:
         if standing_aside():
             return fn(*args, **kwargs)
         config = find_config(args, kwargs)
+        BOUNDARY_CALLS[name] += 1
         for idx, pname, cls in consumed:
             obj = kwargs[pname] if pname in kwargs else args[idx]
             if getattr(obj, "_spec_checked", None) is not config:  # each object is checked once

@@ -81,7 +81,10 @@ class _Batched:
         return self._replace(merged)
 
 
-def _cat(cls_name: str, name: str, a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
+def _cat(cls_name: str, name: str, a: Any, b: Any) -> Any:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        # host-side copies: kept only when both sides have one
+        return a + b if isinstance(a, tuple) and isinstance(b, tuple) else None
     if a is None and b is None:
         return None
     if a is None or b is None:
@@ -307,6 +310,11 @@ class DraftExtendInput(_Batched):
     seq_lens: Int64[Tensor, " bs"] = _doc("tokens with committed target KV per request, after acceptance")
     bonus_tokens: Int64[Tensor, " bs"] = _doc("the new bonus token per request (its last input id)")
     req_pool_indices: Int64[Tensor, " bs"] = _doc("row of each request in the KV slot tables")
+    num_accept_tokens_cpu: Optional[tuple[int, ...]] = field(
+        default=None,
+        metadata={"doc": "host copy of num_accept_tokens (readable without a device sync); when present, "
+                  "strict level 1 checks it has bs entries that sum to num_accepted"},
+    )
 
     @staticmethod
     def hidden_size_for(config: SpecConfig) -> Optional[int]:
@@ -331,6 +339,7 @@ class DraftExtendInput(_Batched):
             seq_lens=i64.clone(),
             bonus_tokens=i64.clone(),
             req_pool_indices=i64.clone(),
+            num_accept_tokens_cpu=(),
         )
 
     def filter_batch(self, keep: Tensor) -> "DraftExtendInput":
@@ -349,8 +358,25 @@ class DraftExtendInput(_Batched):
         for name in self._fields():
             v = getattr(self, name)
             per_row = name in ("hidden_states", "input_ids", "positions")
-            values[name] = None if v is None else v[rows if per_row else idx]
+            values[name] = None if v is None else v[rows if per_row else idx] if isinstance(v, Tensor) else v
+        if self.num_accept_tokens_cpu is not None:
+            values["num_accept_tokens_cpu"] = tuple(self.num_accept_tokens_cpu[i] for i in idx.tolist())
         return self._replace(values)
+
+    @classmethod
+    def _host_problem(cls, obj: Any) -> Optional[tuple[str, str]]:
+        host = obj.num_accept_tokens_cpu
+        if host is None:
+            return None
+        bs, rows = obj.num_accept_tokens.shape[0], obj.input_ids.shape[0]
+        if len(host) != bs:
+            return "num_accept_tokens", f"host copy has {len(host)} entries for bs = {bs} requests"
+        if sum(host) != rows:
+            return "num_accept_tokens", (
+                f"host copy sums to {sum(host)} but there are num_accepted = {rows} rows "
+                "(are drafts-only counts used where bonus-included ones belong?)"
+            )
+        return None
 
     @classmethod
     def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
