@@ -18,6 +18,7 @@ import torch
 
 from spec_schema import SpecAlgorithm
 
+from . import faults
 from .draft import draft
 from .extend import draft_extend, prefill
 from .runtime import BatchSampling, Runtime
@@ -213,6 +214,8 @@ class SpecEngine:
             events.append(TokenEvent(req.rid, [tok], done))
         live = [new[i] for i in keep]
         idx = torch.tensor(keep, dtype=torch.int64, device=self.rt.device)
+        if faults.active("filter_wrong_length"):  # bug zoo: a keep mask one entry too long
+            idx = torch.ones(len(new) + 1, dtype=torch.bool, device=self.rt.device)
         sub = BatchSampling.from_params([r.sampling for r in live], self.rt.device)
         joined = draft_extend(self.rt, ext.filter_batch(idx), sub)
         self.state = self.state.merge_batch(joined)

@@ -1,11 +1,14 @@
 """The runtime context the phases run in: models, KV caches, the spec config, counters, randomness."""
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
-from spec_schema import DraftInput, ModelDims, SpecAlgorithm, SpecConfig
+from spec_schema import DraftExtendInput, DraftInput, ModelDims, SpecAlgorithm, SpecConfig, hidden_width
+
+from . import faults
 
 from .kv_cache import KVCache, RequestTable
 from .models.base import DraftModel
@@ -92,6 +95,20 @@ def build_spec_config(
     )
 
 
+def _faulty_idle_draft(rt: "Runtime", idle: DraftInput) -> DraftInput:
+    """Bug-zoo versions of the idle DraftInput (never used in normal runs)."""
+    width = None
+    if faults.active("idle_verify_target_width"):
+        width = rt.spec_config.target.hidden_size
+    if faults.active("draft_idle_extend_width"):
+        width = hidden_width(rt.spec_config, "extend").size or rt.spec_config.target.hidden_size
+    if width is not None:
+        idle = dataclasses.replace(idle, hidden_states=torch.zeros(0, width, dtype=rt.draft.dtype, device=rt.device))
+    if faults.active("idle_dtype_rank"):
+        idle = dataclasses.replace(idle, topk_index=torch.zeros(0, dtype=torch.int32, device=rt.device))
+    return idle
+
+
 @dataclass
 class Runtime:
     """Everything a phase function needs; `spec_config` is what the boundary checks read."""
@@ -114,7 +131,12 @@ class Runtime:
     @property
     def aux_layer_ids(self) -> Optional[tuple[int, ...]]:
         """Target layers captured for an EAGLE-3 head with aux on, else None."""
-        return self.spec_config.aux_layer_ids() if self.spec_config.target_capture == "aux" else None
+        if self.spec_config.target_capture != "aux":
+            return None
+        if faults.active("aux_count_3"):  # bug zoo: the aux count hard-coded to 3
+            n = self.target.num_layers
+            return (2, n // 2, n - 3)
+        return self.spec_config.aux_layer_ids()
 
     @property
     def sampled_chain(self) -> bool:
@@ -124,13 +146,22 @@ class Runtime:
 
     def idle_draft_input(self) -> DraftInput:
         """The zero-row DraftInput of this runtime (with `draft_probs` when chains are sampled)."""
-        return DraftInput.create_idle(self.spec_config, self.device, sampled_chain=self.sampled_chain)
+        idle = DraftInput.create_idle(self.spec_config, self.device, sampled_chain=self.sampled_chain)
+        return _faulty_idle_draft(self, idle) if faults._ACTIVE else idle
+
+    def idle_extend_input(self) -> DraftExtendInput:
+        """The zero-row DraftExtendInput (verify's output when every request finished)."""
+        idle = DraftExtendInput.create_idle(self.spec_config, self.device)
+        if faults.active("eagle3_aux_hidden_x3"):  # bug zoo: hidden_size * 3
+            width = self.spec_config.draft.hidden_size * 3
+            idle = dataclasses.replace(idle, hidden_states=torch.zeros(0, width, dtype=self.target.dtype))
+        return idle
 
     def capture(self, hidden: torch.Tensor, aux: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The target rows the draft-extend phase reads (by the traits table), or None."""
         kind = self.spec_config.target_capture
         if kind == "none":
-            return None
+            return hidden if faults.active("standalone_captures_hidden") else None
         return aux if kind == "aux" else hidden
 
     def uniform(self, *shape: int) -> torch.Tensor:

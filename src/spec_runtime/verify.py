@@ -15,6 +15,7 @@ import torch
 
 from spec_schema import DraftExtendInput, VerifyInput, VerifyOutput, boundary
 
+from . import faults
 from .attention import AttnBatch
 from .runtime import BatchSampling, Runtime
 from .sampling import probs_from_logits_batched
@@ -50,7 +51,10 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     accept_index = _cut(accept_index, num_accept)
     accept_tokens = _cut(accept_tokens, num_accept)
     _commit_kv(rt, inp, slots, accept_index, num_accept)
-    extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts)
+    if host_counts:
+        extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts)
+    else:  # every request finished: the idle input of the same phase, with the live widths
+        extend = rt.idle_extend_input()
     return VerifyOutput(
         accept_tokens=accept_tokens,
         accept_indices=accept_index,
@@ -138,12 +142,15 @@ def _extend_input(rt: Runtime, inp: VerifyInput, captured, accept_index, accept_
     if captured is not None:
         hidden = captured[index[kept]]
         rt.counters.add_hidden(hidden, copied=True)
+    field_counts = counts
+    if faults.active("accept_counts_drafts_only"):  # bug zoo: drafts-only counts where a + 1 belongs
+        field_counts, host_counts = counts - 1, tuple(c - 1 for c in host_counts)
     return DraftExtendInput(
         hidden_states=hidden,
         input_ids=tokens[kept],
         positions=positions,
         num_correct_drafts=(counts - 1).to(torch.int32),
-        num_accept_tokens=counts.to(torch.int32),
+        num_accept_tokens=field_counts.to(torch.int32),
         seq_lens=seq_lens + counts,
         bonus_tokens=tokens.gather(1, (counts - 1)[:, None]).squeeze(1),
         req_pool_indices=inp.req_pool_indices[live],
