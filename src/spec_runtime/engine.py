@@ -25,7 +25,6 @@ from .runtime import BatchSampling, Runtime
 from .sampling import SamplingParams
 from .verify import StopBatch, verify
 
-
 GREEDY = SamplingParams(temperature=0.0)
 
 

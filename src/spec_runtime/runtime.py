@@ -9,7 +9,6 @@ import torch
 from spec_schema import DraftExtendInput, DraftInput, ModelDims, SpecAlgorithm, SpecConfig, hidden_width
 
 from . import faults
-
 from .kv_cache import KVCache, RequestTable
 from .models.base import DraftModel
 from .models.llama import LlamaForCausal
