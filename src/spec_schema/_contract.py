@@ -141,8 +141,13 @@ def reference_checker(cls: type) -> Callable[..., Any]:
         from jaxtyping import jaxtyped
 
         hints = typing.get_type_hints(cls)
-        names = [f.name for f in dataclasses.fields(cls) if f.init]
-        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=hints[n]) for n in names]
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        names = [f.name for f in fields]
+        params = [
+            inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=hints[f.name],
+                              default=f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty)
+            for f in fields
+        ]
 
         def reference(*args: Any, **kwargs: Any) -> None:
             return None

@@ -23,11 +23,13 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import functools
 import itertools
 import json
 import math
 import re
 import sys
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -306,9 +308,12 @@ def _none_by_width(owner: type, phase: str) -> dict[str, Any]:
 
 
 def _none_by_doc(owner: type, name: str) -> dict[str, Any]:
-    """Algorithms named in the field doc carry a tensor under its condition; the others always None."""
+    """From the field doc: algorithms it names carry a value under its condition, the others always
+    None; a doc that names no algorithm makes the field conditional for every algorithm."""
     doc = _field_doc(owner, name)
     named = [a.value for a in SpecAlgorithm if re.search(rf"\b{a.value}\b", doc)]
+    if not named:
+        return {"algorithms": [], "conditional": [a.value for a in SpecAlgorithm], "condition": doc}
     always = [a.value for a in SpecAlgorithm if a.value not in named]
     return {"algorithms": always, "conditional": named, "condition": doc}
 
@@ -427,37 +432,48 @@ def tensor_from_document(doc: Mapping[str, Any], device: Any = "cpu") -> torch.T
     return t.to(device)
 
 
+@functools.cache
+def _adapter(cls: type, name: str) -> TypeAdapter:
+    """pydantic's adapter for a plain (non-tensor, non-phase) field, e.g. a host tuple of ints."""
+    return TypeAdapter(typing.get_type_hints(cls)[name])
+
+
 def to_document(obj: Any) -> dict[str, Any]:
-    """A phase object as a JSON-able dict: tensors as `{"dtype", "shape", "data"}`, nested phases inline."""
+    """A phase object as a JSON-able dict: tensors as `{"dtype", "shape", "data"}`, nested phases inline,
+    other fields as pydantic dumps them in JSON mode (a tuple becomes a list)."""
     out = {}
     for f in dataclasses.fields(obj):
         if f.init:
-            out[f.name] = _encode(getattr(obj, f.name))
+            out[f.name] = _encode(type(obj), f.name, getattr(obj, f.name))
     return out
 
 
-def _encode(value: Any) -> Any:
+def _encode(cls: type, name: str, value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
         return tensor_to_document(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_document(value)
-    raise TypeError(f"cannot put a {type(value).__name__} into a phase document")
+    return _adapter(cls, name).dump_python(value, mode="json")
 
 
 def from_document(cls: type, doc: Mapping[str, Any], device: Any = "cpu") -> Any:
     """Build a phase object of class `cls` from a document made by `to_document` (or another engine).
 
-    Fields must match the class exactly; each tensor's dtype and rank are checked against the
-    annotations (`SpecContractError`), the rest is checked by the constructor under SPEC_STRICT.
+    Unknown fields are refused and fields without a default are required (ValueError); each
+    tensor's dtype and rank are checked against the annotations (`SpecContractError`), the rest is
+    checked by the constructor under SPEC_STRICT.
     """
     plan = plan_for(cls)
     names = [f.name for f in plan.fields]
-    extra, missing = sorted(set(doc) - set(names)), [n for n in names if n not in doc]
+    defaulted = {f.name for f in dataclasses.fields(cls)
+                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    extra = sorted(set(doc) - set(names))
+    missing = [n for n in names if n not in doc and n not in defaulted]
     if extra or missing:
         raise ValueError(f"{cls.__name__} document: unknown fields {extra}, missing fields {missing}")
-    return cls(**{f.name: _decode(cls, f, doc[f.name], device) for f in plan.fields})
+    return cls(**{f.name: _decode(cls, f, doc[f.name], device) for f in plan.fields if f.name in doc})
 
 
 def _decode(cls: type, f: FieldPlan, value: Any, device: Any) -> Any:
@@ -466,7 +482,7 @@ def _decode(cls: type, f: FieldPlan, value: Any, device: Any) -> Any:
     if f.kind == "phase":
         return from_document(f.phase_cls, value, device)  # type: ignore[arg-type]
     if f.kind != "tensor":
-        return value
+        return _adapter(cls, f.name).validate_python(value)
     t = tensor_from_document(value, device)
     if t.dtype not in f.dtypes or t.dim() != len(f.axes):
         raise SpecContractError(
