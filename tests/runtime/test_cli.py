@@ -1,0 +1,99 @@
+"""The `spec-runtime` CLI: `generate` (token ids and text prompts, --json) and `demo`."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spec_runtime import cli
+from spec_runtime.baseline import target_only_generate
+from spec_runtime.models.loading import load_target
+from spec_runtime.tiny import build_tiny_eagle3, build_tiny_standalone, build_tiny_target
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    target = build_tiny_target(root / "target", seed=11)
+    _save_word_tokenizer(target, vocab=128)
+    return {
+        "target": target,
+        "standalone": build_tiny_standalone(root / "standalone", target),
+        "eagle3": build_tiny_eagle3(root / "eagle3", target),
+    }
+
+
+def _save_word_tokenizer(path: Path, vocab: int) -> None:
+    """A local word-level tokenizer ("w0" .. "w{vocab-1}"), saved the way transformers loads it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(path)
+
+
+def _generate(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    code = cli.main(["generate", *args])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("algorithm,draft,flags", [
+    ("EAGLE3", "eagle3", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+                          "--speculative-num-draft-tokens", "5"]),
+    ("STANDALONE", "standalone", ["--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                                  "--speculative-num-draft-tokens", "3"]),
+])
+def test_generate_json_matches_target_only(dirs, capsys, algorithm, draft, flags) -> None:
+    code, out = _generate(
+        capsys, "--target", str(dirs["target"]), "--draft", str(dirs[draft]),
+        "--speculative-algorithm", algorithm, *flags,
+        "--prompt-ids", "1,2,3,4", "--prompt-ids", "9,8,7", "--max-new-tokens", "10", "--json",
+    )
+    assert code == 0
+    result = json.loads(out)
+    expected = target_only_generate(load_target(dirs["target"]), [[1, 2, 3, 4], [9, 8, 7]], 10)
+    assert [r["tokens"] for r in result["requests"]] == expected
+    for r in result["requests"]:
+        assert r["finish_reason"] == "length" and r["error"] is None
+        assert sum(r["accept_lengths"]) == len(r["tokens"]) - 1 and r["iterations"] == len(r["accept_lengths"])
+
+
+def test_generate_text_prompt_through_the_tokenizer(dirs, capsys) -> None:
+    code, out = _generate(
+        capsys, "--target", str(dirs["target"]), "--draft", str(dirs["eagle3"]),
+        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "3", "--prompt", "w5 w6 w7", "--max-new-tokens", "6", "--json",
+    )
+    assert code == 0
+    req = json.loads(out)["requests"][0]
+    expected = target_only_generate(load_target(dirs["target"]), [[5, 6, 7]], 6)[0]
+    assert req["tokens"] == expected
+    assert req["text"] == " ".join(f"w{t}" for t in expected)
+
+
+def test_generate_reports_bad_config_and_bad_prompt(dirs, capsys) -> None:
+    base = ["--target", str(dirs["target"]), "--draft", str(dirs["eagle3"]), "--speculative-algorithm", "EAGLE3"]
+    code = cli.main(["generate", *base, "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                     "--speculative-num-draft-tokens", "5", "--prompt-ids", "1,2"])
+    assert code == 2
+    assert "topk 1 means a chain of num_steps + 1 = 3 tokens" in capsys.readouterr().err
+    code, out = _generate(capsys, *base, "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                          "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2", "--prompt-ids", "500",
+                          "--max-new-tokens", "4", "--json")
+    assert code == 1  # one request was rejected, the other finished
+    good, bad = json.loads(out)["requests"]
+    assert len(good["tokens"]) == 4 and good["error"] is None
+    assert "outside the vocabulary" in bad["error"] and bad["finish_reason"] == "error"
+
+
+def test_demo_prints_the_table_and_is_lossless(tmp_path, capsys) -> None:
+    code = cli.main(["demo", "--cache-dir", str(tmp_path / "demo"), "--max-new-tokens", "12", "--batch-size", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "algorithm" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["target only", "STANDALONE", "EAGLE", "EAGLE3"]
+    assert all(r.split("|")[5].strip() in ("yes", "reference") for r in rows)
