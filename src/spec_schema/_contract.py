@@ -4,7 +4,11 @@ With SPEC_STRICT unset, `phase_class` returns a plain frozen dataclass and `boun
 function itself: nothing wraps anything. With SPEC_STRICT=1 a phase object is checked when it is
 built (internal consistency) and at every decorated boundary (config-known sizes too). Checks read
 only shapes, dtypes and devices, and stand aside during CUDA-graph capture and torch.compile tracing.
-SPEC_STRICT=2 adds value invariants and the jaxtyping + beartype reference check.
+SPEC_STRICT=2 adds value invariants (these read tensor values and may sync).
+
+The checks run from plans compiled from the jaxtyping annotations (`_plan.py`); when a plan check
+fails, the jaxtyping + beartype checker of the same annotations runs on the object and its verdict
+becomes the error's `__cause__` (a test shows the two accept and reject the same objects).
 """
 
 import collections

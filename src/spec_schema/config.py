@@ -249,6 +249,12 @@ class SpecConfig(BaseModel):
             )
 
     def _check_aux(self) -> None:
+        th = self.draft.target_hidden_size
+        if th is not None and th != self.target.hidden_size:
+            raise ValueError(
+                f"{self.algorithm.value}: the draft head reads a target of hidden size {th} "
+                f"(its target_hidden_size), but the target's hidden size is {self.target.hidden_size}"
+            )
         ids, layers = self.draft.aux_layer_ids, self.target.num_hidden_layers
         if ids is None or layers is None or not self.traits.has_aux_layers:
             return

@@ -228,7 +228,8 @@ def _probes(alg: SpecAlgorithm, aux: Optional[bool]) -> list[SpecConfig]:
     auxes = (True, False) if aux is None else (aux,)
     dtypes = (("float32", "bfloat16"), ("bfloat16", "float16"))
     aux_sources: tuple[dict[str, Any], ...] = ({}, {"num_aux_hidden_states": 5}, {"aux_layer_ids": (1, 3, 5, 6)})
-    grid = itertools.product(auxes, (None, 448), dtypes, aux_sources)
+    # A head's target_hidden_size, when set, must equal the target's hidden size (SpecConfig checks it).
+    grid = itertools.product(auxes, (None, 640), dtypes, aux_sources)
     for use_aux, head_target, (t_dtype, d_dtype), source in grid:
         target = ModelDims(hidden_size=640, vocab_size=1000, dtype=t_dtype, num_hidden_layers=8)
         draft = ModelDims(hidden_size=384, vocab_size=1000, dtype=d_dtype, target_hidden_size=head_target,

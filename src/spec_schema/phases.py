@@ -107,7 +107,8 @@ def _cat(cls_name: str, name: str, a: Any, b: Any) -> Any:
 def _keep_index(cls_name: str, keep: Tensor, bs: int) -> Tensor:
     """A keep mask (bool, length bs) or index list (int) as an int64 index tensor."""
     if not isinstance(keep, Tensor):
-        keep = torch.as_tensor(keep)
+        # an empty Python list would become float32: it selects nothing
+        keep = torch.as_tensor(keep) if len(keep) else torch.zeros(0, dtype=torch.int64)
     if keep.dtype == torch.bool:
         if keep.shape != (bs,):
             raise SpecContractError(
@@ -233,9 +234,10 @@ class VerifyInput:
     retrieve_next_sibling: Int64[Tensor, "bs num_draft"] = _doc("next child of node i's parent or -1")
     seq_lens: Int64[Tensor, " bs"] = _doc("tokens with committed target KV per request")
     req_pool_indices: Int64[Tensor, " bs"] = _doc("row of each request in the KV slot tables")
-    draft_probs: Optional[Float32[Tensor, "bs num_draft vocab"]] = _doc(
-        "for sampled chains (STANDALONE, topk 1, temperature > 0): the draft distribution at node i "
-        "from which node i+1 was sampled; None otherwise (tree drafts are deterministic)"
+    draft_probs: Optional[Float32[Tensor, "bs num_draft vocab"]] = field(
+        default=None,
+        metadata={"doc": "for sampled chains (STANDALONE, topk 1): the draft distribution at node i from "
+                  "which node i+1 was sampled; None otherwise (tree drafts are deterministic)"},
     )
 
     def __len__(self) -> int:

@@ -363,8 +363,10 @@ def test_width_rule_as_data_matches_the_design_table():
     }
     assert _rows(DraftExtendInput) == {
         ("EAGLE", None): ("target.hidden_size", "target.dtype"),
-        ("EAGLE3", True): ("(draft.target_hidden_size or target.hidden_size) * num_aux", "target.dtype"),
-        ("EAGLE3", False): ("draft.target_hidden_size or target.hidden_size", "target.dtype"),
+        # a head's target_hidden_size must equal the target's (SpecConfig validates it), so the rule
+        # reads the target's hidden size
+        ("EAGLE3", True): ("target.hidden_size * num_aux", "target.dtype"),
+        ("EAGLE3", False): ("target.hidden_size", "target.dtype"),
         ("STANDALONE", None): (None, None),
     }
     assert _rows(VerifyOutput, "draft_extend_input.hidden_states") == _rows(DraftExtendInput)

@@ -64,7 +64,9 @@ def pytest_configure(config: Any) -> None:
     try:
         settings.load_profile(name)
     except InvalidArgument:
-        raise pytest.UsageError(f"{ENV_VAR}={name!r} is not a hypothesis profile; use one of {', '.join(PROFILES)}") from None
+        raise pytest.UsageError(
+            f"{ENV_VAR}={name!r} is not a hypothesis profile; use one of {', '.join(PROFILES)}"
+        ) from None
 
 
 def pytest_report_header(config: Any) -> str:

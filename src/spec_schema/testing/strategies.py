@@ -13,8 +13,9 @@ Engines use these to test their own producers, consumers and phase classes again
 - `value_corrupted_inputs()`: a field dict that passes strict level 1 but breaks one value
   invariant of level 2, returned as `(field, what, kwargs)`.
 
-Only `VerifyInput.draft_probs` has a vocabulary-sized axis; it is generated only for configs whose
-vocabulary is at most `SMALL_VOCAB` (else it is None), so configs may use real vocabulary sizes.
+Only the `draft_probs` fields (DraftInput, VerifyInput; sampled chains) have a vocabulary-sized axis;
+they are generated only for topk 1 and a vocabulary of at most `SMALL_VOCAB` (else None), so configs
+may use real vocabulary sizes.
 """
 
 import dataclasses
@@ -36,6 +37,7 @@ __all__ = [
     "REAL_VOCAB_SIZES",
     "SMALL_VOCAB",
     "DTYPE_NAMES",
+    "BATCH_SIZES",
     "CORRUPTION_KINDS",
     "example_config",
     "spec_configs",
@@ -52,11 +54,12 @@ HISTORICAL_HIDDEN_PAIRS: Mapping[str, tuple[int, int]] = {
     "target 4096 / draft 2048": (4096, 2048),
     "target 4480 / draft 2048": (4480, 2048),
 }
-"""(target, draft) hidden sizes of the historical width bugs; `spec_configs` always samples them."""
+"""(target, draft) hidden sizes of the historical width bugs; `spec_configs(mismatched=True)` draws
+one of them about half the time (the other half: small random pairs)."""
 
 REAL_VOCAB_SIZES: tuple[int, ...] = (32000, 128256, 151936)
 SMALL_VOCAB = 512
-"""`VerifyInput.draft_probs` (the only vocab-sized tensor) is generated only up to this vocabulary."""
+"""`draft_probs` (the only vocab-sized tensors) are generated only up to this vocabulary."""
 
 DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 CORRUPTION_KINDS: tuple[str, ...] = ("width", "dtype", "rank", "batch", "presence")
@@ -69,6 +72,11 @@ _MAX_SEQ = 4096
 
 ConfigLike = Union[SpecConfig, SearchStrategy]
 IntLike = Union[int, SearchStrategy]
+
+BATCH_SIZES = st.integers(0, 4)
+"""Default `bs` of `phase_fields`/`phase_inputs`: idle (0) and live batches."""
+_CORRUPT_SIZES = st.integers(0, 3)
+_LIVE_SIZES = st.integers(1, 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,8 +108,12 @@ def example_config(
         head = {"draft_vocab_size": draft_vocab or max(1, vocab // 2), "num_aux_hidden_states": num_aux}
     return SpecConfig(
         algorithm=algorithm,
-        target=ModelDims(hidden_size=target_hidden, vocab_size=vocab, dtype=target_dtype, num_hidden_layers=8),
-        draft=ModelDims(hidden_size=draft_hidden, vocab_size=vocab, dtype=draft_dtype, num_hidden_layers=1, **head),
+        target=ModelDims(
+            hidden_size=target_hidden, vocab_size=vocab, dtype=target_dtype, num_hidden_layers=8
+        ),
+        draft=ModelDims(
+            hidden_size=draft_hidden, vocab_size=vocab, dtype=draft_dtype, num_hidden_layers=1, **head
+        ),
         num_steps=num_steps,
         topk=topk,
         num_draft_tokens=num_draft_tokens,
@@ -148,7 +160,9 @@ def spec_configs(
         if given == "default":
             num_aux = 3
         if given in ("ids", "both"):
-            layers = layers if layers is not None and layers >= num_aux else draw(st.integers(max(4, num_aux), 48))
+            layers = (
+                layers if layers is not None and layers >= num_aux else draw(st.integers(max(4, num_aux), 48))
+            )
             ids = draw(st.lists(st.integers(0, layers - 1), min_size=num_aux, max_size=num_aux, unique=True))
             head["aux_layer_ids"] = tuple(sorted(ids))
         if given in ("count", "both"):
@@ -160,7 +174,10 @@ def spec_configs(
     return SpecConfig(
         algorithm=algorithm,
         target=ModelDims(
-            hidden_size=target_h, vocab_size=vocab, dtype=draw(st.sampled_from(DTYPE_NAMES)), num_hidden_layers=layers
+            hidden_size=target_h,
+            vocab_size=vocab,
+            dtype=draw(st.sampled_from(DTYPE_NAMES)),
+            num_hidden_layers=layers,
         ),
         draft=ModelDims(
             hidden_size=draft_h,
@@ -236,7 +253,9 @@ def _ints(draw: Any, shape: tuple[int, ...], lo: int, hi: int, dtype: torch.dtyp
 
 
 def _distinct(draw: Any, n: int, hi: int = 255) -> Tensor:
-    return torch.tensor(draw(st.lists(st.integers(0, hi), min_size=n, max_size=n, unique=True)), dtype=torch.int64)
+    return torch.tensor(
+        draw(st.lists(st.integers(0, hi), min_size=n, max_size=n, unique=True)), dtype=torch.int64
+    )
 
 
 def _generator(draw: Any) -> torch.Generator:
@@ -283,7 +302,9 @@ def unchecked(cls: type, fields: Mapping[str, Any]) -> Any:
 
 def _draft_input(draw: Any, config: SpecConfig, bs: int) -> dict[str, Any]:
     k, vocab = config.topk, config.vocab
-    index = [draw(st.lists(st.integers(0, vocab - 1), min_size=k, max_size=k, unique=True)) for _ in range(bs)]
+    index = [
+        draw(st.lists(st.integers(0, vocab - 1), min_size=k, max_size=k, unique=True)) for _ in range(bs)
+    ]
     return {
         "topk_p": _probs(draw, bs, k),
         "topk_index": torch.tensor(index, dtype=torch.int64).reshape(bs, k),
@@ -333,22 +354,19 @@ def _max_correct(config: SpecConfig) -> int:
 def _extend_from(draw: Any, config: SpecConfig, tokens: list[list[int]]) -> dict[str, Any]:
     """A DraftExtendInput whose request r runs over `tokens[r]` (its accepted drafts, then the bonus)."""
     a = torch.tensor([len(t) for t in tokens], dtype=torch.int32)
-    seq_lens = torch.tensor(
-        [draw(st.integers(len(t), _MAX_SEQ)) for t in tokens], dtype=torch.int64
-    )
+    seq_lens = torch.tensor([draw(st.integers(len(t), _MAX_SEQ)) for t in tokens], dtype=torch.int64)
     rows = int(a.sum())
-    a64 = a.long()
-    start = torch.repeat_interleave(seq_lens - a64, a64, output_size=rows)
-    offset = torch.arange(rows) - torch.repeat_interleave(torch.cumsum(a64, 0) - a64, a64, output_size=rows)
+    positions = [s - len(t) + j for s, t in zip(seq_lens.tolist(), tokens) for j in range(len(t))]
     return {
         "hidden_states": _hidden(draw, rows, hidden_width(config, "extend")),
         "input_ids": torch.tensor([x for t in tokens for x in t], dtype=torch.int64),
-        "positions": start + offset,
+        "positions": torch.tensor(positions, dtype=torch.int64),
         "num_correct_drafts": a - 1,
         "num_accept_tokens": a,
         "seq_lens": seq_lens,
         "bonus_tokens": torch.tensor([t[-1] for t in tokens], dtype=torch.int64),
         "req_pool_indices": _distinct(draw, len(tokens)),
+        "num_accept_tokens_cpu": tuple(len(t) for t in tokens) if draw(st.booleans()) else None,
     }
 
 
@@ -379,7 +397,7 @@ def _verify_output(draw: Any, config: SpecConfig, bs: int) -> dict[str, Any]:
     finished = torch.tensor(draw(st.lists(st.booleans(), min_size=bs, max_size=bs)), dtype=torch.bool)
     a = torch.tensor([len(t) for t in tokens], dtype=torch.int32)
     live = [t for t, done in zip(tokens, finished.tolist()) if not done]
-    extend = DraftExtendInput(**_extend_from(draw, config, live))
+    extend = DraftExtendInput(**_known(DraftExtendInput, _extend_from(draw, config, live)))
     return {
         "accept_tokens": accept_tokens,
         "accept_indices": accept_indices,
@@ -428,7 +446,7 @@ def phase_fields(
     draw: Any,
     cls: type,
     config: ConfigLike,
-    bs: IntLike = st.integers(0, 4),
+    bs: IntLike = BATCH_SIZES,
     valid: bool = True,
 ) -> dict[str, Any]:
     """The constructor arguments of a phase object of `cls` for `config`, as a dict.
@@ -440,13 +458,19 @@ def phase_fields(
     Rename the keys to build an engine's own class.
     """
     config = _resolve(draw, config)
-    built = _builder(cls)(draw, config, int(_resolve(draw, bs)))
+    fields = _known(cls, _builder(cls)(draw, config, int(_resolve(draw, bs))))
+    return fields if valid else _scramble(draw, cls, fields)
+
+
+def _known(cls: type, built: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of `cls` in its field order; fields this module does not build
+    must be optional (they are left None)."""
     fields = {}
-    for f in plan_for(cls).fields:  # constructor order; a field this module does not know must be optional
+    for f in plan_for(cls).fields:
         if f.name not in built and not f.optional:
             raise TypeError(f"phase_fields: no strategy for the required field {cls.__name__}.{f.name}")
         fields[f.name] = built.get(f.name)
-    return fields if valid else _scramble(draw, cls, fields)
+    return fields
 
 
 @st.composite
@@ -454,7 +478,7 @@ def phase_inputs(
     draw: Any,
     cls: type,
     config: ConfigLike,
-    bs: IntLike = st.integers(0, 4),
+    bs: IntLike = BATCH_SIZES,
     valid: bool = True,
 ) -> Any:
     """Phase objects of `cls` (live for bs >= 1, idle for bs = 0) consistent with `config`.
@@ -543,7 +567,9 @@ def _rows_of(cls: type, fields: Mapping[str, Any]) -> int:
     return int(fields["input_ids"].shape[0] if "input_ids" in fields else fields["seq_lens"].shape[0])
 
 
-def _corrupt(draw: Any, cls: type, config: SpecConfig, fields: Mapping[str, Any], option: tuple[str, str, Any]) -> Any:
+def _corrupt(
+    draw: Any, cls: type, config: SpecConfig, fields: Mapping[str, Any], option: tuple[str, str, Any]
+) -> Any:
     name, kind, detail = option
     value = fields[name]
     f: FieldPlan = next(p for p in plan_for(cls).fields if p.name == name)
@@ -574,7 +600,7 @@ def _corrupt(draw: Any, cls: type, config: SpecConfig, fields: Mapping[str, Any]
 
 @st.composite
 def corrupted_inputs(
-    draw: Any, cls: type, config: ConfigLike, bs: IntLike = st.integers(0, 3)
+    draw: Any, cls: type, config: ConfigLike, bs: IntLike = _CORRUPT_SIZES
 ) -> tuple[str, str, dict[str, Any]]:
     """`(field, kind, kwargs)`: valid constructor arguments with exactly one tensor field broken.
 
@@ -585,7 +611,9 @@ def corrupted_inputs(
     """
     config = _resolve(draw, config)
     fields = draw(phase_fields(cls, config, bs=bs))
-    option = draw(st.sampled_from(_options(cls, config, fields)))
+    options = _options(cls, config, fields)
+    kind = draw(st.sampled_from([k for k in CORRUPTION_KINDS if any(o[1] == k for o in options)]))
+    option = draw(st.sampled_from([o for o in options if o[1] == kind]))
     broken = dict(fields)
     broken[option[0]] = _corrupt(draw, cls, config, fields, option)
     return option[0], option[1], broken
@@ -601,14 +629,24 @@ def _set(t: Tensor, index: Any, value: Any) -> Tensor:
     return t
 
 
-def _value_corruptions(draw: Any, cls: type, config: SpecConfig, kw: dict[str, Any]) -> list[tuple[str, str, dict]]:
+def _value_corruptions(
+    draw: Any, cls: type, config: SpecConfig, kw: dict[str, Any]
+) -> list[tuple[str, str, dict]]:
     """(named field, what is broken, changed fields) for a live (bs >= 1) field dict."""
     bs = len(kw["seq_lens"]) if "seq_lens" in kw else len(kw["finished"])
     b = draw(st.integers(0, bs - 1))
     if issubclass(cls, DraftInput):
         return [
-            ("topk_p", "a probability outside [0, 1]", {"topk_p": _set(kw["topk_p"], (b, 0), draw(st.sampled_from([1.5, -0.25, float("nan")])))}),
-            ("topk_index", "a token id >= vocab", {"topk_index": _set(kw["topk_index"], (b, 0), config.vocab)}),
+            (
+                "topk_p",
+                "a probability outside [0, 1]",
+                {"topk_p": _set(kw["topk_p"], (b, 0), draw(st.sampled_from([1.5, -0.25, float("nan")])))},
+            ),
+            (
+                "topk_index",
+                "a token id >= vocab",
+                {"topk_index": _set(kw["topk_index"], (b, 0), config.vocab)},
+            ),
             ("bonus_tokens", "a negative token id", {"bonus_tokens": _set(kw["bonus_tokens"], b, -1)}),
             ("seq_lens", "a negative length", {"seq_lens": _set(kw["seq_lens"], b, -1)}),
         ]
@@ -616,42 +654,91 @@ def _value_corruptions(draw: Any, cls: type, config: SpecConfig, kw: dict[str, A
         n = config.num_draft_tokens
         i = draw(st.integers(0, n - 1))
         return [
-            ("retrieve_index", "a wrong global row", {"retrieve_index": _set(kw["retrieve_index"], (b, i), kw["retrieve_index"][b, i] + 1)}),
-            ("retrieve_next_token", "a link to the node itself", {"retrieve_next_token": _set(kw["retrieve_next_token"], (b, i), i)}),
-            ("retrieve_next_sibling", "a link past the tree", {"retrieve_next_sibling": _set(kw["retrieve_next_sibling"], (b, i), n)}),
-            ("tree_mask", "a node that does not attend itself", {"tree_mask": _set(kw["tree_mask"], (b, i, i), False)}),
-            ("positions", "a root position != seq_lens", {"positions": _set(kw["positions"], (b, 0), kw["positions"][b, 0] + 1)}),
-            ("draft_token", "a token id >= vocab", {"draft_token": _set(kw["draft_token"], (b, i), config.vocab)}),
+            (
+                "retrieve_index",
+                "a wrong global row",
+                {"retrieve_index": _set(kw["retrieve_index"], (b, i), kw["retrieve_index"][b, i] + 1)},
+            ),
+            (
+                "retrieve_next_token",
+                "a link to the node itself",
+                {"retrieve_next_token": _set(kw["retrieve_next_token"], (b, i), i)},
+            ),
+            (
+                "retrieve_next_sibling",
+                "a link past the tree",
+                {"retrieve_next_sibling": _set(kw["retrieve_next_sibling"], (b, i), n)},
+            ),
+            (
+                "tree_mask",
+                "a node that does not attend itself",
+                {"tree_mask": _set(kw["tree_mask"], (b, i, i), False)},
+            ),
+            (
+                "positions",
+                "a root position != seq_lens",
+                {"positions": _set(kw["positions"], (b, 0), kw["positions"][b, 0] + 1)},
+            ),
+            (
+                "draft_token",
+                "a token id >= vocab",
+                {"draft_token": _set(kw["draft_token"], (b, i), config.vocab)},
+            ),
         ]
     if issubclass(cls, DraftExtendInput):
         a = kw["num_accept_tokens"]
         last = int(torch.cumsum(a.long(), 0)[b]) - 1
         row = draw(st.integers(0, len(kw["positions"]) - 1))
         return [
-            ("num_accept_tokens", "num_accept_tokens = num_correct_drafts", {"num_accept_tokens": kw["num_correct_drafts"].clone()}),
-            ("bonus_tokens", "a bonus token != the last input id", {"bonus_tokens": _set(kw["bonus_tokens"], b, kw["input_ids"][last] + 1)}),
-            ("positions", "a shifted row position", {"positions": _set(kw["positions"], row, kw["positions"][row] + 1)}),
+            (
+                "num_accept_tokens",
+                "num_accept_tokens = num_correct_drafts",
+                {"num_accept_tokens": kw["num_correct_drafts"].clone()},
+            ),
+            (
+                "bonus_tokens",
+                "a bonus token != the last input id",
+                {"bonus_tokens": _set(kw["bonus_tokens"], b, kw["input_ids"][last] + 1)},
+            ),
+            (
+                "positions",
+                "a shifted row position",
+                {"positions": _set(kw["positions"], row, kw["positions"][row] + 1)},
+            ),
         ]
     if issubclass(cls, VerifyOutput):
         c, a = kw["num_correct_drafts"], kw["num_accept_tokens"]
         bad_c = config.num_steps + 1
         out = [
             ("num_accept_tokens", "num_accept_tokens = num_correct_drafts", {"num_accept_tokens": c.clone()}),
-            ("num_correct_drafts", "more accepted drafts than num_steps",
-             {"num_correct_drafts": _set(c, b, bad_c), "num_accept_tokens": _set(a, b, bad_c + 1)}),
-            ("accept_tokens", "a token replaced by the -1 padding", {"accept_tokens": _set(kw["accept_tokens"], (b, 0), -1)}),
-            ("accept_indices", "the root replaced by the -1 padding", {"accept_indices": _set(kw["accept_indices"], (b, 0), -1)}),
+            (
+                "num_correct_drafts",
+                "more accepted drafts than num_steps",
+                {"num_correct_drafts": _set(c, b, bad_c), "num_accept_tokens": _set(a, b, bad_c + 1)},
+            ),
+            (
+                "accept_tokens",
+                "a token replaced by the -1 padding",
+                {"accept_tokens": _set(kw["accept_tokens"], (b, 0), -1)},
+            ),
+            (
+                "accept_indices",
+                "the root replaced by the -1 padding",
+                {"accept_indices": _set(kw["accept_indices"], (b, 0), -1)},
+            ),
         ]
         if len(kw["draft_extend_input"]):
             idle = DraftExtendInput.create_idle(config)
-            out.append(("draft_extend_input", "the unfinished requests dropped", {"draft_extend_input": idle}))
+            out.append(
+                ("draft_extend_input", "the unfinished requests dropped", {"draft_extend_input": idle})
+            )
         return out
     raise TypeError(f"no value corruptions for {cls.__name__}")
 
 
 @st.composite
 def value_corrupted_inputs(
-    draw: Any, cls: type, config: ConfigLike, bs: IntLike = st.integers(1, 3)
+    draw: Any, cls: type, config: ConfigLike, bs: IntLike = _LIVE_SIZES
 ) -> tuple[str, str, dict[str, Any]]:
     """`(field, what, kwargs)`: live constructor arguments that pass strict level 1 but break one
     value invariant, which `spec_schema.check(obj, cls, config, values=True)` reports on `field`.
