@@ -7,6 +7,7 @@ rarely agree with the target: their rows show that decoding stays lossless, not 
 reach.
 """
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -69,7 +70,38 @@ def run_demo(cache_dir: Path, max_new_tokens: int = 48, batch_size: int = 4) -> 
         accept = sum(sum(r.accept_lengths) for r in reqs) / max(1, sum(len(r.accept_lengths) for r in reqs))
         rows.append((alg, f"{steps}/{topk}/{n}", f"{accept:.2f}", f"{tps:.0f}", "yes" if same else "NO"))
     _print_table(rows, spec_schema.STRICT_LEVEL, batch_size, max_new_tokens, cache_dir)
+    print()
+    print(contract_showcase())
     return 0 if ok else 1
+
+
+def contract_showcase() -> str:
+    """The historical merge_batch crash (target 4096, draft 2048, an idle placeholder sized from the
+    target), as raw torch reports it and as the contract reports it."""
+    import spec_schema as ss
+
+    cfg = ss.SpecConfig(
+        algorithm="EAGLE3",
+        target=ss.ModelDims(hidden_size=4096, vocab_size=128256, num_hidden_layers=32),
+        draft=ss.ModelDims(hidden_size=2048, vocab_size=128256, draft_vocab_size=32000),
+        num_steps=5, topk=4, num_draft_tokens=8,
+    )
+    live = torch.zeros(2, 2048, dtype=torch.bfloat16)  # the draft's own width, as the draft produced it
+    stub = torch.zeros(0, 4096, dtype=torch.bfloat16)  # an idle placeholder sized from the target
+    try:
+        torch.cat([stub, live])
+        raw = "(no error)"
+    except RuntimeError as err:
+        raw = f"RuntimeError: {err}"
+    idle = ss.DraftInput.create_idle(cfg)
+    try:
+        ss.check(dataclasses.replace(idle, hidden_states=stub), ss.DraftInput, cfg,
+                 producer="verify (all requests finished)", consumer="merge_batch")
+        ours = "(no error)"
+    except ss.SpecContractError as err:
+        ours = f"SpecContractError: {err}"
+    return ("The bug this contract exists for (target hidden 4096, draft 2048, idle placeholder sized "
+            f"from the target):\n  raw torch, at merge_batch:  {raw}\n  spec_schema, where it is made: {ours}")
 
 
 def _print_table(rows: list, strict: int, bs: int, new: int, cache_dir: Path) -> None:

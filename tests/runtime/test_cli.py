@@ -97,3 +97,5 @@ def test_demo_prints_the_table_and_is_lossless(tmp_path, capsys) -> None:
     rows = [line for line in out.splitlines() if line.startswith("| ") and "algorithm" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["target only", "STANDALONE", "EAGLE", "EAGLE3"]
     assert all(r.split("|")[5].strip() in ("yes", "reference") for r in rows)
+    assert "Expected size 4096 but got size 2048" in out  # the raw torch error of the historical bug
+    assert "SpecContractError: DraftInput.hidden_states: axis hidden_draft (dim 1) expected 2048" in out
