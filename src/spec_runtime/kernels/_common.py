@@ -1,0 +1,88 @@
+"""Helpers shared by the kernel launchers: argument checks, sizes, interpreter detection.
+
+Launch-time checks read shapes, dtypes, strides and devices only (never values), so a launcher never
+syncs with the GPU and can be captured in a CUDA graph.
+"""
+
+import functools
+import os
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run on the CPU interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= max(n, 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (a small stand-in under the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise `ValueError(message)` unless `ok` (never `assert`: `python -O` strips it)."""
+    if not ok:
+        raise ValueError(message)
+
+
+def check_tensor(
+    name: str,
+    t: torch.Tensor,
+    dtypes: tuple[torch.dtype, ...],
+    shape: tuple[int | None, ...],
+    device: torch.device,
+) -> None:
+    """Check dtype, rank/shape (None = any size) and device, with actual-vs-expected messages."""
+    require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    require(t.dtype in dtypes, f"{name} has dtype {t.dtype}, expected one of {', '.join(map(str, dtypes))}")
+    actual = tuple(t.shape)
+    ok = len(actual) == len(shape) and all(e is None or a == e for a, e in zip(actual, shape))
+    want = "(" + ", ".join("*" if e is None else str(e) for e in shape) + ")"
+    require(ok, f"{name} has shape {actual}, expected {want}")
+    require(t.device == device, f"{name} is on {t.device}, expected {device}")
+
+
+def check_head_dim(d: int) -> None:
+    """tl.dot needs a power-of-two inner size of at least 16."""
+    require(d >= 16 and d & (d - 1) == 0, f"head_dim must be a power of two >= 16, got {d}")
+
+
+def _shim_interpreter_index() -> None:
+    """Triton 3.6's interpreter converts scalars with `int(ndarray)`, which numpy >= 2.4 rejects for
+    1-element arrays (triton-lang/triton#9171): loop bounds loaded from memory then fail. Patch the
+    one conversion; only under `TRITON_INTERPRET=1`, idempotent."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - triton without the interpreter
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_spec_runtime_shim", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._spec_runtime_shim = True
+    interpreter._patch_lang_tensor = patched
+
+
+if interpreting():
+    _shim_interpreter_index()

@@ -1,0 +1,313 @@
+"""Triton paged attention over the token-slot KV cache: decode, extend, tree verify, draft branches.
+
+Same contract as `spec_runtime.attention.torch_attention` (the reference): query row `t` of request
+`r` attends the committed prefix `req_to_token[req_pool_indices[r], :prefix_lens[r]]` plus the
+slots `extra_kv[t]` (-1 = none), GQA, softmax in float32, rows that see no key give zeros.
+
+Layout (flash-decoding): pass 1 runs one program per (row block, KV head, split). A row block is up
+to `BLOCK_M` consecutive query rows (about the rows of one request); with the `G` query heads of
+the KV head they are the `BLOCK_M * G` rows (padded to 16) of every `tl.dot`, so the rows of a tree
+or an extend read their shared prefix once and GQA reads each KV head once. Splits `0 .. S-1` each
+take a `1/S` share of the committed prefix (a block that spans requests walks each of them); the
+remaining splits take chunks of the per-row extra slots: a tile flattens `BLOCK_E` slots of each of
+the `BLOCK_M` rows and a block-diagonal mask lets every row see only its own. Each split writes an
+unnormalized partial (running max in log2 units, sum, accumulator); pass 2 merges the partials of
+every (row, head). The grid comes from host-known sizes only (`T`, `bs`, `E`, `max_context`): no
+sync, graph-capturable.
+
+Precondition (every `AttnBatch` builder meets it): the extra slots of one row are distinct. The
+reference de-duplicates them; this kernel would count a repeated slot twice.
+
+Long extends (prefill) are correct but not tuned: every row gathers its own extra slots, so a
+causal extend of `n` rows reads `O(n^2)` K/V rows (mostly from L2).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from spec_runtime.attention import AttnBatch, torch_attention
+from spec_runtime.kernels._common import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    cdiv,
+    check_head_dim,
+    check_tensor,
+    interpreting,
+    next_pow2,
+    require,
+    sm_count,
+)
+from spec_runtime.kv_cache import KVCache
+
+__all__ = ["reference_attention", "triton_attention"]
+
+reference_attention = torch_attention
+"""The pure-torch reference (`spec_runtime.attention.torch_attention`)."""
+
+_LOG2E = 1.4426950408889634
+_MAX_SPLITS = 32  # prefix splits per row block
+_MAX_ROWS = 64  # BLOCK_M * padded group: rows of one tl.dot
+_KEYS_PER_TILE = 64  # extra slots of one tile, over all rows of the block
+# Launch parameters on the GPU (measured on an H200, bench/kernels_bench.py).
+_GPU = dict(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
+
+
+@triton.jit
+def _request_of_row(indptr_ptr, bs, row, SEARCH_ITERS: tl.constexpr):
+    """Largest r in [0, bs] with qo_indptr[r] <= row: the request owning `row` (binary search)."""
+    lo = tl.zeros([], dtype=tl.int64)
+    hi = lo + bs
+    for _ in tl.static_range(SEARCH_ITERS):
+        active = lo < hi
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(indptr_ptr + mid) <= row
+        lo = tl.where(active & ok, mid, lo)
+        hi = tl.where(active & ~ok, mid - 1, hi)
+    return lo
+
+
+@triton.jit
+def _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, mask,
+                   D: tl.constexpr):
+    """Write partial (row, head, split) of the `(T, Hq, NS[, D])` float32 buffers."""
+    d = tl.arange(0, D)
+    idx = (row.to(tl.int64) * Hq + head) * NS + split
+    tl.store(mid_m_ptr + idx, m_i, mask=mask)
+    tl.store(mid_l_ptr + idx, l_i, mask=mask)
+    tl.store(mid_o_ptr + idx[:, None] * D + d[None, :], acc, mask=mask[:, None])
+
+
+@triton.jit
+def _attend_tile(
+    q, k_ptr, v_ptr, slot, key_ok, visible, m_i, l_i, acc, qk_scale,
+    s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh,
+    D: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """One online-softmax step of the rows `q (R, D)` over the key tile `slot (J,)`.
+
+    `key_ok (J,)`: keys to load; `visible (R, J)`: which row sees which key. A row that has seen
+    no key yet keeps max -inf, sum 0 and a zero accumulator.
+    """
+    d = tl.arange(0, D)
+    kt = tl.load(k_ptr + slot[:, None] * s_ks + kvh * s_kh + d[None, :] * s_kd, mask=key_ok[:, None], other=0.0)
+    vt = tl.load(v_ptr + slot[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd, mask=key_ok[:, None], other=0.0)
+    if DOT_F32:
+        s = tl.dot(q, tl.trans(kt.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(kt))
+    s = tl.where(visible, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_F32:
+        pv = tl.dot(p, vt.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(vt.dtype), vt)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _attn_split_kernel(
+    q_ptr,  # (T, Hq, D) queries
+    k_ptr,  # (num_slots, Hkv, D) this layer's keys
+    v_ptr,  # (num_slots, Hkv, D) this layer's values
+    rt_ptr,  # (max_reqs, max_context) int slot table, last dim contiguous
+    req_pool_ptr,  # (bs,) int request rows
+    prefix_ptr,  # (bs,) int committed lengths
+    indptr_ptr,  # (bs+1,) int query row ranges
+    extra_ptr,  # (T, E) int extra slots, -1 = none
+    mid_o_ptr,  # (T, Hq, NS, D) float32 partial accumulators (output)
+    mid_m_ptr,  # (T, Hq, NS) float32 partial running max, log2 units (output)
+    mid_l_ptr,  # (T, Hq, NS) float32 partial sums (output)
+    T, bs, Hq, NS, e_len, e_chunk, qk_scale,
+    s_qt, s_qh, s_qd, s_rt, s_et, s_ee, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    row0 = tl.program_id(0) * BLOCK_M
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    # Rows of the block, row-major over (query row, head of the group), padded to BLOCK_R >= 16.
+    i = tl.arange(0, BLOCK_R)
+    m_of_i = i // GP
+    row = row0 + m_of_i
+    g = i % GP
+    head = kvh * G + g
+    rvalid = (i < BLOCK_M * GP) & (g < G) & (row < T)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + row[:, None].to(tl.int64) * s_qt + head[:, None] * s_qh + d[None, :] * s_qd,
+                mask=rvalid[:, None], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    if split < NUM_SPLITS:
+        # Share `split` of each request's prefix, shared by all its rows in the block.
+        r_first = _request_of_row(indptr_ptr, bs, row0, SEARCH_ITERS)
+        r_last = _request_of_row(indptr_ptr, bs, tl.minimum(row0 + BLOCK_M, T) - 1, SEARCH_ITERS)
+        for r in range(r_first, r_last + 1):
+            p_len = tl.load(prefix_ptr + r).to(tl.int64)
+            req = tl.load(req_pool_ptr + r).to(tl.int64)
+            chunk = tl.cdiv(tl.cdiv(p_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            c0 = split * chunk
+            c1 = tl.minimum(c0 + chunk, p_len)
+            m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_R], tl.float32)
+            acc = tl.zeros([BLOCK_R, D], tl.float32)
+            for start in range(c0, c1, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                cmask = cols < c1
+                slot = tl.load(rt_ptr + req * s_rt + cols, mask=cmask, other=0).to(tl.int64)
+                m_i, l_i, acc = _attend_tile(
+                    q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
+                    s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
+                )
+            in_r = rvalid & (row >= tl.load(indptr_ptr + r)) & (row < tl.load(indptr_ptr + r + 1))
+            _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, in_r, D)
+    else:
+        # Chunk `split - NUM_SPLITS` of the extra slots: a tile holds BLOCK_E slots of each of the
+        # BLOCK_M rows (flattened), and row i sees only the slots of its own query row.
+        e_lo = (split - NUM_SPLITS) * e_chunk
+        e_hi = tl.minimum(e_lo + e_chunk, e_len)
+        j = tl.arange(0, BLOCK_J)
+        m_of_j = j // BLOCK_E
+        j_row = row0 + m_of_j
+        j_ok = (j < BLOCK_M * BLOCK_E) & (j_row < T)
+        m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, D], tl.float32)
+        for e0 in range(e_lo, e_hi, BLOCK_E):
+            e_col = e0 + j % BLOCK_E
+            slot = tl.load(extra_ptr + j_row.to(tl.int64) * s_et + e_col * s_ee, mask=j_ok & (e_col < e_hi),
+                           other=-1).to(tl.int64)
+            key_ok = slot >= 0
+            visible = (m_of_i[:, None] == m_of_j[None, :]) & key_ok[None, :]
+            m_i, l_i, acc = _attend_tile(
+                q, k_ptr, v_ptr, slot, key_ok, visible, m_i, l_i, acc, qk_scale,
+                s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
+            )
+        _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, rvalid, D)
+
+
+@triton.jit
+def _attn_merge_kernel(
+    mid_o_ptr,  # (T, Hq, NS, D) float32 partial accumulators
+    mid_m_ptr,  # (T, Hq, NS) float32 partial running max (log2 units)
+    mid_l_ptr,  # (T, Hq, NS) float32 partial sums
+    out_ptr,  # (T, Hq, D) attention output in q's dtype (output)
+    Hq, NS, s_ot, s_oh, s_od,
+    D: tl.constexpr, NSP: tl.constexpr, HB: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1) * HB + tl.arange(0, HB)
+    s = tl.arange(0, NSP)
+    d = tl.arange(0, D)
+    ok = (h[:, None] < Hq) & (s[None, :] < NS)  # (HB, NSP)
+    base = (t.to(tl.int64) * Hq + h[:, None]) * NS + s[None, :]
+    m = tl.load(mid_m_ptr + base, mask=ok, other=float("-inf"))
+    l_s = tl.load(mid_l_ptr + base, mask=ok, other=0.0)
+    o = tl.load(mid_o_ptr + base[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0)
+    m_max = tl.max(m, 1)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_safe[:, None])  # splits that saw no key weigh 0
+    total = tl.sum(w * l_s, 1)
+    acc = tl.sum(w[:, :, None] * o, 1)
+    res = tl.where(total[:, None] > 0, acc / tl.where(total > 0, total, 1.0)[:, None], 0.0)  # no key: zeros
+    tl.store(out_ptr + t.to(tl.int64) * s_ot + h[:, None] * s_oh + d[None, :] * s_od,
+             res.to(out_ptr.dtype.element_ty), mask=(h < Hq)[:, None])
+
+
+def _check_inputs(q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch) -> None:
+    require(q.dim() == 3, f"q must be (T, Hq, D), got shape {tuple(q.shape)}")
+    t, hq, d = q.shape
+    _, _, hkv, dk = cache.k.shape
+    dev = q.device
+    require(q.dtype in FLOAT_DTYPES, f"q has dtype {q.dtype}, expected one of {FLOAT_DTYPES}")
+    require(cache.k.dtype in FLOAT_DTYPES, f"cache dtype {cache.k.dtype}, expected one of {FLOAT_DTYPES}")
+    require(d == dk, f"q head_dim {d} does not match the cache head_dim {dk}")
+    check_head_dim(d)
+    require(hq % hkv == 0, f"query heads {hq} are not a multiple of KV heads {hkv}")
+    require(0 <= layer < cache.k.shape[0], f"layer {layer} out of range [0, {cache.k.shape[0]})")
+    require(cache.k.device == dev, f"cache is on {cache.k.device}, q on {dev}")
+    bs = attn.batch_size
+    check_tensor("attn.req_pool_indices", attn.req_pool_indices, INDEX_DTYPES, (bs,), dev)
+    check_tensor("attn.prefix_lens", attn.prefix_lens, INDEX_DTYPES, (bs,), dev)
+    check_tensor("attn.qo_indptr", attn.qo_indptr, INDEX_DTYPES, (bs + 1,), dev)
+    check_tensor("attn.extra_kv", attn.extra_kv, INDEX_DTYPES, (t, None), dev)
+    check_tensor("cache.req_to_token", cache.req_to_token, INDEX_DTYPES, (None, None), dev)
+    require(cache.req_to_token.stride(1) == 1, "cache.req_to_token must be contiguous in its last dim")
+    for name, x in (("req_pool_indices", attn.req_pool_indices), ("prefix_lens", attn.prefix_lens),
+                    ("qo_indptr", attn.qo_indptr)):
+        require(x.is_contiguous(), f"attn.{name} must be contiguous")
+
+
+def _plan(t: int, bs: int, hkv: int, g: int, e: int, max_context: int, device: torch.device,
+          num_splits: int | None) -> dict:
+    """Block sizes and split counts from host-known sizes only (no sync)."""
+    gp = next_pow2(g)
+    block_m = max(1, min(next_pow2(cdiv(t, max(bs, 1))), _MAX_ROWS // gp))  # rows per request, about
+    block_n = 16 if interpreting() else _GPU["block_n"]
+    blocks = cdiv(t, block_m)
+    target = _GPU["programs_per_sm"] * sm_count(device)
+    if num_splits is None:
+        num_splits = min(cdiv(target, blocks * hkv), _MAX_SPLITS, max(1, cdiv(max_context, block_n)))
+    require(num_splits >= 1, f"num_splits must be >= 1, got {num_splits}")
+    block_e = max(1, min(_KEYS_PER_TILE // block_m, next_pow2(e)))  # extra slots per row per tile
+    extra_splits = 0 if e == 0 else min(max(1, cdiv(target, blocks * hkv)), cdiv(e, _KEYS_PER_TILE))
+    e_chunk = cdiv(cdiv(e, extra_splits), block_e) * block_e if e else 0
+    return dict(
+        GP=gp, BLOCK_M=block_m, BLOCK_R=max(16, block_m * gp), BLOCK_N=block_n, BLOCK_E=block_e,
+        BLOCK_J=max(16, block_m * block_e), NUM_SPLITS=num_splits, blocks=blocks, extra_splits=extra_splits,
+        e_chunk=e_chunk,
+    )
+
+
+def triton_attention(
+    q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float, *, num_splits: int | None = None
+) -> torch.Tensor:
+    """Attention over the KV cache (GQA, ragged prefixes, extra slots), `torch_attention`'s contract.
+
+    Args:
+        q: `(T, Hq, D)` queries (RoPE applied), float16/bfloat16/float32; `D` a power of two >= 16.
+        cache: the KV cache (any float dtype); every row's K/V is already stored at `attn.out_slots`.
+        layer: cache layer to read.
+        attn: the batch description; the extra slots of a row must be distinct.
+        scale: softmax scale.
+        num_splits: prefix splits per row block (default: enough programs for two waves).
+
+    Returns:
+        `(T, Hq, D)` in q's dtype; rows that see no key are zeros.
+    """
+    _check_inputs(q, cache, layer, attn)
+    t, hq, d = q.shape
+    hkv = cache.k.shape[2]
+    bs, e = attn.batch_size, attn.extra_kv.shape[1]
+    if t == 0 or bs == 0:
+        return q.new_zeros((t, hq, d))
+    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    plan = _plan(t, bs, hkv, hq // hkv, e, cache.req_to_token.shape[1], q.device, num_splits)
+    ns = plan["NUM_SPLITS"] + plan["extra_splits"]
+    mid_o = torch.empty((t, hq, ns, d), dtype=torch.float32, device=q.device)
+    mid_m = torch.empty((t, hq, ns), dtype=torch.float32, device=q.device)
+    mid_l = torch.empty((t, hq, ns), dtype=torch.float32, device=q.device)
+    k, v, rt, extra = cache.k[layer], cache.v[layer], cache.req_to_token, attn.extra_kv
+    dot_f32 = interpreting() or q.dtype == torch.float32 or q.dtype != cache.k.dtype
+    _attn_split_kernel[(plan["blocks"], hkv, ns)](
+        q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
+        mid_o, mid_m, mid_l,
+        t, bs, hq, ns, e, plan["e_chunk"], scale * _LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), rt.stride(0), extra.stride(0), extra.stride(1),
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        G=hq // hkv, GP=plan["GP"], D=d, BLOCK_M=plan["BLOCK_M"], BLOCK_R=plan["BLOCK_R"],
+        BLOCK_N=plan["BLOCK_N"], BLOCK_E=plan["BLOCK_E"], BLOCK_J=plan["BLOCK_J"],
+        NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
+        num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"],
+    )
+    hb = next_pow2(hq) if interpreting() else plan["GP"]  # GPU: one program per (row, KV head)
+    _attn_merge_kernel[(t, cdiv(hq, hb))](
+        mid_o, mid_m, mid_l, out, hq, ns, out.stride(0), out.stride(1), out.stride(2),
+        D=d, NSP=next_pow2(ns), HB=hb, num_warps=4 if d >= 128 else 2,
+    )
+    return out

@@ -1,0 +1,205 @@
+"""triton_attention against torch_attention: extend, decode, tree verify, draft branches, edge cases."""
+
+import pytest
+import torch
+from kernel_helpers import DEVICE, gpu, needs_cuda, random_tree
+
+from spec_runtime.attention import AttnBatch, torch_attention
+from spec_runtime.kernels.attention import triton_attention
+from spec_runtime.kv_cache import KVCache
+
+
+def _cache(hkv: int, d: int, dtype=torch.float32, slots: int = 96, max_reqs: int = 4, max_context: int = 64,
+           seed: int = 0, device=DEVICE) -> KVCache:
+    torch.manual_seed(seed)
+    cache = KVCache(2, hkv, d, slots, max_reqs, max_context, dtype=dtype, device=device)
+    cache.k.normal_()
+    cache.v.normal_()
+    return cache
+
+
+def _commit(cache: KVCache, rows: list[int], lens: list[int]) -> None:
+    for row, n in zip(rows, lens):
+        cache.req_to_token[row, :n] = cache.alloc_slots(n)
+
+
+def _check(q, cache, attn, atol=2e-5, rtol=2e-5, **kw) -> torch.Tensor:
+    scale = q.shape[-1] ** -0.5
+    ref = torch_attention(q, cache, 1, attn, scale)
+    got = triton_attention(q, cache, 1, attn, scale, **kw)
+    assert got.dtype == q.dtype and got.shape == q.shape
+    torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol)
+    return got
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_extend_ragged_prefixes_and_straddling_blocks(num_splits):
+    """Ragged prefixes (0 .. 37) and extends (including an empty request); with 2-row blocks the
+    block of rows 4-5 spans requests 1, 2 (empty) and 3; 3 splits cut the 37-token prefix."""
+    cache = _cache(hkv=2, d=16)
+    rows, prefix, ext = [2, 0, 1, 3], [0, 3, 37, 2], [4, 1, 0, 3]
+    _commit(cache, rows, prefix)
+    dev = cache.device
+    attn = AttnBatch.extend(torch.tensor(rows, device=dev), torch.tensor(prefix, device=dev),
+                            torch.tensor(ext, device=dev), cache.alloc_slots(sum(ext)))
+    _check(torch.randn(sum(ext), 4, 16, device=dev), cache, attn, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(2, 2, 16), (4, 2, 32), (8, 2, 64)])
+def test_decode_gqa_groups_and_head_dims(hq, hkv, d):
+    """One row per request (decode): GQA groups 1, 2, 4 and head_dim 16, 32, 64."""
+    cache = _cache(hkv=hkv, d=d)
+    rows, prefix = [1, 3, 0], [21, 0, 5]
+    _commit(cache, rows, prefix)
+    dev = cache.device
+    ones = torch.ones(3, dtype=torch.int64, device=dev)
+    attn = AttnBatch.extend(torch.tensor(rows, device=dev), torch.tensor(prefix, device=dev), ones,
+                            cache.alloc_slots(3))
+    _check(torch.randn(3, hq, d, device=dev), cache, attn, num_splits=2)
+
+
+@pytest.mark.parametrize("topk,num_steps,num_draft", [(1, 3, 4), (2, 3, 6), (4, 2, 7)])
+def test_tree_verify(topk, num_steps, num_draft):
+    """Tree-mask rows of `AttnBatch.tree` from real `build_tree` layouts."""
+    gen = torch.Generator().manual_seed(topk)
+    bs = 2
+    _, _, _, tree = random_tree(gen, bs, topk, num_steps, num_draft, vocab=20)
+    cache = _cache(hkv=2, d=16)
+    dev = cache.device
+    rows, prefix = [3, 1], [9, 18]
+    _commit(cache, rows, prefix)
+    slots = cache.alloc_slots(bs * num_draft).view(bs, num_draft)
+    attn = AttnBatch.tree(torch.tensor(rows, device=dev), torch.tensor(prefix, device=dev), slots, tree[0].to(dev))
+    _check(torch.randn(bs * num_draft, 4, 16, device=dev), cache, attn)
+
+
+def test_branches_with_padding():
+    """Draft branch rows: ancestors' slots then the own slot, -1 padding in the middle and at the end."""
+    cache = _cache(hkv=1, d=16)
+    dev = cache.device
+    _commit(cache, [0, 2], [6, 0])
+    s = cache.alloc_slots(12).tolist()
+    branch = torch.tensor([[[s[0], -1, s[1]], [s[0], s[2], s[3]]],
+                           [[-1, -1, s[4]], [s[5], -1, -1]]], device=dev)
+    attn = AttnBatch.branches(torch.tensor([0, 2], device=dev), torch.tensor([6, 0], device=dev), branch)
+    _check(torch.randn(4, 2, 16, device=dev), cache, attn)
+
+
+def test_rows_that_see_no_key_are_zero():
+    """Prefix 0 and every extra slot -1: the reference's zeros, not NaN."""
+    cache = _cache(hkv=2, d=16)
+    dev = cache.device
+    extra = torch.tensor([[-1, -1], [cache.alloc_slots(1).item(), -1], [-1, -1]], device=dev)
+    attn = AttnBatch(torch.tensor([0, 1], device=dev), torch.tensor([0, 0], device=dev),
+                     torch.tensor([0, 1, 3], device=dev), torch.zeros(3, dtype=torch.int64, device=dev), extra)
+    got = _check(torch.randn(3, 2, 16, device=dev), cache, attn)
+    assert torch.all(got[0] == 0) and torch.all(got[2] == 0) and not torch.all(got[1] == 0)
+
+
+def test_many_extra_slots_use_several_extra_splits():
+    """130 extra slots per row (some -1) split over several extra chunks, plus a prefix."""
+    cache = _cache(hkv=2, d=16, slots=160, max_context=16)
+    dev = cache.device
+    _commit(cache, [1], [5])
+    pool = cache.alloc_slots(130)
+    extra = torch.stack([pool, torch.where(torch.arange(130, device=dev) % 3 == 0, -1, pool.flip(0))])
+    attn = AttnBatch(torch.tensor([1], device=dev), torch.tensor([5], device=dev),
+                     torch.tensor([0, 2], device=dev), pool[:2].clone(), extra)
+    _check(torch.randn(2, 4, 16, device=dev), cache, attn)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_cache(dtype):
+    cache = _cache(hkv=2, d=32, dtype=dtype)
+    dev = cache.device
+    _commit(cache, [0, 1], [13, 4])
+    attn = AttnBatch.extend(torch.tensor([0, 1], device=dev), torch.tensor([13, 4], device=dev),
+                            torch.tensor([2, 1], device=dev), cache.alloc_slots(3))
+    _check(torch.randn(3, 4, 32, device=dev).to(dtype), cache, attn, atol=2e-2, rtol=2e-2)
+
+
+def test_empty_batches():
+    cache = _cache(hkv=2, d=16)
+    dev = cache.device
+    e = torch.zeros(0, dtype=torch.int64, device=dev)
+    attn = AttnBatch(e, e, torch.zeros(1, dtype=torch.int64, device=dev), e, torch.zeros((0, 3), dtype=torch.int64, device=dev))
+    out = triton_attention(torch.randn(0, 4, 16, device=dev), cache, 0, attn, 0.25)
+    assert out.shape == (0, 4, 16)
+
+
+def test_errors_state_actual_and_expected():
+    cache = _cache(hkv=2, d=16)
+    dev = cache.device
+    attn = AttnBatch.extend(torch.tensor([0], device=dev), torch.tensor([0], device=dev),
+                            torch.tensor([1], device=dev), cache.alloc_slots(1))
+    with pytest.raises(ValueError, match="query heads 3 are not a multiple of KV heads 2"):
+        triton_attention(torch.randn(1, 3, 16, device=dev), cache, 0, attn, 0.25)
+    with pytest.raises(ValueError, match="head_dim 8 does not match the cache head_dim 16"):
+        triton_attention(torch.randn(1, 4, 8, device=dev), cache, 0, attn, 0.25)
+    odd = _cache(hkv=2, d=24)
+    with pytest.raises(ValueError, match="head_dim must be a power of two >= 16, got 24"):
+        triton_attention(torch.randn(1, 4, 24, device=dev), odd, 0, attn, 0.25)
+    with pytest.raises(ValueError, match="layer 5 out of range"):
+        triton_attention(torch.randn(1, 4, 16, device=dev), cache, 5, attn, 0.25)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: Llama-3.1-8B attention shapes (32 q heads, 8 KV heads, head_dim 128), bf16.
+# ------------------------------------------------------------------------------------------------
+
+
+def _llama_cache(prefix: list[int], dtype=torch.bfloat16, max_context: int = 4096) -> KVCache:
+    cache = _cache(hkv=8, d=128, dtype=dtype, slots=sum(prefix) + 4096, max_reqs=len(prefix),
+                   max_context=max_context, device="cuda")
+    _commit(cache, list(range(len(prefix))), prefix)
+    return cache
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("prefix", [[1], [2048], [127, 0, 1500, 64, 999, 3, 2047, 512]])
+def test_gpu_decode(prefix):
+    cache = _llama_cache(prefix)
+    bs = len(prefix)
+    ones = torch.ones(bs, dtype=torch.int64, device="cuda")
+    attn = AttnBatch.extend(torch.arange(bs, device="cuda"), torch.tensor(prefix, device="cuda"), ones,
+                            cache.alloc_slots(bs))
+    _check(torch.randn(bs, 32, 128, device="cuda").bfloat16(), cache, attn, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bs", [1, 8])
+def test_gpu_tree_verify(bs):
+    gen = torch.Generator().manual_seed(bs)
+    _, _, _, tree = random_tree(gen, bs, 4, 4, 8, vocab=1000)
+    prefix = torch.randint(1, 2048, (bs,), generator=gen).tolist()
+    cache = _llama_cache(prefix)
+    slots = cache.alloc_slots(bs * 8).view(bs, 8)
+    attn = AttnBatch.tree(torch.arange(bs, device="cuda"), torch.tensor(prefix, device="cuda"), slots,
+                          tree[0].cuda())
+    _check(torch.randn(bs * 8, 32, 128, device="cuda").bfloat16(), cache, attn, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_extend_long(dtype):
+    """Prefill-like extends (300 and 77 rows: many extra slots and extra splits) after prefixes."""
+    prefix, ext = [700, 0], [300, 77]
+    cache = _llama_cache(prefix, dtype=dtype)
+    attn = AttnBatch.extend(torch.arange(2, device="cuda"), torch.tensor(prefix, device="cuda"),
+                            torch.tensor(ext, device="cuda"), cache.alloc_slots(sum(ext)))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    _check(torch.randn(sum(ext), 32, 128, device="cuda").to(dtype), cache, attn, atol=tol, rtol=tol)
+
+
+@gpu
+@needs_cuda
+def test_gpu_mqa_large_group_uses_dot_for_extras():
+    """A group of 32 query heads per KV head: the extra slots take the tl.dot path too."""
+    cache = _cache(hkv=1, d=64, dtype=torch.bfloat16, slots=512, max_context=256, device="cuda")
+    _commit(cache, [0, 1], [100, 200])
+    attn = AttnBatch.extend(torch.tensor([0, 1], device="cuda"), torch.tensor([100, 200], device="cuda"),
+                            torch.tensor([5, 20], device="cuda"), cache.alloc_slots(25))
+    _check(torch.randn(25, 32, 64, device="cuda").bfloat16(), cache, attn, atol=2e-2, rtol=2e-2)
