@@ -5,47 +5,148 @@ the `num_steps - 1` draft forwards expands the topk frontier nodes into topk^2 c
 cumulative probability and keeps the best topk as the next frontier. The best `num_draft - 1`
 candidates of all steps, with the root, form the tree (DESIGN.md layout). Each branch attends its
 own ancestors: their KV lives in temporary draft slots that are freed when the tree is built.
+
+The phase is split in three: `_prepare` (host: allocate the temporary slots, draw the uniforms of
+sampled chains), `draft_core` (tensors in, tensors out, no host reads: the part a CUDA graph
+captures) and `_verify_input` (host: the VerifyInput). The eager executor runs the core on the live
+tensors with the reference models; the static executors run it on padded static buffers
+(`graphs.GraphRunner`).
 """
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from spec_schema import DraftInput, VerifyInput, boundary
 
 from .attention import AttnBatch
-from .runtime import BatchSampling, Runtime
-from .sampling import probs_from_logits_batched, sample_from_probs
-from .tree import build_tree, gather_branches, organize, select_frontier
+from .runtime import BatchSampling, CoreOps, Runtime
+from .sampling import sample_from_probs
+from .tree import gather_branches, organize, select_frontier
+
+
+@dataclass
+class DraftCoreIn:
+    """The draft core's tensors: a DraftInput's, plus what the host prepared.
+
+    `temp_slots` `(bs, topk, num_steps)`: the draft KV slot of branch (b, k) at draft step s is column
+    s - 1 (steps 1 .. num_steps - 1; the last column is spare). `uniforms` `(num_steps, bs * topk)`:
+    row s - 1 holds the coins of step s (sampled chains only). `draft_logits` `(bs * topk,
+    draft_vocab)` float32: scratch the draft logits of each step land in (None: a fresh tensor).
+    `pad_slot` `(1,)`: the dummy KV slot padded rows write to (static path only)."""
+
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: Optional[torch.Tensor]
+    bonus_tokens: torch.Tensor
+    seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor
+    temp_slots: torch.Tensor
+    draft_probs: Optional[torch.Tensor] = None
+    uniforms: Optional[torch.Tensor] = None
+    temperature: Optional[torch.Tensor] = None
+    top_k: Optional[torch.Tensor] = None
+    top_p: Optional[torch.Tensor] = None
+    draft_logits: Optional[torch.Tensor] = None
+    pad_slot: Optional[torch.Tensor] = None
+
+
+@dataclass
+class DraftCoreOut:
+    """The tree of every request (`VerifyInput` fields) as the core computed it."""
+
+    draft_token: torch.Tensor
+    positions: torch.Tensor
+    tree_mask: torch.Tensor
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+    draft_probs: Optional[torch.Tensor]
 
 
 @boundary
 def draft(rt: Runtime, inp: DraftInput, sampling: BatchSampling) -> VerifyInput:
     """Run the draft's multi-step expansion over the batch and lay out the tree for verification."""
     config = rt.spec_config
-    bs, k, steps = len(inp), config.topk, config.num_steps
+    bs = len(inp)
     if bs == 0:
         return VerifyInput.create_idle(config, rt.device)
-    scores, tokens, parent, record = select_frontier(0, None, inp.topk_p, inp.topk_index)
-    records = [record]
-    hidden = _branch_hidden(inp.hidden_states, parent)
-    probs = [] if inp.draft_probs is None else [inp.draft_probs]
-    temp = rt.draft_cache.alloc_slots(bs * k * (steps - 1))
-    history = temp.new_empty((bs, k, 0))
+    core_in, temp = _prepare(rt, inp, sampling)
     try:
-        for step in range(1, steps):
-            own = temp[(step - 1) * bs * k : step * bs * k].view(bs, k, 1)
-            branch_slots = torch.cat([history, own], dim=2)
-            h = _draft_forward(rt, inp, tokens, hidden, branch_slots, step)
-            p, ids, full = _propose(rt, rt.draft.compute_logits(h), sampling, k, inp.draft_probs is not None)
-            scores, tokens, parent, record = select_frontier(step, scores, p.view(bs, k, k), ids.view(bs, k, k))
-            records.append(record)
-            probs += [] if full is None else [full]
-            hidden = None if hidden is None else gather_branches(h.view(bs, k, -1), parent)
-            history = gather_branches(branch_slots, parent)
+        out = rt.runner.draft(core_in) if rt.static else draft_core(rt.core_ops(), core_in)
     finally:
-        rt.draft_cache.free_slots(temp)
-    return _verify_input(rt, inp, records, probs)
+        if temp is not None:
+            rt.draft_cache.free_slots(temp)
+    rt.counters.draft_forwards += config.num_steps - 1
+    return _verify_input(inp, out)
+
+
+def _prepare(rt: Runtime, inp: DraftInput, sampling: BatchSampling) -> tuple[DraftCoreIn, Optional[torch.Tensor]]:
+    """Host side: temporary branch slots and sampled-chain coins. Eager runs take the branch slots
+    from the pool (returned, to be freed); the static path uses its reserved scratch slots and dummy
+    slot (no pool traffic, so no host sync)."""
+    bs, k, steps = len(inp), rt.spec_config.topk, rt.spec_config.num_steps
+    temp = pad = None
+    if rt.static:
+        temp_slots, pad = rt.runner.draft_scratch(bs)
+    else:
+        temp = rt.draft_cache.alloc_slots(bs * k * (steps - 1))
+        by_step = temp.view(steps - 1, bs, k).permute(1, 2, 0)
+        temp_slots = torch.cat([by_step, temp.new_full((bs, k, 1), -1)], dim=2)
+    uniforms = None
+    if inp.draft_probs is not None and steps > 1:
+        # drawn in the order the steps use them (one `uniform(rows)` per step)
+        uniforms = torch.stack([rt.uniform(bs * k) for _ in range(steps - 1)])
+    core_in = DraftCoreIn(
+        topk_p=inp.topk_p,
+        topk_index=inp.topk_index,
+        hidden_states=inp.hidden_states,
+        bonus_tokens=inp.bonus_tokens,
+        seq_lens=inp.seq_lens,
+        req_pool_indices=inp.req_pool_indices,
+        temp_slots=temp_slots,
+        draft_probs=inp.draft_probs,
+        uniforms=uniforms,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        pad_slot=pad,
+    )
+    return core_in, temp
+
+
+def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
+    """The multi-step expansion and the tree layout: tensors in, tensors out, no host reads (when
+    `ops` are the sync-free ones)."""
+    bs, k = c.topk_p.shape
+    steps = ops.config.num_steps
+    sampled = c.draft_probs is not None
+    scores, tokens, parent, record = select_frontier(0, None, c.topk_p, c.topk_index)
+    records = [record]
+    hidden = _branch_hidden(c.hidden_states, parent)
+    probs = [] if c.draft_probs is None else [c.draft_probs]
+    history = c.temp_slots.new_empty((bs, k, 0))
+    for step in range(1, steps):
+        branch_slots = torch.cat([history, c.temp_slots[:, :, step - 1 : step]], dim=2)
+        h = _draft_forward(ops, c, tokens, hidden, branch_slots, step)
+        logits = logits_into(ops.draft.compute_logits(h), c.draft_logits)
+        uniform = None if c.uniforms is None else c.uniforms[step - 1]
+        p, ids, full = _propose(ops, logits, k, sampled, c, uniform)
+        scores, tokens, parent, record = select_frontier(step, scores, p.view(bs, k, k), ids.view(bs, k, k))
+        records.append(record)
+        probs += [] if full is None else [full]
+        hidden = None if hidden is None else gather_branches(h.view(bs, k, -1), parent)
+        history = gather_branches(branch_slots, parent)
+    return _tree(ops, c, records, probs)
+
+
+def logits_into(logits: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """Land `logits` in the scratch buffer `out` (a static buffer's rows), or keep them as they are."""
+    if out is None:
+        return logits
+    out.copy_(logits)
+    return out
 
 
 def _branch_hidden(hidden: Optional[torch.Tensor], parent: torch.Tensor) -> Optional[torch.Tensor]:
@@ -53,50 +154,55 @@ def _branch_hidden(hidden: Optional[torch.Tensor], parent: torch.Tensor) -> Opti
     return None if hidden is None else gather_branches(hidden[:, None], parent)
 
 
-def _draft_forward(rt: Runtime, inp: DraftInput, tokens: torch.Tensor, hidden: Optional[torch.Tensor],
+def _draft_forward(ops: CoreOps, c: DraftCoreIn, tokens: torch.Tensor, hidden: Optional[torch.Tensor],
                    branch_slots: torch.Tensor, step: int) -> torch.Tensor:
     """One draft forward over the frontier (bs * topk rows) at depth `step` (position seq_len + step - 1)."""
     bs, k = tokens.shape
-    attn = AttnBatch.branches(inp.req_pool_indices, inp.seq_lens, branch_slots)
-    positions = (inp.seq_lens + (step - 1)).repeat_interleave(k)
+    attn = AttnBatch.branches(c.req_pool_indices, c.seq_lens, branch_slots)
+    positions = (c.seq_lens + (step - 1))[:, None].expand(bs, k).reshape(-1)  # repeat_interleave(k), no sync
     hidden_in = None if hidden is None else hidden.reshape(bs * k, -1)
-    rt.counters.draft_forwards += 1
-    return rt.draft.forward(tokens.reshape(-1), hidden_in, positions, attn, rt.draft_cache, from_target=False)
+    return ops.draft.forward(tokens.reshape(-1), hidden_in, positions, attn, ops.draft_cache, from_target=False)
 
 
-def _propose(rt: Runtime, logits: torch.Tensor, sampling: BatchSampling, k: int, sampled: bool):
+def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: Any,
+             uniform: Optional[torch.Tensor]):
     """The draft's candidates after each row: top-k of its distribution (tree drafts), or, for
-    sampled chains, one token drawn from its distribution with the request's sampling parameters.
+    sampled chains, one token drawn from its distribution with the request's sampling parameters
+    (`params.temperature`, `.top_k`, `.top_p`) and the pre-drawn coins `uniform` (rows,).
 
     Returns (probs (rows, k) float32, target ids (rows, k) int64, full distribution or None).
     """
     if sampled:
-        full = probs_from_logits_batched(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        ids = sample_from_probs(full, rt.uniform(logits.shape[0]))[:, None]
+        full = ops.probs(logits, params.temperature, params.top_k, params.top_p)
+        ids = sample_from_probs(full, uniform)[:, None]
         return full.gather(1, ids), ids, full
     top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
-    return top.values, rt.draft.to_target_ids(top.indices), None
+    return top.values, ops.draft.to_target_ids(top.indices), None
 
 
-def _verify_input(rt: Runtime, inp: DraftInput, records: list, probs: list) -> VerifyInput:
-    config = rt.spec_config
+def _tree(ops: CoreOps, c: DraftCoreIn, records: list, probs: list) -> DraftCoreOut:
+    config = ops.config
     n = config.num_draft_tokens
     parent_list, selected, draft_tokens = organize(records, n)
-    mask, positions, r_index, r_next, r_sibling, draft_token = build_tree(
-        parent_list, selected, draft_tokens, inp.bonus_tokens, inp.seq_lens, config.topk, config.num_steps, n
+    mask, positions, r_index, r_next, r_sibling, draft_token = ops.build_tree(
+        parent_list, selected, draft_tokens, c.bonus_tokens, c.seq_lens, config.topk, config.num_steps, n
     )
     draft_probs = None
     if probs:
         # Sampled chains: row i is the distribution node i + 1 was drawn from; the last node has none.
         draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], dim=1)
+    return DraftCoreOut(draft_token, positions, mask, r_index, r_next, r_sibling, draft_probs)
+
+
+def _verify_input(inp: DraftInput, out: DraftCoreOut) -> VerifyInput:
     return VerifyInput(
-        draft_token=draft_token,
-        positions=positions,
-        tree_mask=mask,
-        retrieve_index=r_index,
-        retrieve_next_token=r_next,
-        retrieve_next_sibling=r_sibling,
+        draft_token=out.draft_token,
+        positions=out.positions,
+        tree_mask=out.tree_mask,
+        retrieve_index=out.retrieve_index,
+        retrieve_next_token=out.retrieve_next_token,
+        retrieve_next_sibling=out.retrieve_next_sibling,
         seq_lens=inp.seq_lens,
         req_pool_indices=inp.req_pool_indices,
-        draft_probs=draft_probs,
+        draft_probs=out.draft_probs,
     )

@@ -4,46 +4,147 @@ The draft runs over the accepted tokens of each request (or the prompt after pre
 target hidden states captured at those rows (EAGLE: the final hidden, `hidden_extend` = target
 width; EAGLE-3: the concatenated aux layers), commits their KV to its own slot table, and from each
 request's last row proposes the root's children of the next tree.
+
+`draft_extend` is split like the other phases: `_prepare` (host: slots, coins), `draft_extend_core`
+(no host reads when the rows have a fixed stride: what a CUDA graph captures), then the host-side
+slot-table commit. Prefill stays eager (ragged prompts).
 """
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from spec_schema import DraftExtendInput, DraftInput, boundary
 
 from .attention import AttnBatch
-from .draft import _propose
-from .runtime import BatchSampling, Runtime
+from .draft import _propose, logits_into
+from .runtime import BatchSampling, CoreOps, Runtime
 from .sampling import probs_from_logits_batched, sample_from_probs
+
+
+@dataclass
+class ExtendCoreIn:
+    """The draft-extend core's tensors: a DraftExtendInput's rows, plus what the host prepared.
+
+    Rows are ragged (`stride` None: request r owns `num_accept_tokens[r]` consecutive rows), or laid
+    out with a fixed `stride` per request (the static path: `bs * stride` rows, rows at or beyond a
+    request's count are padding that attends nothing and writes the dummy `pad_slot`). `out_slots`:
+    the draft KV slot of every row. `uniform` `(bs,)`: sampled chains' coins. `draft_logits`
+    `(bs, draft_vocab)`: scratch the draft logits land in."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    hidden_states: Optional[torch.Tensor]
+    num_accept_tokens: torch.Tensor
+    seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor
+    out_slots: torch.Tensor
+    stride: Optional[int] = None
+    sampled: bool = False
+    uniform: Optional[torch.Tensor] = None
+    temperature: Optional[torch.Tensor] = None
+    top_k: Optional[torch.Tensor] = None
+    top_p: Optional[torch.Tensor] = None
+    draft_logits: Optional[torch.Tensor] = None
+    pad_slot: Optional[torch.Tensor] = None
+
+
+@dataclass
+class ExtendCoreOut:
+    """The next DraftInput's tensors: topk_p, topk_index `(bs, topk)`, the draft's last hidden state
+    per request `(bs, hidden_draft)` (None when the draft reads none) and, for sampled chains, the
+    draft distribution `(bs, vocab)`."""
+
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: Optional[torch.Tensor]
+    draft_probs: Optional[torch.Tensor]
 
 
 @boundary
 def draft_extend(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) -> DraftInput:
     """Run the draft over the accepted rows and produce the next iteration's DraftInput."""
-    config = rt.spec_config
     if len(inp) == 0:
         return rt.idle_draft_input()
-    counts = inp.num_accept_tokens.long()
-    slots = rt.draft_cache.alloc_slots(inp.input_ids.shape[0])
-    attn = AttnBatch.extend(inp.req_pool_indices, inp.seq_lens - counts, counts, slots)
-    hidden_in = inp.hidden_states
-    h = rt.draft.forward(inp.input_ids, hidden_in, inp.positions, attn, rt.draft_cache, from_target=True)
+    core_in, slots = _prepare(rt, inp, sampling)
+    if rt.static and rt.runner.fits_extend(inp):
+        out = rt.runner.draft_extend(core_in)
+    else:  # eager, or a prefill's prompt rows (longer than the static stride): not captured
+        out = draft_extend_core(rt.runner.eager_ops() if rt.static else rt.core_ops(), core_in)
     rt.counters.draft_forwards += 1
+    counts = inp.num_accept_tokens.long()
     rows = inp.req_pool_indices.repeat_interleave(counts, output_size=inp.input_ids.shape[0])
-    rt.draft_cache.req_to_token[rows, inp.positions] = slots
-    last = h[torch.cumsum(counts, 0) - 1]
-    # Sampled chains carry the draft distribution for every request (greedy ones get a one-hot), so
-    # batches always merge.
-    topk_p, topk_index, full = _propose(rt, rt.draft.compute_logits(last), sampling, config.topk, rt.sampled_chain)
-    keep_hidden = config.traits.draft_reads_hidden
+    rt.draft_cache.req_to_token[rows, inp.positions] = core_in.out_slots
     return DraftInput(
-        topk_p=topk_p,
-        topk_index=topk_index,
-        hidden_states=last if keep_hidden else None,
+        topk_p=out.topk_p,
+        topk_index=out.topk_index,
+        hidden_states=out.hidden_states,
         bonus_tokens=inp.bonus_tokens,
         seq_lens=inp.seq_lens,
         req_pool_indices=inp.req_pool_indices,
-        draft_probs=full,
+        draft_probs=out.draft_probs,
     )
+
+
+def _prepare(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) -> tuple[ExtendCoreIn, torch.Tensor]:
+    """Host side: a draft slot per row, sampled-chain coins (the static path's dummy slot is reserved)."""
+    rows = inp.input_ids.shape[0]
+    slots = rt.draft_cache.alloc_slots(rows)
+    # Sampled chains carry the draft distribution for every request (greedy ones get a one-hot), so
+    # batches always merge.
+    sampled = rt.sampled_chain
+    core_in = ExtendCoreIn(
+        input_ids=inp.input_ids,
+        positions=inp.positions,
+        hidden_states=inp.hidden_states,
+        num_accept_tokens=inp.num_accept_tokens,
+        seq_lens=inp.seq_lens,
+        req_pool_indices=inp.req_pool_indices,
+        out_slots=slots,
+        sampled=sampled,
+        uniform=rt.uniform(len(inp)) if sampled else None,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        pad_slot=rt.reserved_slots["draft"][:1] if rt.static else None,
+    )
+    return core_in, slots
+
+
+def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:
+    """The draft forward over the accepted rows and the next root's top-k: tensors in, tensors out
+    (with a fixed `stride` no host reads; ragged rows build their batch with one sync)."""
+    counts = c.num_accept_tokens.long()
+    prefix = c.seq_lens - counts
+    if c.stride is None:
+        attn = AttnBatch.extend(c.req_pool_indices, prefix, counts, c.out_slots)
+        last_rows = torch.cumsum(counts, 0) - 1
+    else:
+        attn = extend_fixed_stride(c.req_pool_indices, prefix, counts, c.out_slots, c.stride)
+        last_rows = torch.arange(counts.shape[0], device=counts.device) * c.stride + counts - 1
+    h = ops.draft.forward(c.input_ids, c.hidden_states, c.positions, attn, ops.draft_cache, from_target=True)
+    last = h[last_rows]
+    logits = logits_into(ops.draft.compute_logits(last), c.draft_logits)
+    topk_p, topk_index, full = _propose(ops, logits, ops.config.topk, c.sampled, c, c.uniform)
+    keep_hidden = ops.config.traits.draft_reads_hidden
+    return ExtendCoreOut(topk_p, topk_index, last if keep_hidden else None, full)
+
+
+def extend_fixed_stride(req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, counts: torch.Tensor,
+                        out_slots: torch.Tensor, stride: int) -> AttnBatch:
+    """`AttnBatch.extend` for rows laid out `stride` per request, without a host sync: row j of
+    request r sees the prefix and rows 0..j of r when j < counts[r]; rows at or beyond the count see
+    only the prefix (their outputs are ignored). `out_slots` `(bs * stride,)`."""
+    bs = req_pool_indices.shape[0]
+    local = torch.arange(stride, device=out_slots.device)
+    causal = local[None, :] <= local[:, None]  # (stride, stride): [row j, column i] i <= j
+    live = local[None, :] < counts[:, None]  # (bs, stride)
+    visible = causal[None] & live[:, :, None]
+    by_req = out_slots.view(bs, 1, stride).expand(bs, stride, stride)
+    extra = torch.where(visible, by_req, -1).reshape(bs * stride, stride)
+    qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=out_slots.device) * stride
+    return AttnBatch(req_pool_indices, prefix_lens.to(torch.int64), qo_indptr, out_slots, extra)
 
 
 @boundary
@@ -58,11 +159,12 @@ def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampli
     positions = torch.cat([torch.arange(len(p), device=rt.device) for p in prompts])
     slots = rt.target_cache.alloc_slots(ids.shape[0])
     attn = AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots)
-    hidden, aux = rt.target.forward(ids, positions, attn, rt.target_cache, rt.aux_layer_ids)
+    target = rt.runner.eager_ops().target if rt.static else rt.target  # static: the fast model, uncaptured
+    hidden, aux = target.forward(ids, positions, attn, rt.target_cache, rt.aux_layer_ids)
     rt.counters.target_forwards += 1
     rt.target_cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
     last = torch.cumsum(lens, 0) - 1
-    first = _first_tokens(rt, rt.target.compute_logits(hidden[last]), sampling)
+    first = _first_tokens(rt, target.compute_logits(hidden[last]), sampling)
     shifted = torch.roll(ids, -1)
     shifted[last] = first
     captured = rt.capture(hidden, aux)

@@ -1,6 +1,7 @@
 """The runtime context the phases run in: models, KV caches, the spec config, counters, randomness."""
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -12,6 +13,12 @@ from . import faults
 from .kv_cache import KVCache, RequestTable
 from .models.base import DraftModel
 from .models.llama import LlamaForCausal
+from .sampling import probs_from_logits_batched
+from .tree import build_tree
+
+EXECUTORS = ("eager", "static", "cuda_graph")
+"""`eager`: the reference path on live tensors. `static`: the static-buffer path (bucketed, padded)
+with eager calls, runnable on CPU. `cuda_graph`: the same path replayed from captured CUDA graphs."""
 
 
 @dataclass
@@ -58,11 +65,73 @@ class BatchSampling:
 
     @classmethod
     def from_params(cls, params: list[Any], device: Any) -> "BatchSampling":
-        """From a list of `SamplingParams` (one per request)."""
+        """From a list of `SamplingParams` (one per request).
+
+        The tensors are read-only, so batches with the same parameters share them: a repeated
+        batch makes no host-to-device copy (each such copy waits for the GPU to drain)."""
+        key = (tuple((p.temperature, p.top_k, p.top_p) for p in params), str(device))
+        hit = _SAMPLING_CACHE.get(key)
+        if hit is not None:
+            return hit
         temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-        return cls(temp, top_k, top_p, all(p.temperature == 0 for p in params))
+        out = cls(temp, top_k, top_p, all(p.temperature == 0 for p in params))
+        if len(_SAMPLING_CACHE) >= 256:
+            _SAMPLING_CACHE.clear()
+        _SAMPLING_CACHE[key] = out
+        return out
+
+
+_SAMPLING_CACHE: dict[tuple, BatchSampling] = {}
+
+
+@dataclass(frozen=True)
+class CoreOps:
+    """What the sync-free phase cores (`draft_core`, `verify_core`, `draft_extend_core`) call.
+
+    The eager path passes the reference models and the validating reference functions; the static
+    path (`graphs.GraphRunner`) passes the fast models and sync-free functions. Both compute the same
+    values, so a phase gives the same tokens on either path.
+    """
+
+    config: SpecConfig
+    target: Any  # forward(ids, positions, attn, cache, aux_layer_ids) -> (hidden, aux); compute_logits
+    draft: Any  # the DraftModel protocol
+    target_cache: KVCache
+    draft_cache: KVCache
+    aux_layer_ids: Optional[tuple[int, ...]]
+    capture: Callable[[torch.Tensor, Optional[torch.Tensor]], Optional[torch.Tensor]]
+    build_tree: Callable[..., tuple]
+    probs: Callable[..., torch.Tensor]  # (logits, temperature, top_k, top_p) -> probabilities
+    verify_greedy: Optional[Callable[..., tuple]] = None  # None: verify.py's (tree.verify_greedy)
+    verify_tree_sampling: Optional[Callable[..., tuple]] = None  # None: verify.py's
+
+
+@dataclass
+class SimulatedAccept:
+    """Benchmark-only acceptance override: every verify accepts `length` tokens per request (bonus
+    included) regardless of the target, so real draft and verify passes run at a chosen accept length.
+    A fractional length draws each request's count per iteration as floor or ceil, averaging `length`."""
+
+    length: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.length >= 1.0:
+            raise ValueError(f"simulated accept length must be >= 1 (the bonus token), got {self.length}")
+        self._gens: dict[torch.device, torch.Generator] = {}
+
+    def counts(self, bs: int, max_tokens: int, device: Any = "cpu") -> torch.Tensor:
+        """(bs,) int64 tokens to accept per request this iteration, within [1, max_tokens], drawn on
+        `device` (no host-to-device copy, so no sync)."""
+        device = torch.device(device)
+        gen = self._gens.get(device)
+        if gen is None:
+            gen = self._gens[device] = torch.Generator(device=device).manual_seed(self.seed)
+        base = int(self.length)
+        extra = (torch.rand(bs, generator=gen, device=device) < (self.length - base)).long()
+        return (base + extra).clamp(1, max_tokens)
 
 
 def build_spec_config(
@@ -94,6 +163,27 @@ def build_spec_config(
     )
 
 
+def _cache_with_reserve(num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, rows: int,
+                        max_context: int, dtype: torch.dtype, device: Any, reserve: int) -> tuple[KVCache, torch.Tensor]:
+    """A KV cache whose pool holds `num_slots` slots, plus `reserve` slots after them that the pool
+    never hands out (the static path's dummy and scratch slots): `num_slots`, `is_whole()` and the
+    free list describe the pool only. Returns the cache and the reserved slot ids."""
+    cache = KVCache(num_layers, num_kv_heads, head_dim, num_slots + reserve, rows, max_context, dtype, device)
+    if reserve:
+        total = num_slots + reserve
+        stack = getattr(cache, "_free_stack", None)
+        # a fresh pool's free list is total-1 .. 0 with the top at the end: drop the first `reserve`
+        expected = torch.arange(total - 1, num_slots - 1, -1, device=cache.device)
+        if stack is None or cache.num_free_slots != total or not torch.equal(stack[:reserve], expected):
+            raise RuntimeError("KVCache internals changed: cannot reserve slots for the static path")
+        cache._free_stack = stack[reserve:].clone()
+        cache._num_free = num_slots
+        cache.num_slots = num_slots
+        if not cache.is_whole():
+            raise RuntimeError("KVCache internals changed: the pool is not whole after reserving slots")
+    return cache, torch.arange(num_slots, num_slots + reserve, device=cache.device)
+
+
 def _faulty_idle_draft(rt: "Runtime", idle: DraftInput) -> DraftInput:
     """Bug-zoo versions of the idle DraftInput (never used in normal runs)."""
     width = None
@@ -121,6 +211,20 @@ class Runtime:
     generator: torch.Generator
     sample_drafts: bool = True  # STANDALONE chains at temperature > 0 sample drafts from the draft
     counters: Counters = field(default_factory=Counters)
+    executor: str = "eager"  # one of EXECUTORS
+    runner: Optional[Any] = None  # graphs.GraphRunner when executor != "eager"
+    reserved_slots: dict[str, torch.Tensor] = field(default_factory=dict)  # static path: outside the pools
+    simulate_accept: Optional[SimulatedAccept] = None  # benchmarks only
+
+    @property
+    def static(self) -> bool:
+        """Whether the phases run on the static-buffer path (executor "static" or "cuda_graph")."""
+        return self.executor != "eager"
+
+    def core_ops(self) -> CoreOps:
+        """The eager path's ops: reference models and validating functions."""
+        return CoreOps(self.spec_config, self.target, self.draft, self.target_cache, self.draft_cache,
+                       self.aux_layer_ids, self.capture, build_tree, probs_from_logits_batched)
 
     @property
     def device(self) -> torch.device:
@@ -180,16 +284,43 @@ class Runtime:
         max_batch_size: int = 8,
         max_context: int = 512,
         seed: int = 0,
+        executor: str = "eager",
+        buckets: Optional[tuple[int, ...]] = None,
+        fast: Optional[dict[str, Any]] = None,
+        simulate_accept_len: Optional[float] = None,
     ) -> "Runtime":
-        """Size both KV caches for `max_batch_size` requests of `max_context` tokens plus drafts."""
+        """Size both KV caches for `max_batch_size` requests of `max_context` tokens plus drafts.
+
+        `executor` "static" or "cuda_graph" runs the phases on static buffers (`graphs.GraphRunner`)
+        padded to the batch-size `buckets` (default 1, 2, 4, 8, 16, 24, 32, ... up to
+        `max_batch_size`); the caches then get one extra request row and a few slots outside their pools,
+        reserved for padding and the draft's branch scratch (`reserved_slots`). `fast`
+        passes options to the fast model path (`gpu.models.FastOptions`). `simulate_accept_len`
+        (benchmarks only) forces the accept length of every verify."""
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         config = build_spec_config(algorithm, target, draft, num_steps, topk, num_draft_tokens)
         device = next(target.parameters()).device
         t_slots = max_batch_size * (max_context + num_draft_tokens)
         d_slots = max_batch_size * (max_context + topk * num_steps)
-        target_cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, t_slots,
-                               max_batch_size, max_context, target.dtype, device)
-        draft_cache = KVCache(draft.num_layers, draft.num_kv_heads, draft.head_dim, d_slots,
-                              max_batch_size, max_context, draft.dtype, device)
+        static = executor != "eager"
+        rows = max_batch_size + static  # the static path's padding row is the last
+        # the static path's reserved slots: a dummy slot per cache, and the draft's branch scratch
+        t_reserve = int(static)
+        d_reserve = int(static) * (1 + max_batch_size * topk * (num_steps - 1))
+        target_cache, t_reserved = _cache_with_reserve(target.num_layers, target.num_kv_heads, target.head_dim,
+                                                       t_slots, rows, max_context, target.dtype, device, t_reserve)
+        draft_cache, d_reserved = _cache_with_reserve(draft.num_layers, draft.num_kv_heads, draft.head_dim,
+                                                      d_slots, rows, max_context, draft.dtype, device, d_reserve)
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
-        return cls(target, draft, config, target_cache, draft_cache, RequestTable(max_batch_size), gen)
+        sim = None if simulate_accept_len is None else SimulatedAccept(simulate_accept_len, seed)
+        rt = cls(target, draft, config, target_cache, draft_cache, RequestTable(max_batch_size), gen,
+                 executor=executor, simulate_accept=sim)
+        if static:
+            rt.reserved_slots = {"target": t_reserved, "draft": d_reserved}
+        if executor != "eager":
+            from .graphs import GraphRunner  # lazy: graphs imports the phase modules, which import this one
+
+            rt.runner = GraphRunner(rt, executor, buckets=buckets, fast=fast)
+        return rt

@@ -7,9 +7,14 @@ residual; sampled STANDALONE chains: standard rejection sampling). Accepted node
 committed to the request's slot table; the others are freed. Requests that hit a stop token or their
 length budget are cut after that token and leave the batch; the rest go on to draft-extend with the
 target hidden states captured at their accepted rows.
+
+Split like the draft phase: `_prepare` (host: slots, pre-drawn coins), `verify_core` (the target
+forward and the acceptance walk, no host reads: what a CUDA graph captures), then the host-side
+stops, KV commit and the draft-extend input.
 """
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -17,8 +22,7 @@ from spec_schema import DraftExtendInput, VerifyInput, VerifyOutput, boundary
 
 from . import faults
 from .attention import AttnBatch
-from .runtime import BatchSampling, Runtime
-from .sampling import probs_from_logits_batched
+from .runtime import BatchSampling, CoreOps, Runtime
 from .tree import verify_chain_rejection, verify_greedy, verify_tree_sampling
 
 
@@ -30,27 +34,65 @@ class StopBatch:
     stop_ids: list[frozenset[int]]  # tokens that end each request (EOS and stop token ids)
 
 
+@dataclass
+class VerifyCoreIn:
+    """The verify core's tensors: a VerifyInput's, plus what the host prepared.
+
+    `slots` `(bs, num_draft)`: the target KV slot of every node. `greedy` (host flag) picks greedy
+    acceptance; otherwise `uniforms` `(bs, num_draft)` (a chain uses the first num_draft - 1) and
+    `uniform_final` `(bs,)` are the pre-drawn coins and `temperature`, `top_k`, `top_p` the requests'
+    parameters. `sim_accept` `(bs,)` (benchmarks): tokens to accept per request, whatever the target
+    says. `hidden_states` `(bs * num_draft, hidden_extend)`: scratch the captured target rows land in.
+    `pad_slot` `(1,)`: the dummy KV slot padded rows write to (static path only)."""
+
+    draft_token: torch.Tensor
+    positions: torch.Tensor
+    tree_mask: torch.Tensor
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+    seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor
+    slots: torch.Tensor
+    greedy: bool = True
+    draft_probs: Optional[torch.Tensor] = None
+    uniforms: Optional[torch.Tensor] = None
+    uniform_final: Optional[torch.Tensor] = None
+    temperature: Optional[torch.Tensor] = None
+    top_k: Optional[torch.Tensor] = None
+    top_p: Optional[torch.Tensor] = None
+    sim_accept: Optional[torch.Tensor] = None
+    hidden_states: Optional[torch.Tensor] = None
+    pad_slot: Optional[torch.Tensor] = None
+
+
+@dataclass
+class VerifyCoreOut:
+    """Acceptance before stops: accept_index / accept_tokens `(bs, num_steps + 1)` (-1 padded),
+    num_correct `(bs,)` int32, and the captured target rows `(bs * num_draft, hidden_extend)` or None."""
+
+    accept_index: torch.Tensor
+    accept_tokens: torch.Tensor
+    num_correct: torch.Tensor
+    captured: Optional[torch.Tensor]
+
+
 @boundary
 def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBatch) -> VerifyOutput:
     """Score the trees with the target, accept a path per request, commit its KV, cut at stops."""
     config = rt.spec_config
-    bs, n = len(inp), config.num_draft_tokens
+    bs = len(inp)
     if bs == 0:
         return VerifyOutput.create_idle(config, rt.device)
-    slots = rt.target_cache.alloc_slots(bs * n)
-    attn = AttnBatch.tree(inp.req_pool_indices, inp.seq_lens, slots.view(bs, n), inp.tree_mask)
-    hidden, aux = rt.target.forward(
-        inp.draft_token.reshape(-1), inp.positions.reshape(-1), attn, rt.target_cache, rt.aux_layer_ids
-    )
+    core_in = _prepare(rt, inp, sampling)
+    out = rt.runner.verify(core_in) if rt.static else verify_core(rt.core_ops(), core_in)
     rt.counters.target_forwards += 1
-    captured = rt.capture(hidden, aux)
+    captured = out.captured
     rt.counters.add_hidden(captured)
-    logits = rt.target.compute_logits(hidden).view(bs, n, -1)
-    accept_index, accept_tokens, num_correct = _accept(rt, inp, logits, sampling)
-    num_accept, finished, host_counts = _apply_stops(accept_tokens, num_correct, stops)
-    accept_index = _cut(accept_index, num_accept)
-    accept_tokens = _cut(accept_tokens, num_accept)
-    _commit_kv(rt, inp, slots, accept_index, num_accept)
+    num_accept, finished, host_counts = _apply_stops(out.accept_tokens, out.num_correct, stops)
+    accept_index = _cut(out.accept_index, num_accept)
+    accept_tokens = _cut(out.accept_tokens, num_accept)
+    _commit_kv(rt, inp, core_in.slots.reshape(-1), accept_index, num_accept)
     if host_counts:
         extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts)
     else:  # every request finished: the idle input of the same phase, with the live widths
@@ -65,27 +107,92 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     )
 
 
-def _accept(rt: Runtime, inp: VerifyInput, logits: torch.Tensor, sampling: BatchSampling):
+def _prepare(rt: Runtime, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:
+    """Host side: a slot per node, coins, simulated accepts (the static path's dummy slot is reserved)."""
+    config = rt.spec_config
+    bs, n = len(inp), config.num_draft_tokens
+    slots = rt.target_cache.alloc_slots(bs * n)
+    uniforms = uniform_final = sim = None
+    if not sampling.all_greedy:
+        uniforms = rt.uniform(bs, n - 1 if inp.draft_probs is not None else n)
+        uniform_final = rt.uniform(bs)
+    if rt.simulate_accept is not None:
+        sim = rt.simulate_accept.counts(bs, min(n, config.num_steps + 1), rt.device)
+    return VerifyCoreIn(
+        draft_token=inp.draft_token,
+        positions=inp.positions,
+        tree_mask=inp.tree_mask,
+        retrieve_index=inp.retrieve_index,
+        retrieve_next_token=inp.retrieve_next_token,
+        retrieve_next_sibling=inp.retrieve_next_sibling,
+        seq_lens=inp.seq_lens,
+        req_pool_indices=inp.req_pool_indices,
+        slots=slots.view(bs, n),
+        greedy=sampling.all_greedy,
+        draft_probs=inp.draft_probs,
+        uniforms=uniforms,
+        uniform_final=uniform_final,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        sim_accept=sim,
+        pad_slot=rt.reserved_slots["target"][:1] if rt.static else None,
+    )
+
+
+def verify_core(ops: CoreOps, c: VerifyCoreIn) -> VerifyCoreOut:
+    """The target's tree forward and the acceptance walk: tensors in, tensors out."""
+    bs, n = c.draft_token.shape
+    attn = AttnBatch.tree(c.req_pool_indices, c.seq_lens, c.slots, c.tree_mask)
+    hidden, aux = ops.target.forward(
+        c.draft_token.reshape(-1), c.positions.reshape(-1), attn, ops.target_cache, ops.aux_layer_ids
+    )
+    captured = ops.capture(hidden, aux)
+    if captured is not None and c.hidden_states is not None:
+        c.hidden_states.copy_(captured)
+        captured = c.hidden_states
+    logits = ops.target.compute_logits(hidden).view(bs, n, -1)
+    accept_index, accept_tokens, num_correct = _accept(ops, c, logits)
+    if c.sim_accept is not None:
+        accept_index, accept_tokens, num_correct = _simulated(c, logits, accept_index.shape[1])
+    return VerifyCoreOut(accept_index, accept_tokens, num_correct, captured)
+
+
+def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor):
     """Accept a path per request. Returns (accept_index, accept_tokens, num_correct_drafts)."""
-    steps = rt.spec_config.num_steps
-    trees = (inp.draft_token, inp.retrieve_index, inp.retrieve_next_token, inp.retrieve_next_sibling)
+    steps = ops.config.num_steps
+    trees = (c.draft_token, c.retrieve_index, c.retrieve_next_token, c.retrieve_next_sibling)
     bs, n, _ = logits.shape
-    if sampling.all_greedy:
-        predicts, accept_index, num_correct = verify_greedy(*trees, logits.argmax(-1), steps)
+    if c.greedy:
+        greedy = ops.verify_greedy or verify_greedy
+        predicts, accept_index, num_correct = greedy(*trees, logits.argmax(-1), steps)
         return accept_index, _tokens_at(predicts, accept_index), num_correct
-    probs = probs_from_logits_batched(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-    if inp.draft_probs is not None:
+    probs = ops.probs(logits, c.temperature, c.top_k, c.top_p)
+    if c.draft_probs is not None:
         tokens, num_correct = verify_chain_rejection(
-            inp.draft_token[:, 1:], inp.draft_probs[:, : n - 1], probs, rt.uniform(bs, n - 1), rt.uniform(bs)
+            c.draft_token[:, 1:], c.draft_probs[:, : n - 1], probs, c.uniforms[:, : n - 1], c.uniform_final
         )
         # A chain's accepted nodes are its first num_correct + 1 rows.
         cols = torch.arange(n, device=logits.device)
-        index = torch.where(cols <= num_correct[:, None].long(), inp.retrieve_index, -1)
+        index = torch.where(cols <= num_correct[:, None].long(), c.retrieve_index, -1)
         return index, tokens, num_correct
-    predicts, accept_index, num_correct = verify_tree_sampling(
-        *trees, probs, rt.uniform(bs, n), rt.uniform(bs), steps
-    )
+    tree_sampling = ops.verify_tree_sampling or verify_tree_sampling
+    predicts, accept_index, num_correct = tree_sampling(*trees, probs, c.uniforms, c.uniform_final, steps)
     return accept_index, _tokens_at(predicts, accept_index), num_correct
+
+
+def _simulated(c: VerifyCoreIn, logits: torch.Tensor, width: int):
+    """Benchmark override (labelled "simulated"): request b accepts nodes 0 .. a_b - 1 as if they
+    formed its path (whatever the tree), emitting their draft tokens then the target's argmax at the
+    last one, as sglang's SGLANG_SIMULATE_ACC_LEN does. Timing only: the tokens are meaningless."""
+    bs, n = c.draft_token.shape
+    a = c.sim_accept.long()
+    cols = torch.arange(width, device=logits.device)[None, :]
+    index = torch.where(cols < a[:, None], c.retrieve_index[:, :1] + cols, -1)
+    nxt = c.draft_token.gather(1, (cols + 1).clamp(max=n - 1).expand(bs, width))
+    bonus = logits.argmax(-1).gather(1, (a - 1)[:, None])
+    tokens = torch.where(cols < (a - 1)[:, None], nxt, torch.where(cols == (a - 1)[:, None], bonus, -1))
+    return index, tokens, (a - 1).to(torch.int32)
 
 
 def _tokens_at(predicts: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:

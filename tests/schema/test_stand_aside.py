@@ -72,17 +72,20 @@ def test_cuda_graph_capture_makes_checks_stand_aside(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_real_cuda_graph_capture_of_a_boundary():
     scale = torch.ones((), device="cuda")
+    good = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _fields(3).items()}
+    bad = {**good, "topk_index": good["topk_index"].int()}  # int32: a contract violation
     out = {}
 
-    def body():
-        f = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _fields(3).items()}
-        out["x"] = DraftInput(**f).topk_p * scale
+    def body(fields):
+        out["x"] = DraftInput(**fields).topk_p * scale
 
     torch.cuda.synchronize()
-    body()  # warm-up (checked)
+    body(good)  # warm-up, checked
+    with pytest.raises(SpecContractError):
+        body(bad)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        body()
+        body(bad)  # no check (and so no host read) while capturing
     graph.replay()
     torch.cuda.synchronize()
     assert out["x"].shape == (3, 2)

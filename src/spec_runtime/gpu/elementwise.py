@@ -1,0 +1,248 @@
+"""Triton kernels for the fast path's elementwise steps, each above its launcher, with torch references.
+
+At decode a layer is a handful of weight-streaming GEMVs and a swarm of tiny elementwise ops; in a
+CUDA graph each tiny op still costs a few microseconds, so these fuse them:
+
+- `rmsnorm` / `add_rmsnorm`: (residual add +) RMSNorm, float32 statistics, `weight * normed.to(dtype)`
+  (the rounding steps of `models.llama.RMSNorm`), one program per row;
+- `rope_store`: RoPE on q and k from a float32 cos/sin table indexed by position, k and v stored
+  into the KV cache at their slots, one program per (row, head);
+- `silu_mul`: `silu(gate) * up` of a fused gate/up output.
+
+Every launcher reads shapes and strides only (no values): capturable.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+__all__ = [
+    "add_rmsnorm",
+    "reference_add_rmsnorm",
+    "reference_rmsnorm",
+    "reference_rope_store",
+    "reference_silu_mul",
+    "rmsnorm",
+    "rope_store",
+    "silu_mul",
+]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """2-D with a unit last stride (a copy only when needed)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+# ---- RMSNorm -------------------------------------------------------------------------------------
+
+
+def reference_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`models.llama.RMSNorm.forward`."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def reference_add_rmsnorm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(x + delta, rmsnorm(x + delta))`."""
+    s = x + delta
+    return s, reference_rmsnorm(s, weight, eps)
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr,  # (T, H) input rows
+    d_ptr,  # (T, H) residual delta (read when HAS_DELTA)
+    w_ptr,  # (H,) norm weight
+    sum_ptr,  # (T, H) x + delta (output, when HAS_DELTA)
+    out_ptr,  # (T, H) normed rows (output)
+    H, s_x, s_d, s_s, s_o, eps,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(d_ptr + row * s_d + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # rounded like torch's add
+        tl.store(sum_ptr + row * s_s + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
+    normed = (xf * rstd).to(x_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    y = w.to(tl.float32) * normed.to(tl.float32)
+    tl.store(out_ptr + row * s_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
+    if x.dim() != 2 or weight.shape != (x.shape[1],):
+        raise ValueError(f"rmsnorm: x must be (T, H) and weight (H,), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    t, h = x.shape
+    x = _rows(x)
+    out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    if delta is not None:
+        if delta.shape != x.shape:
+            raise ValueError(f"add_rmsnorm: delta has shape {tuple(delta.shape)}, expected {tuple(x.shape)}")
+        delta = _rows(delta)
+        total = torch.empty((t, h), dtype=torch.promote_types(x.dtype, delta.dtype), device=x.device)
+    else:
+        delta, total = x, x
+    if t:
+        block = _pow2(h)
+        _rmsnorm_kernel[(t,)](
+            x, delta, weight, total, out, h, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), eps,
+            HAS_DELTA=total is not x, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+        )
+    return total, out
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of `(T, H)` rows (`reference_rmsnorm`)."""
+    return _norm_launch(x, None, weight, eps)[1]
+
+
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(x + delta, rmsnorm(x + delta))` in one pass (`reference_add_rmsnorm`)."""
+    return _norm_launch(x, delta, weight, eps)
+
+
+# ---- SiLU and multiply ---------------------------------------------------------------------------
+
+
+def reference_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` of a `(T, 2I)` tensor whose halves are gate and up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@triton.jit
+def _silu_mul_kernel(
+    gu_ptr,  # (T, 2I) gate then up
+    out_ptr,  # (T, I) result (output)
+    inter, s_in, s_out,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    g = tl.load(gu_ptr + row * s_in + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * s_in + inter + cols, mask=mask, other=0.0)
+    act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty)  # F.silu rounds to the dtype
+    y = act.to(tl.float32) * u.to(tl.float32)
+    tl.store(out_ptr + row * s_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` of a fused `(T, 2I)` gate/up output -> `(T, I)` (`reference_silu_mul`)."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"silu_mul: gate_up must be (T, 2I), got {tuple(gate_up.shape)}")
+    gate_up = _rows(gate_up)
+    t, i = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device)
+    if t:
+        block = min(_pow2(i), 2048)
+        _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), out.stride(0),
+                                                     BLOCK=block, num_warps=4)
+    return out
+
+
+# ---- RoPE + KV store -----------------------------------------------------------------------------
+
+
+def reference_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Rotate q, k (`(T, H*D)`) by the table rows of `positions` (rotate-half, in float32), store
+    k, v at `k_cache[slots]`, `v_cache[slots]` (`(num_slots, Hkv, D)`); returns q `(T, Hq, D)`."""
+    t = q.shape[0]
+    c, s = cos[positions].float(), sin[positions].float()
+
+    def rotate(x: torch.Tensor, heads: int) -> torch.Tensor:
+        x = x.reshape(t, heads, head_dim).float()
+        half = head_dim // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * c[:, None, :] + rotated * s[:, None, :]
+
+    k_cache[slots] = rotate(k, num_kv_heads).to(k_cache.dtype)
+    v_cache[slots] = v.reshape(t, num_kv_heads, head_dim).to(v_cache.dtype)
+    return rotate(q, num_heads).to(q.dtype)
+
+
+@triton.jit
+def _rope_store_kernel(
+    q_ptr,  # (T, Hq*D) queries, unit last stride
+    k_ptr,  # (T, Hkv*D) keys
+    v_ptr,  # (T, Hkv*D) values
+    cos_ptr,  # (P, D) float32 table
+    sin_ptr,  # (P, D) float32 table
+    pos_ptr,  # (T,) int positions
+    slot_ptr,  # (T,) int KV slots
+    kc_ptr,  # (num_slots, Hkv, D) this layer's keys (output)
+    vc_ptr,  # (num_slots, Hkv, D) this layer's values (output)
+    qo_ptr,  # (T, Hq, D) rotated queries (output)
+    NH, s_q, s_k, s_v, s_tab, s_cs, s_ch, s_ot, s_oh,
+    HD: tl.constexpr, BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    half = HD // 2
+    d = tl.arange(0, BLOCK)
+    mask = d < HD
+    rot = tl.where(d < half, d + half, d - half)
+    sign = tl.where(d < half, -1.0, 1.0)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    c = tl.load(cos_ptr + pos * s_tab + d, mask=mask, other=0.0)
+    s = tl.load(sin_ptr + pos * s_tab + d, mask=mask, other=0.0)
+    if h < NH:
+        base = q_ptr + t * s_q + h * HD
+        x = tl.load(base + d, mask=mask, other=0.0).to(tl.float32)
+        xr = tl.load(base + rot, mask=mask, other=0.0).to(tl.float32)
+        y = x * c + sign * xr * s
+        tl.store(qo_ptr + t * s_ot + h * s_oh + d, y.to(qo_ptr.dtype.element_ty), mask=mask)
+    else:
+        kh = h - NH
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        base = k_ptr + t * s_k + kh * HD
+        x = tl.load(base + d, mask=mask, other=0.0).to(tl.float32)
+        xr = tl.load(base + rot, mask=mask, other=0.0).to(tl.float32)
+        y = x * c + sign * xr * s
+        dst = slot * s_cs + kh * s_ch + d
+        tl.store(kc_ptr + dst, y.to(kc_ptr.dtype.element_ty), mask=mask)
+        vv = tl.load(v_ptr + t * s_v + kh * HD + d, mask=mask, other=0.0)
+        tl.store(vc_ptr + dst, vv.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+               num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """RoPE on q and k plus the KV store, one launch (`reference_rope_store`'s contract).
+
+    `q`, `k`, `v` may be column slices of one fused QKV output (unit last stride, any row stride);
+    `cos`, `sin` float32 `(P, D)`; the cache layers `(num_slots, Hkv, D)` contiguous per head."""
+    t = q.shape[0]
+    d = head_dim
+    for name, x, heads in (("q", q, num_heads), ("k", k, num_kv_heads), ("v", v, num_kv_heads)):
+        if x.dim() != 2 or x.shape != (t, heads * d):
+            raise ValueError(f"rope_store: {name} must be (T, {heads * d}), got {tuple(x.shape)}")
+    if k_cache.shape[1:] != (num_kv_heads, d) or k_cache.stride(2) != 1 or v_cache.stride() != k_cache.stride():
+        raise ValueError(f"rope_store: cache layers must be (num_slots, {num_kv_heads}, {d}) with unit last stride")
+    if cos.dtype != torch.float32 or cos.shape[1] != d or cos.stride(1) != 1 or sin.stride() != cos.stride():
+        raise ValueError("rope_store: cos/sin must be float32 (P, head_dim) tables with the same strides")
+    q, k, v = _rows(q), _rows(k), _rows(v)
+    positions, slots = positions.contiguous(), slots.contiguous()  # read with unit stride
+    out = torch.empty((t, num_heads, d), dtype=q.dtype, device=q.device)
+    if t:
+        _rope_store_kernel[(t, num_heads + num_kv_heads)](
+            q, k, v, cos, sin, positions, slots, k_cache, v_cache, out,
+            num_heads, q.stride(0), k.stride(0), v.stride(0), cos.stride(0), k_cache.stride(0), k_cache.stride(1),
+            out.stride(0), out.stride(1), HD=d, BLOCK=_pow2(d), num_warps=1 if d <= 64 else 2,
+        )
+    return out

@@ -1,0 +1,583 @@
+"""The fast model path: the runtime's models rebuilt for the static / CUDA-graph executors.
+
+`FastTarget`, `FastEagle1`, `FastEagle3` and `FastStandalone` run the same functions as the
+reference models (`models/llama.py`, `eagle.py`, `eagle3.py`) from the same weights, with the
+pieces a CUDA graph needs and a GPU likes:
+
+- fused QKV and gate/up projections (`FastOptions.fuse`, default on CUDA; the reference modules'
+  weights become views of the fused tensors, so nothing is stored twice); unfused, every op is the
+  reference's, which keeps CPU float32 runs bit-for-bit on the reference where shapes allow;
+- RoPE cos/sin from a table precomputed for every position and indexed by the positions (no host
+  sync, the same float32 arithmetic as `RotaryEmbedding`);
+- RoPE + KV store, RMSNorm (+ residual add) and SiLU-and-multiply as Triton kernels
+  (`gpu/elementwise.py`, `FastOptions.elementwise`), or the reference torch ops;
+- attention through `spec_runtime.kernels.attention.triton_attention` when it can run (CUDA, head
+  dim a power of two >= 16), else `dense_attention`, a sync-free torch attention for fixed
+  rows-per-request layouts (what the static buffers give); never the host-reading reference;
+- linear layers through cuBLAS or the Triton split-K GEMV (`spec_runtime.kernels.gemv`), chosen per
+  weight shape and row count at setup by timing both (`FastOptions.linear`).
+
+Nothing here reads a tensor value on the host, so every forward can be captured in a CUDA graph.
+"""
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from spec_runtime.attention import AttnBatch, torch_attention
+from spec_runtime.kv_cache import KVCache
+from spec_runtime.models.eagle import Eagle1Head
+from spec_runtime.models.eagle3 import Eagle3Head
+from spec_runtime.models.llama import LlamaForCausal, RotaryEmbedding, StandaloneDraft, apply_rotary
+
+__all__ = ["FastOptions", "FastBackend", "RopeTable", "dense_attention", "build_fast_models"]
+
+
+@dataclass(frozen=True)
+class FastOptions:
+    """Choices of the fast path ("auto" picks by device).
+
+    Attributes:
+        fuse: fuse QKV and gate/up weights (auto: on CUDA).
+        attention: "triton" (`kernels.attention`), "dense" (sync-free torch), "reference" (the
+            host-reading torch reference: static executor on CPU only), "auto" (triton where it can
+            run on CUDA, else dense).
+        elementwise: "triton" (`gpu/elementwise.py`) or "torch" (auto: triton on CUDA).
+        linear: "torch" (cuBLAS), "gemv" (Triton GEMV up to its row limit), "auto" (time both per
+            weight shape and row bucket at setup on CUDA; torch on CPU).
+        tree: "triton" (`kernels.tree_build` / `kernels.verify`) or "torch" (`gpu/ops.py`, the
+            sync-free torch versions) (auto: triton on CUDA).
+        gemv_rows: row counts to time the GEMV at (auto linear only).
+        gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
+            and row bucket); off by default: its heuristic configuration is used, unless the
+            environment sets SPEC_GEMV_TUNE.
+    """
+
+    fuse: Optional[bool] = None
+    attention: str = "auto"
+    elementwise: str = "auto"
+    linear: str = "auto"
+    tree: str = "auto"
+    gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
+    gemv_tune: bool = False
+
+    @classmethod
+    def of(cls, value: Any) -> "FastOptions":
+        """From None, a dict of fields, or a FastOptions."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        return cls(**dict(value))
+
+
+def _is_cuda(device: torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _kernels_usable(device: torch.device) -> bool:
+    """The Triton kernels of `spec_runtime.kernels` can run: CUDA and triton importable."""
+    if not _is_cuda(device):
+        return False
+    try:
+        from spec_runtime import kernels
+
+        return kernels.kernels_available()
+    except ImportError:
+        return False
+
+
+# ---- attention -----------------------------------------------------------------------------------
+
+
+def dense_attention(q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float) -> torch.Tensor:
+    """Sync-free torch attention for batches with the same number of rows per request (`T = bs * r`,
+    request-major): `torch_attention`'s contract, computed over the whole slot-table row (masked to
+    the prefix) plus each row's extra slots. Ragged batches go to the reference (it reads values)."""
+    t, hq, d = q.shape
+    bs = attn.batch_size
+    if bs == 0 or t == 0 or t % bs:
+        return torch_attention(q, cache, layer, attn, scale)
+    r = t // bs
+    hkv = cache.k.shape[2]
+    g = hq // hkv
+    width = cache.req_to_token.shape[1]
+    table = cache.req_to_token[attn.req_pool_indices]  # (bs, L)
+    valid = torch.arange(width, device=q.device)[None, :] < attn.prefix_lens[:, None]
+    slots = torch.where(valid, table, 0)
+    kc, vc = cache.k[layer], cache.v[layer]
+    kp, vp = kc[slots].float(), vc[slots].float()  # (bs, L, hkv, d)
+    extra = attn.extra_kv.view(bs, r, -1)
+    seen = extra >= 0
+    ke, ve = kc[extra.clamp(min=0)].float(), vc[extra.clamp(min=0)].float()  # (bs, r, E, hkv, d)
+    qg = q.float().view(bs, r, hkv, g, d)
+    sp = torch.einsum("brhgd,blhd->brhgl", qg, kp) * scale
+    sp = sp.masked_fill(~valid[:, None, None, None, :], float("-inf"))
+    se = torch.einsum("brhgd,brehd->brhge", qg, ke) * scale
+    se = se.masked_fill(~seen[:, :, None, None, :], float("-inf"))
+    probs = torch.softmax(torch.cat([sp, se], dim=-1), dim=-1).nan_to_num(0.0)  # no key: zeros
+    out = torch.einsum("brhgl,blhd->brhgd", probs[..., :width], vp)
+    out = out + torch.einsum("brhge,brehd->brhgd", probs[..., width:], ve)
+    return out.reshape(t, hq, d).to(q.dtype)
+
+
+# ---- RoPE ----------------------------------------------------------------------------------------
+
+
+class RopeTable:
+    """cos/sin `(max_positions, head_dim)` in the model dtype, computed exactly as `RotaryEmbedding`
+    computes them for explicit positions, then indexed by position (no host read)."""
+
+    def __init__(self, rotary: RotaryEmbedding, max_positions: int, dtype: torch.dtype, device: Any) -> None:
+        positions = torch.arange(max_positions, device=device)
+        self.cos, self.sin = rotary(positions, dtype)
+        self.cos_f32, self.sin_f32 = rotary(positions, torch.float32)
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(T,)` positions -> `(cos, sin)` `(T, head_dim)`."""
+        return self.cos[positions], self.sin[positions]
+
+
+# ---- linear layers -------------------------------------------------------------------------------
+
+
+@dataclass
+class Linear:
+    """A weight (and bias) with the implementation chosen per row bucket (`gemv_rows[bucket]`)."""
+
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor] = None
+    gemv_upto: int = 0  # use the Triton GEMV for at most this many rows (0: never)
+    gemv_buckets: frozenset = field(default_factory=frozenset)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if rows and rows <= self.gemv_upto and _pow2(rows) in self.gemv_buckets:
+            from spec_runtime.kernels.gemv import triton_linear
+
+            return triton_linear(x if x.stride(-1) == 1 else x.contiguous(), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _fuse(linears: Sequence[torch.nn.Linear]) -> Linear:
+    """One Linear over the concatenated weights; the modules' weights become views of it."""
+    weight = torch.cat([m.weight for m in linears], dim=0).contiguous()
+    biases = [m.bias for m in linears]
+    bias = None if biases[0] is None else torch.cat(biases, dim=0).contiguous()
+    start = 0
+    for m in linears:
+        rows = m.weight.shape[0]
+        m.weight.data = weight[start:start + rows]
+        if bias is not None:
+            m.bias.data = bias[start:start + rows]
+        start += rows
+    return Linear(weight, bias)
+
+
+def _lin(m: torch.nn.Linear) -> Linear:
+    return Linear(m.weight, m.bias)
+
+
+# ---- the backend: which implementation of each piece -------------------------------------------
+
+
+class FastBackend:
+    """The implementations the fast models call, resolved once from `FastOptions` and the device."""
+
+    def __init__(self, options: FastOptions, device: torch.device) -> None:
+        device = torch.device(device)
+        cuda = _is_cuda(device)
+        usable = _kernels_usable(device)
+        self.options = options
+        self.device = device
+        self.fuse = cuda if options.fuse is None else options.fuse
+        ew = options.elementwise if options.elementwise != "auto" else ("triton" if usable else "torch")
+        self.elementwise = ew
+        if ew == "triton":
+            from spec_runtime.gpu import elementwise as kernels_ew
+
+            self._ew = kernels_ew
+        att = options.attention if options.attention != "auto" else ("triton" if usable else "dense")
+        self.attention_kind = att
+        self.tree = options.tree if options.tree != "auto" else ("triton" if usable else "torch")
+        self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
+        if self.linear != "torch" and "SPEC_GEMV_TUNE" not in os.environ:
+            os.environ["SPEC_GEMV_TUNE"] = "1" if options.gemv_tune else "0"  # read per call by kernels.gemv
+        self._triton_attention: Optional[Callable] = None
+        if att == "triton":
+            from spec_runtime.kernels.attention import triton_attention
+
+            self._triton_attention = triton_attention
+
+    def attention_for(self, head_dim: int) -> Callable:
+        """The attention function for a model of this head dim."""
+        if self.attention_kind == "reference":
+            return torch_attention
+        if self.attention_kind == "triton" and head_dim >= 16 and head_dim & (head_dim - 1) == 0:
+            return self._triton_attention  # type: ignore[return-value]
+        return dense_attention
+
+    def rmsnorm(self, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+        """`RMSNorm` (float32 statistics, `weight * normed.to(dtype)`); None weight: identity."""
+        if weight is None:
+            return x
+        if self.elementwise == "triton":
+            return self._ew.rmsnorm(x, weight, eps)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(x.dtype)
+
+    def add_rmsnorm(self, x: torch.Tensor, delta: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(x + delta, rmsnorm(x + delta))` (delta None: no add)."""
+        if delta is None:
+            return x, self.rmsnorm(x, weight, eps)
+        if self.elementwise == "triton" and weight is not None:
+            return self._ew.add_rmsnorm(x, delta, weight, eps)
+        x = x + delta
+        return x, self.rmsnorm(x, weight, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """`silu(gate) * up` of a fused `(T, 2I)` gate/up output."""
+        if self.elementwise == "triton":
+            return self._ew.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def rope_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeTable,
+                   positions: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
+                   heads: tuple[int, int, int]) -> torch.Tensor:
+        """Rotate q and k (`(T, H*D)` views), store k and v at `slots`; returns q `(T, Hq, D)`."""
+        nh, nkv, hd = heads
+        t = q.shape[0]
+        if self.elementwise == "triton":
+            return self._ew.rope_store(q, k, v, rope.cos_f32, rope.sin_f32, positions, cache.k[layer],
+                                       cache.v[layer], slots, nh, nkv, hd)
+        cos, sin = rope(positions)
+        qr = apply_rotary(q.view(t, nh, hd), cos, sin)
+        kr = apply_rotary(k.view(t, nkv, hd), cos, sin)
+        cache.k[layer, slots] = kr.to(cache.dtype)
+        cache.v[layer, slots] = v.view(t, nkv, hd).to(cache.dtype)
+        return qr
+
+    def choose_linears(self, linears: Sequence[Linear], log: Optional[list] = None) -> None:
+        """Pick cuBLAS or the Triton GEMV per weight shape and row bucket (timed on CUDA)."""
+        if self.linear == "torch":
+            return
+        from spec_runtime.kernels.gemv import MAX_M
+
+        rows = [m for m in self.options.gemv_rows if m <= MAX_M]
+        if self.linear == "gemv":
+            for lin in linears:
+                lin.gemv_upto, lin.gemv_buckets = MAX_M, frozenset(_pow2(m) for m in range(1, MAX_M + 1))
+            return
+        decided: dict[tuple, frozenset] = {}
+        for lin in linears:
+            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None)
+            if key not in decided:
+                decided[key] = frozenset(m for m in rows if _gemv_wins(lin, m, log))
+            lin.gemv_buckets = decided[key]
+            lin.gemv_upto = max(decided[key], default=0)
+
+
+_GEMV_DECISIONS: dict[tuple, bool] = {}
+
+
+def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
+    """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide)."""
+    w = lin.weight
+    key = (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
+    if key not in _GEMV_DECISIONS:
+        _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log)
+    return _GEMV_DECISIONS[key]
+
+
+def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> bool:
+    """Time F.linear against the Triton GEMV at `rows` rows (medians of CUDA-event timings)."""
+    import triton.testing
+
+    from spec_runtime.kernels.gemv import triton_linear
+
+    x = torch.randn(rows, lin.weight.shape[1], dtype=lin.weight.dtype, device=lin.weight.device)
+    try:
+        t_gemv = triton.testing.do_bench(lambda: triton_linear(x, lin.weight, lin.bias), warmup=3, rep=15,
+                                         return_mode="median")
+    except Exception as err:  # noqa: BLE001 - a shape the kernel rejects: keep cuBLAS
+        if log is not None:
+            log.append({"shape": list(lin.weight.shape), "rows": rows, "error": str(err)[:200]})
+        return False
+    t_blas = triton.testing.do_bench(lambda: F.linear(x, lin.weight, lin.bias), warmup=3, rep=15,
+                                     return_mode="median")
+    if log is not None:
+        log.append({"shape": list(lin.weight.shape), "rows": rows, "cublas_ms": t_blas, "gemv_ms": t_gemv})
+    return t_gemv < t_blas
+
+
+# ---- blocks --------------------------------------------------------------------------------------
+
+
+class _AttnBlock:
+    """q/k/v/o projections, RoPE + KV store, attention (one `SelfAttention`'s weights)."""
+
+    def __init__(self, sa: Any, be: FastBackend) -> None:
+        self.be = be
+        self.heads = (sa.num_heads, sa.num_kv_heads, sa.head_dim)
+        self.split = (sa.num_heads * sa.head_dim, sa.num_kv_heads * sa.head_dim, sa.num_kv_heads * sa.head_dim)
+        if be.fuse:
+            self.qkv: Optional[Linear] = _fuse([sa.q_proj, sa.k_proj, sa.v_proj])
+        else:
+            self.qkv = None
+            self.q, self.k, self.v = _lin(sa.q_proj), _lin(sa.k_proj), _lin(sa.v_proj)
+        self.o = _lin(sa.o_proj)
+        self.attention = be.attention_for(sa.head_dim)
+
+    def linears(self) -> list[Linear]:
+        return ([self.qkv] if self.qkv is not None else [self.q, self.k, self.v]) + [self.o]
+
+    def __call__(self, x: torch.Tensor, rope: RopeTable, positions: torch.Tensor, attn: AttnBatch,
+                 cache: KVCache, layer: int) -> torch.Tensor:
+        t = x.shape[0]
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split(self.split, dim=-1)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
+        nh, _, hd = self.heads
+        out = self.attention(q, cache, layer, attn, hd ** -0.5)
+        return self.o(out.reshape(t, nh * hd))
+
+
+class _MLPBlock:
+    """SwiGLU: `down(silu(gate(x)) * up(x))`, gate/up fused or not."""
+
+    def __init__(self, mlp: Any, be: FastBackend) -> None:
+        self.be = be
+        if be.fuse:
+            self.gate_up: Optional[Linear] = _fuse([mlp.gate_proj, mlp.up_proj])
+        else:
+            self.gate_up = None
+            self.gate, self.up = _lin(mlp.gate_proj), _lin(mlp.up_proj)
+        self.down = _lin(mlp.down_proj)
+
+    def linears(self) -> list[Linear]:
+        return ([self.gate_up] if self.gate_up is not None else [self.gate, self.up]) + [self.down]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            return self.down(self.be.silu_mul(self.gate_up(x)))
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+@dataclass
+class _Layer:
+    in_norm: Optional[torch.Tensor]
+    attn: _AttnBlock
+    post_norm: torch.Tensor
+    mlp: _MLPBlock
+    eps: float
+
+
+def _layer(layer: Any, be: FastBackend) -> _Layer:
+    in_norm = None if layer.input_layernorm is None else layer.input_layernorm.weight
+    return _Layer(in_norm, _AttnBlock(layer.self_attn, be), layer.post_attention_layernorm.weight,
+                  _MLPBlock(layer.mlp, be), layer.post_attention_layernorm.eps)
+
+
+# ---- models --------------------------------------------------------------------------------------
+
+
+class FastTarget:
+    """`LlamaForCausal.forward` / `compute_logits` on the fast path (same weights, same function)."""
+
+    def __init__(self, model: LlamaForCausal, be: FastBackend, max_positions: int) -> None:
+        self.model, self.be = model, be
+        self.arch, self.dtype = model.arch, model.dtype
+        self.num_layers = model.num_layers
+        self.embed = model.model.embed_tokens.weight
+        self.layers = [_layer(layer, be) for layer in model.model.layers]
+        self.norm, self.eps = model.model.norm.weight, model.model.norm.eps
+        self.lm_head = Linear(model.lm_head_weight)
+        self.rope = RopeTable(model.rotary, max_positions, model.dtype, self.embed.device)
+
+    def linears(self) -> list[Linear]:
+        """Every linear layer (for `FastBackend.choose_linears`)."""
+        return [lin for layer in self.layers for lin in layer.attn.linears() + layer.mlp.linears()] + [self.lm_head]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnBatch, cache: KVCache,
+                aux_layer_ids: Optional[Sequence[int]] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """`(hidden (T, H) post-norm, aux (T, H * len(aux_layer_ids)) or None)`, as the reference."""
+        self.arch.check_max_context(cache.req_to_token.shape[1])
+        wanted = self.model._check_aux_ids(aux_layer_ids)
+        be = self.be
+        x = F.embedding(input_ids, self.embed)
+        captured: dict[int, torch.Tensor] = {}
+        pending: Optional[torch.Tensor] = None
+        for i, layer in enumerate(self.layers):
+            x, normed = be.add_rmsnorm(x, pending, layer.in_norm, layer.eps)
+            if i in wanted:
+                captured[i] = x
+            a = layer.attn(normed, self.rope, positions, attn, cache, i)
+            x, normed = be.add_rmsnorm(x, a, layer.post_norm, layer.eps)
+            pending = layer.mlp(normed)
+        x, hidden = be.add_rmsnorm(x, pending, self.norm, self.eps)
+        if aux_layer_ids is None:
+            return hidden, None
+        if not aux_layer_ids:
+            return hidden, x.new_zeros((x.shape[0], 0))
+        return hidden, torch.cat([captured[i] for i in aux_layer_ids], dim=-1)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 `(T, vocab)` logits."""
+        return self.lm_head(hidden).float()
+
+
+class FastStandalone:
+    """`StandaloneDraft` on the fast path."""
+
+    def __init__(self, draft: StandaloneDraft, be: FastBackend, max_positions: int) -> None:
+        self.inner = FastTarget(draft.model, be, max_positions)
+        self.dtype = draft.dtype
+
+    def linears(self) -> list[Linear]:
+        return self.inner.linears()
+
+    def forward(self, input_ids: torch.Tensor, hidden_in: Optional[torch.Tensor], positions: torch.Tensor,
+                attn: AttnBatch, cache: KVCache, from_target: bool = False) -> torch.Tensor:
+        return self.inner.forward(input_ids, positions, attn, cache)[0]
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.inner.compute_logits(h)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+
+class FastEagle1:
+    """`Eagle1Head` on the fast path: `fc(cat(embed, feature))`, one layer without input norm."""
+
+    def __init__(self, head: Eagle1Head, be: FastBackend, max_positions: int) -> None:
+        self.head, self.be, self.dtype = head, be, head.dtype
+        self.hidden_size = head.hidden_size
+        self.embed = head.embed_tokens.weight if head.embed_tokens is not None else head._target.model.embed_tokens.weight
+        self.fc = _lin(head.fc)
+        self.layer = _layer(head.layers[0], be)
+        weight = head.lm_head.weight if head.lm_head is not None else head._target.lm_head_weight
+        self.lm_head = Linear(weight)
+        self.rope = RopeTable(head.rotary, max_positions, head.dtype, weight.device)
+
+    def linears(self) -> list[Linear]:
+        return [self.fc] + self.layer.attn.linears() + self.layer.mlp.linears() + [self.lm_head]
+
+    def forward(self, input_ids: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor,
+                attn: AttnBatch, cache: KVCache, from_target: bool = False) -> torch.Tensor:
+        if hidden_in.shape[-1] != self.hidden_size:
+            raise ValueError(f"EAGLE-1 hidden_in has width {hidden_in.shape[-1]}, expected {self.hidden_size}")
+        emb = F.embedding(input_ids, self.embed).to(self.dtype)
+        h = self.fc(torch.cat([emb, hidden_in.to(self.dtype)], dim=-1))
+        layer, be = self.layer, self.be
+        a = layer.attn(h, self.rope, positions, attn, cache, 0)
+        x, normed = be.add_rmsnorm(h, a, layer.post_norm, layer.eps)
+        return x + layer.mlp(normed)
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+
+class FastEagle3:
+    """`Eagle3Head` on the fast path: the midlayer over `cat(norm(embed), norm(h))`, own vocab."""
+
+    def __init__(self, head: Eagle3Head, be: FastBackend, max_positions: int) -> None:
+        self.head, self.be, self.dtype = head, be, head.dtype
+        self.hidden_size, self.fc_width = head.hidden_size, head.fc_input_width
+        self.embed = head.embed_tokens.weight if head.embed_tokens is not None else head._target.model.embed_tokens.weight
+        mid = head.midlayer
+        self.fc = _lin(head.fc)
+        self.in_norm, self.hidden_norm = mid.input_layernorm.weight, mid.hidden_norm.weight
+        self.post_norm, self.eps = mid.post_attention_layernorm.weight, mid.post_attention_layernorm.eps
+        self.attn = _AttnBlock(mid.self_attn, be)
+        self.mlp = _MLPBlock(mid.mlp, be)
+        self.norm, self.norm_eps = head.norm.weight, head.norm.eps
+        self.lm_head = _lin(head.lm_head)
+        self.d2t = head.d2t
+        self.rope = RopeTable(head.rotary, max_positions, head.dtype, self.d2t.device)
+
+    def linears(self) -> list[Linear]:
+        return [self.fc] + self.attn.linears() + self.mlp.linears() + [self.lm_head]
+
+    def forward(self, input_ids: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor,
+                attn: AttnBatch, cache: KVCache, from_target: bool) -> torch.Tensor:
+        expected = self.fc_width if from_target else self.hidden_size
+        if hidden_in.shape[-1] != expected:
+            source = "target capture" if from_target else "draft hidden"
+            raise ValueError(f"EAGLE-3 hidden_in ({source}) has width {hidden_in.shape[-1]}, expected {expected}")
+        h = hidden_in.to(self.dtype)
+        if from_target:
+            h = self.fc(h)
+        be = self.be
+        emb = F.embedding(input_ids, self.embed).to(self.dtype)
+        x = torch.cat([be.rmsnorm(emb, self.in_norm, self.eps), be.rmsnorm(h, self.hidden_norm, self.eps)], dim=-1)
+        a = self.attn(x, self.rope, positions, attn, cache, 0)
+        h, normed = be.add_rmsnorm(h, a, self.post_norm, self.eps)
+        return h + self.mlp(normed)
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.be.rmsnorm(h, self.norm, self.norm_eps)).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+
+def fast_draft(draft: Any, be: FastBackend, max_positions: int) -> Any:
+    """The fast version of a draft model (EAGLE-1 head, EAGLE-3 head, STANDALONE)."""
+    if isinstance(draft, Eagle3Head):
+        return FastEagle3(draft, be, max_positions)
+    if isinstance(draft, Eagle1Head):
+        return FastEagle1(draft, be, max_positions)
+    if isinstance(draft, StandaloneDraft):
+        return FastStandalone(draft, be, max_positions)
+    raise TypeError(f"no fast path for draft model {type(draft).__name__}")
+
+
+def _cached(model: torch.nn.Module, key: tuple, make: Callable[[], Any]) -> Any:
+    """One fast model per (reference model, options, table size): runtimes sharing a model share it
+    (fusing again would copy the weights again). Kept on the module itself, so it lives as long."""
+    cache = model.__dict__.setdefault("_spec_fast_models", {})
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def _table_size(max_positions: int) -> int:
+    """RoPE table rows: a power of two >= 4096, so runtimes of different contexts share a model."""
+    return _pow2(max(max_positions, 4096))
+
+
+def fast_target(target: LlamaForCausal, options: FastOptions, max_positions: int,
+                linear_log: Optional[list] = None) -> FastTarget:
+    """The (cached) fast version of a target, linear implementations chosen."""
+    size = _table_size(max_positions)
+    be = FastBackend(options, target.model.embed_tokens.weight.device)
+    ft = _cached(target, (options, size), lambda: FastTarget(target, be, size))
+    be.choose_linears(ft.linears(), linear_log)
+    return ft
+
+
+def build_fast_models(target: LlamaForCausal, draft: Any, options: FastOptions, max_positions: int,
+                      linear_log: Optional[list] = None) -> tuple[FastBackend, FastTarget, Any]:
+    """The backend and the (cached) fast target and draft, linear implementations chosen."""
+    size = _table_size(max_positions)
+    ft = fast_target(target, options, size, linear_log)
+    fd = _cached(draft, (options, size), lambda: fast_draft(draft, ft.be, size))
+    ft.be.choose_linears(fd.linears(), linear_log)
+    return ft.be, ft, fd

@@ -1,0 +1,460 @@
+"""CUDA graphs in one place: bucketed static buffers, warm-up, capture, replay, and the eager switch.
+
+`GraphRunner` runs the three decode phases (draft, verify, draft-extend) of a `Runtime` on static
+buffers (`buffers.py`) sized once for `max_bs` requests:
+
+    copy_in(live rows -> bucket prefix, sentinel padding) -> core on the bucket view -> slice + clone
+
+where the core is the phase's own sync-free function (`draft_core`, `verify_core`,
+`draft_extend_core`) run with the fast models (`gpu/models.py`) and sync-free ops. The executor
+decides how the core runs:
+
+- "static": called eagerly on the buffer views (CPU tests run exactly the buffer/padding code);
+- "cuda_graph": replayed from a CUDA graph captured per (phase, flavor, bucket). Graphs are captured
+  largest bucket first into one shared memory pool, each after two warm-up runs on a side stream;
+  outputs alias the graph's memory, so they are cloned when sliced. A batch size between buckets
+  pads to the next bucket. Greedy verification is captured up front; sampling verification (coins
+  pre-drawn into the buffers) on first use.
+
+Buffers are allocated and graphs captured on first use (or by `setup()`), so faults injected after
+the engine is built still reach the allocation. Checks stand aside during capture
+(`spec_schema.standing_aside`); a hidden-state width that does not fit raises at copy-in.
+
+`DecodeRunner` is the plain target-only greedy decode on the same machinery (the benchmarks'
+baseline).
+"""
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from . import buffers as B
+from .attention import AttnBatch
+from .draft import DraftCoreIn, DraftCoreOut, draft_core
+from .extend import ExtendCoreIn, ExtendCoreOut, draft_extend_core, extend_fixed_stride
+from .gpu.models import FastOptions, FastTarget, build_fast_models
+from .gpu.ops import build_tree_nosync, probs_nosync
+from .kv_cache import KVCache
+from .runtime import CoreOps, Runtime
+from .verify import VerifyCoreIn, VerifyCoreOut, verify_core
+
+__all__ = ["DEFAULT_BUCKETS", "GraphRunner", "GraphSet", "DecodeRunner", "buckets_for"]
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+
+
+def buckets_for(max_bs: int, buckets: Optional[Sequence[int]] = None) -> tuple[int, ...]:
+    """The captured batch sizes: `buckets` (default `DEFAULT_BUCKETS`) up to `max_bs`, plus `max_bs`."""
+    chosen = sorted({b for b in (buckets or DEFAULT_BUCKETS) if 1 <= b <= max_bs} | {max_bs})
+    return tuple(chosen)
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    out: Any
+
+
+class GraphSet:
+    """Captured graphs by key, one shared memory pool, and the eager switch ("static" runs `fn`)."""
+
+    def __init__(self, executor: str) -> None:
+        if executor not in ("static", "cuda_graph"):
+            raise ValueError(f"GraphSet executor must be 'static' or 'cuda_graph', got {executor!r}")
+        if executor == "cuda_graph" and not torch.cuda.is_available():
+            raise RuntimeError("executor 'cuda_graph' needs a CUDA device; use 'static' on CPU")
+        self.executor = executor
+        self.graphs: dict[tuple, _Graph] = {}
+        self.pool: Any = None
+        self.capture_seconds = 0.0
+        self.calls: collections.Counter = collections.Counter()
+
+    def run(self, key: tuple, fn: Callable[[], Any]) -> Any:
+        """Run the core: eagerly ("static") or by replaying its graph (captured on first use)."""
+        self.calls[key] += 1
+        if self.executor == "static":
+            return fn()
+        g = self.graphs.get(key)
+        if g is None:
+            g = self.capture(key, fn)
+        g.graph.replay()
+        return g.out
+
+    def capture(self, key: tuple, fn: Callable[[], Any], warmup: int = 2) -> _Graph:
+        """Warm up `fn` on a side stream (compiles, tunes, allocates), then capture it into the pool.
+
+        The buffers `fn` reads must hold valid data (live rows or padding): warm-up runs execute."""
+        start = time.perf_counter()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        if self.pool is None:
+            self.pool = graph.pool()
+        torch.cuda.synchronize()
+        self.graphs[key] = _Graph(graph, out)
+        self.capture_seconds += time.perf_counter() - start
+        return self.graphs[key]
+
+    def close(self) -> None:
+        """Drop every graph (and with them the pool's memory)."""
+        self.graphs.clear()
+        self.pool = None
+
+
+def _slice(out: Any, bucket: int, bs: int) -> Any:
+    """The live rows of a core output (each tensor has rows_per_request * bucket rows), cloned: a
+    graph's outputs are overwritten by its next replay."""
+    values = {}
+    for f in dataclasses.fields(out):
+        v = getattr(out, f.name)
+        if isinstance(v, torch.Tensor):
+            per = v.shape[0] // bucket
+            v = v[: per * bs].clone()
+        values[f.name] = v
+    return type(out)(**values)
+
+
+@dataclass
+class _Buffers:
+    draft: B.DraftBuffers
+    verify: B.VerifyBuffers
+    extend: B.ExtendBuffers
+
+
+class GraphRunner:
+    """The static / CUDA-graph executor of a `Runtime` (see the module docstring).
+
+    Args:
+        rt: the runtime; its caches hold one extra request row (the padding row, `pad_row`).
+        executor: "static" or "cuda_graph".
+        buckets: batch sizes to pad to (default `DEFAULT_BUCKETS` up to max_bs).
+        fast: `gpu.models.FastOptions` (or a dict of its fields).
+        capture_sampling: capture sampling verification up front too (else on first use).
+    """
+
+    def __init__(self, rt: Runtime, executor: str, buckets: Optional[Sequence[int]] = None,
+                 fast: Any = None, capture_sampling: bool = False) -> None:
+        self.rt = rt
+        self.graphs = GraphSet(executor)
+        self.executor = executor
+        self.max_bs = rt.requests.max_reqs
+        self.buckets = buckets_for(self.max_bs, buckets)
+        self.pad_row = self.max_bs
+        if rt.target_cache.req_to_token.shape[0] <= self.pad_row:
+            raise ValueError("the KV caches need a padding row: build the runtime with Runtime.create(executor=...)")
+        self.options = FastOptions.of(fast)
+        self.capture_sampling = capture_sampling
+        config = rt.spec_config
+        k, steps = config.topk, config.num_steps
+        reserved = rt.reserved_slots["draft"]
+        by_step = reserved[1:].view(self.max_bs, k, steps - 1)
+        self._scratch = torch.cat([by_step, by_step.new_full((self.max_bs, k, 1), -1)], dim=2)
+        self.bufs: Optional[_Buffers] = None
+        self.ops: Optional[CoreOps] = None
+        self.linear_log: list = []
+        self.setup_seconds = 0.0
+
+    # ---- setup -------------------------------------------------------------------------------
+
+    def setup(self) -> "GraphRunner":
+        """Build the fast models, allocate the buffers, capture the graphs (idempotent)."""
+        if self.bufs is not None:
+            return self
+        start = time.perf_counter()
+        rt, config = self.rt, self.rt.spec_config
+        max_pos = rt.target_cache.req_to_token.shape[1] + config.num_draft_tokens + 1
+        be, ft, fd = build_fast_models(rt.target, rt.draft, self.options, max_pos, self.linear_log)
+        self.backend = be
+        tree_fn, greedy_fn, sampling_fn = build_tree_nosync, None, None
+        if be.tree == "triton":
+            from .kernels.tree_build import triton_build_tree
+            from .kernels.verify import triton_verify_greedy, triton_verify_tree_sampling
+
+            tree_fn, greedy_fn, sampling_fn = triton_build_tree, triton_verify_greedy, triton_verify_tree_sampling
+        self.ops = CoreOps(config, ft, fd, rt.target_cache, rt.draft_cache, rt.aux_layer_ids, rt.capture,
+                           tree_fn, probs_nosync, verify_greedy=greedy_fn, verify_tree_sampling=sampling_fn)
+        device, chain = rt.device, rt.sampled_chain
+        self.bufs = _Buffers(
+            B.allocate_draft(config, self.max_bs, device, sampled_chain=chain),
+            B.allocate_verify(config, self.max_bs, device, sampled_chain=chain),
+            B.allocate_extend(config, self.max_bs, device, sampled_chain=chain),
+        )
+        if self.executor == "cuda_graph":
+            self._capture_all()
+        self.setup_seconds = time.perf_counter() - start
+        return self
+
+    def _capture_all(self) -> None:
+        """Every bucket of every phase, largest first, on all-padding buffers (writes land in the
+        reserved dummy slots)."""
+        rt = self.rt
+        pads = (rt.reserved_slots["target"][:1], rt.reserved_slots["draft"][:1])
+        for bucket in reversed(self.buckets):
+            self._pad_all(bucket, pads)
+            self.graphs.capture(self._key("draft", bucket), lambda b=bucket: self._draft_fn(b))
+            sim = self.rt.simulate_accept is not None
+            self.graphs.capture(self._key("verify", bucket, True, sim),
+                                lambda b=bucket, s=sim: self._verify_fn(b, True, s))
+            if self.capture_sampling:
+                self.graphs.capture(self._key("verify", bucket, False, sim),
+                                    lambda b=bucket, s=sim: self._verify_fn(b, False, s))
+            self.graphs.capture(self._key("extend", bucket), lambda b=bucket: self._extend_fn(b))
+
+    def _pad_all(self, bucket: int, pads: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Fill every buffer's first `bucket` requests with padding (copy-in of empty batches)."""
+        assert self.bufs is not None
+        config, dev = self.rt.spec_config, self.rt.device
+        k, n, s = config.topk, config.num_draft_tokens, config.num_steps
+        i64 = dict(dtype=torch.int64, device=dev)
+
+        def hidden(buf: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if buf is None else buf[:0]
+
+        d = self.bufs.draft
+        B.copy_in(d, DraftCoreIn(d.topk_p[:0], d.topk_index[:0], hidden(d.hidden_states), d.bonus_tokens[:0],
+                                 d.seq_lens[:0], d.req_pool_indices[:0], torch.zeros(0, k, s, **i64),
+                                 pad_slot=pads[1]), bucket, self.pad_row)
+        v = self.bufs.verify
+        empty = torch.zeros(0, n, **i64)
+        B.copy_in(v, VerifyCoreIn(empty, empty, torch.zeros(0, n, n, dtype=torch.bool, device=dev), empty, empty,
+                                  empty, empty[:, 0], empty[:, 0], empty, greedy=True, pad_slot=pads[0]),
+                  bucket, self.pad_row)
+        e = self.bufs.extend
+        B.copy_in(e, ExtendCoreIn(e.input_ids[:0], e.positions[:0], hidden(e.hidden_states),
+                                  e.num_accept_tokens[:0], e.seq_lens[:0], e.req_pool_indices[:0],
+                                  e.out_slots[:0], pad_slot=pads[1]), bucket, self.pad_row)
+
+    def draft_scratch(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reserved draft slots: `(bs, topk, num_steps)` branch scratch (column s - 1 for step s,
+        the last spare) and the dummy slot `(1,)` of padded rows."""
+        reserved = self.rt.reserved_slots["draft"]
+        return self._scratch[:bs], reserved[:1]
+
+    def eager_ops(self) -> CoreOps:
+        """The fast models and ops for uncaptured calls (prefill, a prefill's ragged draft-extend)."""
+        self.setup()
+        assert self.ops is not None
+        return self.ops
+
+    # ---- the phases --------------------------------------------------------------------------
+
+    def bucket_for(self, bs: int) -> int:
+        """The smallest captured batch size >= bs."""
+        for b in self.buckets:
+            if b >= bs:
+                return b
+        raise ValueError(f"batch of {bs} requests exceeds the largest bucket {self.buckets[-1]}")
+
+    def _key(self, phase: str, bucket: int, greedy: bool = True, sim: bool = False) -> tuple:
+        return (phase, "greedy" if greedy else "sample", "simulated" if sim else "real", bucket)
+
+    def draft(self, live: DraftCoreIn) -> DraftCoreOut:
+        """The draft core over the padded bucket of `live`'s batch."""
+        self.setup()
+        bs = live.topk_p.shape[0]
+        bucket = self.bucket_for(bs)
+        B.copy_in(self.bufs.draft, live, bucket, self.pad_row)
+        out = self.graphs.run(self._key("draft", bucket), lambda: self._draft_fn(bucket))
+        return _slice(out, bucket, bs)
+
+    def verify(self, live: VerifyCoreIn) -> VerifyCoreOut:
+        """The verify core (target tree forward + acceptance) over the padded bucket."""
+        self.setup()
+        bs = live.draft_token.shape[0]
+        bucket = self.bucket_for(bs)
+        B.copy_in(self.bufs.verify, live, bucket, self.pad_row)
+        greedy, sim = live.greedy, live.sim_accept is not None
+        out = self.graphs.run(self._key("verify", bucket, greedy, sim), lambda: self._verify_fn(bucket, greedy, sim))
+        return _slice(out, bucket, bs)
+
+    def fits_extend(self, inp: Any) -> bool:
+        """Whether a DraftExtendInput's requests fit the static stride (num_steps + 1 rows each);
+        a prefill's prompts do not (they run eagerly)."""
+        stride = self.rt.spec_config.num_steps + 1
+        host = inp.num_accept_tokens_cpu
+        longest = max(host) if host else int(inp.num_accept_tokens.max())
+        return longest <= stride
+
+    def draft_extend(self, live: ExtendCoreIn) -> ExtendCoreOut:
+        """The draft-extend core over the padded bucket (rows laid out num_steps + 1 per request)."""
+        self.setup()
+        bs = live.num_accept_tokens.shape[0]
+        bucket = self.bucket_for(bs)
+        B.copy_in(self.bufs.extend, live, bucket, self.pad_row)
+        out = self.graphs.run(self._key("extend", bucket), lambda: self._extend_fn(bucket))
+        return _slice(out, bucket, bs)
+
+    # ---- bucket views: the cores' inputs over the buffers ---------------------------------------
+
+    def _draft_fn(self, bucket: int) -> DraftCoreOut:
+        b, k = self.bufs.draft, self.rt.spec_config.topk
+        rows = bucket * k
+        view = DraftCoreIn(
+            topk_p=b.topk_p[:bucket], topk_index=b.topk_index[:bucket],
+            hidden_states=None if b.hidden_states is None else b.hidden_states[:bucket],
+            bonus_tokens=b.bonus_tokens[:bucket], seq_lens=b.seq_lens[:bucket],
+            req_pool_indices=b.req_pool_indices[:bucket], temp_slots=b.temp_slots[:bucket],
+            draft_probs=None if b.draft_probs is None else b.draft_probs[:bucket],
+            uniforms=None if b.uniforms is None else b.uniforms[:, :rows],
+            temperature=_head(b.temperature, bucket), top_k=_head(b.top_k, bucket), top_p=_head(b.top_p, bucket),
+            draft_logits=b.draft_logits[:rows],
+        )
+        return draft_core(self.ops, view)
+
+    def _verify_fn(self, bucket: int, greedy: bool, sim: bool = False) -> VerifyCoreOut:
+        b, n = self.bufs.verify, self.rt.spec_config.num_draft_tokens
+        view = VerifyCoreIn(
+            draft_token=b.draft_token[:bucket], positions=b.positions[:bucket], tree_mask=b.tree_mask[:bucket],
+            retrieve_index=b.retrieve_index[:bucket], retrieve_next_token=b.retrieve_next_token[:bucket],
+            retrieve_next_sibling=b.retrieve_next_sibling[:bucket], seq_lens=b.seq_lens[:bucket],
+            req_pool_indices=b.req_pool_indices[:bucket], slots=b.slots[:bucket], greedy=greedy,
+            draft_probs=None if b.draft_probs is None else b.draft_probs[:bucket],
+            uniforms=b.uniforms[:bucket], uniform_final=b.uniform_final[:bucket],
+            temperature=b.temperature[:bucket], top_k=b.top_k[:bucket], top_p=b.top_p[:bucket],
+            sim_accept=_head(b.sim_accept, bucket) if sim else None,
+            hidden_states=None if b.hidden_states is None else b.hidden_states[: bucket * n],
+        )
+        return verify_core(self.ops, view)
+
+    def _extend_fn(self, bucket: int) -> ExtendCoreOut:
+        b = self.bufs.extend
+        rows = bucket * b.stride
+        view = ExtendCoreIn(
+            input_ids=b.input_ids[:rows], positions=b.positions[:rows],
+            hidden_states=None if b.hidden_states is None else b.hidden_states[:rows],
+            num_accept_tokens=b.num_accept_tokens[:bucket], seq_lens=b.seq_lens[:bucket],
+            req_pool_indices=b.req_pool_indices[:bucket], out_slots=b.out_slots[:rows], stride=b.stride,
+            sampled=self.rt.sampled_chain, uniform=_head(b.uniform, bucket),
+            temperature=_head(b.temperature, bucket), top_k=_head(b.top_k, bucket), top_p=_head(b.top_p, bucket),
+            draft_logits=b.draft_logits[:bucket],
+        )
+        return draft_extend_core(self.ops, view)
+
+    def stats(self) -> dict[str, Any]:
+        """Buckets, graphs captured, calls per key, setup and capture seconds, buffer bytes."""
+        nbytes = 0 if self.bufs is None else sum(B.buffer_nbytes(getattr(self.bufs, f.name))
+                                                  for f in dataclasses.fields(self.bufs))
+        return {
+            "executor": self.executor, "buckets": list(self.buckets), "graphs": len(self.graphs.graphs),
+            "calls": {"/".join(map(str, k)): v for k, v in self.graphs.calls.items()},
+            "setup_s": self.setup_seconds, "capture_s": self.graphs.capture_seconds, "buffer_bytes": nbytes,
+        }
+
+    def close(self) -> None:
+        """Drop the graphs and buffers (the runner sets up again on next use)."""
+        self.graphs.close()
+        self.bufs = None
+
+
+def _head(t: Optional[torch.Tensor], bucket: int) -> Optional[torch.Tensor]:
+    return None if t is None else t[:bucket]
+
+
+# ---- plain target-only decoding (the benchmarks' baseline) ----------------------------------------
+
+
+@dataclass
+class _DecodeBuffers:
+    input_ids: torch.Tensor  # (max_bs,)
+    positions: torch.Tensor  # (max_bs,)
+    seq_lens: torch.Tensor  # (max_bs,) committed tokens before this step
+    req_pool_indices: torch.Tensor  # (max_bs,)
+    out_slots: torch.Tensor  # (max_bs,)
+
+
+class DecodeRunner:
+    """Greedy target-only decoding, one token per request per step, on the static path.
+
+    The step (fast target forward over one row per request, argmax) is a captured graph per bucket
+    ("cuda_graph") or an eager call on the same buffers ("static"). The loop never reads a value on
+    the host: next inputs stay on the device and slots come from the free list.
+    """
+
+    def __init__(self, target: Any, cache: KVCache, max_bs: int, executor: str = "cuda_graph",
+                 buckets: Optional[Sequence[int]] = None, fast: Any = None,
+                 fast_target: Optional[FastTarget] = None) -> None:
+        if cache.req_to_token.shape[0] <= max_bs:
+            raise ValueError("DecodeRunner needs a cache with max_bs + 1 request rows (the last pads)")
+        self.target, self.cache, self.max_bs = target, cache, max_bs
+        self.pad_row = max_bs
+        self.buckets = buckets_for(max_bs, buckets)
+        self.graphs = GraphSet(executor)
+        if fast_target is None:
+            from .gpu.models import fast_target as make_fast
+
+            fast_target = make_fast(target, FastOptions.of(fast), cache.req_to_token.shape[1] + 1)
+        self.fast = fast_target
+        i64 = dict(dtype=torch.int64, device=cache.device)
+        self.bufs = _DecodeBuffers(*(torch.zeros(max_bs, **i64) for _ in range(5)))
+
+    def _step_fn(self, bucket: int) -> torch.Tensor:
+        b = self.bufs
+        ones = torch.ones(bucket, dtype=torch.int64, device=b.seq_lens.device)
+        attn = extend_fixed_stride(b.req_pool_indices[:bucket], b.seq_lens[:bucket], ones, b.out_slots[:bucket], 1)
+        hidden, _ = self.fast.forward(b.input_ids[:bucket], b.positions[:bucket], attn, self.cache)
+        return self.fast.compute_logits(hidden).argmax(-1)
+
+    def capture(self) -> None:
+        """Capture every bucket (largest first) on padding; "static" does nothing."""
+        if self.graphs.executor != "cuda_graph":
+            return
+        pad = self.cache.alloc_slots(1)
+        try:
+            for bucket in reversed(self.buckets):
+                self._fill(torch.zeros(0, dtype=torch.int64, device=pad.device), bucket, pad)
+                self.graphs.capture(("decode", bucket), lambda b=bucket: self._step_fn(b))
+        finally:
+            self.cache.free_slots(pad)
+
+    def _fill(self, rows: torch.Tensor, bucket: int, pad: torch.Tensor, ids: Optional[torch.Tensor] = None,
+              lens: Optional[torch.Tensor] = None, slots: Optional[torch.Tensor] = None) -> None:
+        bs, b, p = rows.shape[0], self.bufs, pad.reshape(())
+        for dst, src, fill in ((b.input_ids, ids, 0), (b.positions, lens, 0), (b.seq_lens, lens, 0),
+                               (b.req_pool_indices, rows, self.pad_row), (b.out_slots, slots, p)):
+            if bs:
+                dst[:bs].copy_(src)
+            if bucket > bs:
+                dst[bs:bucket].fill_(fill)
+
+    @torch.inference_mode()
+    def generate(self, rows: torch.Tensor, first: torch.Tensor, lens: torch.Tensor, steps: int,
+                 on_step: Optional[Callable[[int], None]] = None) -> torch.Tensor:
+        """Decode `steps` tokens after a prefill: `rows` (bs,) slot-table rows, `first` (bs,) the
+        prefill's tokens (the first inputs), `lens` (bs,) committed lengths. Returns (bs, steps + 1)
+        tokens (first included). The requests' slots stay committed in the cache (caller frees)."""
+        bs = rows.shape[0]
+        bucket = next(b for b in self.buckets if b >= bs)
+        out = [first]
+        ids, lens = first, lens.clone()
+        for i in range(steps):
+            slots = self.cache.alloc_slots(bs + (bucket > bs))
+            pad = slots[bs:] if bucket > bs else slots[:1]
+            self._fill(rows, bucket, pad, ids, lens, slots[:bs])
+            nxt = self.graphs.run(("decode", bucket), lambda: self._step_fn(bucket))[:bs].clone()
+            self.cache.req_to_token[rows, lens] = slots[:bs]
+            if bucket > bs:
+                self.cache.free_slots(slots[bs:])
+            lens = lens + 1
+            ids = nxt
+            out.append(nxt)
+            if on_step is not None:
+                on_step(i)
+        return torch.stack(out, dim=1)
+
+
+def plain_attn(rows: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor) -> AttnBatch:
+    """A one-row-per-request decode batch (helper for callers outside the runner)."""
+    ones = torch.ones_like(lens)
+    return extend_fixed_stride(rows, lens, ones, slots, 1)

@@ -1,0 +1,380 @@
+"""The static executor (static buffers, bucket padding, the CUDA-graph code path run eagerly) against
+the eager reference, on CPU.
+
+- Greedy outputs of executor "static" equal executor "eager" token for token, for STANDALONE
+  (target 64 / draft 32), EAGLE-1 (64 / 64), EAGLE-3 (head 48, draft vocab 96 of 128) and an aligned
+  STANDALONE pair (several drafts accepted per iteration), with batch sizes that need padding (3 and
+  5 live requests with buckets 1, 2, 4, 8), mid-run joins, staggered finishing, stop tokens, an idle
+  step and a join into the idle state. Both KV pools end whole.
+- Sampling (temperature, top-k, top-p; a sampled STANDALONE chain and an EAGLE-3 tree) gives the same
+  tokens too: the coins are drawn on the host in the same order on both paths.
+- The buffers follow the width rule: STANDALONE allocates no hidden-state buffer (the fields are
+  None), EAGLE-3's draft logits buffer has draft_vocab columns, a mis-sized buffer raises
+  `SpecContractError` naming `hidden_states` (at allocation under SPEC_STRICT, and always at copy-in).
+- Padding sentinels, the ragged -> strided draft-extend layout, simulated acceptance, the plain
+  decode runner, fused weights, and the Triton elementwise kernels (interpreter, in a subprocess).
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import spec_schema
+from spec_runtime import buffers as B
+from spec_runtime import faults
+from spec_runtime.baseline import target_only_generate
+from spec_runtime.engine import SpecEngine
+from spec_runtime.graphs import DecodeRunner, buckets_for
+from spec_runtime.kv_cache import KVCache
+from spec_runtime.runtime import Runtime
+from spec_runtime.sampling import SamplingParams
+from spec_schema import SpecContractError
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+REPO = Path(__file__).resolve().parents[2]
+VOCAB = 128
+BUCKETS = (1, 2, 4, 8)
+PAIRS = {
+    "standalone": ("STANDALONE", "llama_dir", "standalone_dir"),
+    "eagle1": ("EAGLE", "llama_dir", "eagle1_dir"),
+    "eagle3": ("EAGLE3", "llama_dir", "eagle3_dir"),
+    "aligned": ("STANDALONE", "aligned_dirs", None),
+}
+
+
+def _prompts(n: int, seed: int = 7) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (2 + (5 * i) % 11,), generator=gen).tolist() for i in range(n)]
+
+
+def _models(request: pytest.FixtureRequest, load_pair: Callable, pair: str) -> tuple[str, object, object]:
+    algorithm, first, second = PAIRS[pair]
+    if second is None:
+        target_dir, draft_dir = request.getfixturevalue(first)
+    else:
+        target_dir, draft_dir = request.getfixturevalue(first), request.getfixturevalue(second)
+    target, draft = load_pair(algorithm, target_dir, draft_dir)
+    return algorithm, target, draft
+
+
+def _runtime(algorithm: str, target, draft, executor: str, *, num_steps: int = 3, topk: int = 2,
+             num_draft_tokens: int = 5, **kw) -> Runtime:
+    return Runtime.create(target, draft, algorithm, num_steps=num_steps, topk=topk,
+                          num_draft_tokens=num_draft_tokens, max_batch_size=8, max_context=96,
+                          executor=executor, buckets=BUCKETS if executor != "eager" else None, seed=3, **kw)
+
+
+def _drive(engine: SpecEngine, first: int, joins: int, sampling=None) -> list[tuple]:
+    """`first` requests at step 0 (staggered lengths, one with a stop token), `joins` after step 2,
+    an idle step once all finished, then one more request. Returns every request's
+    (output, finish reason, accept lengths) and the streamed events, step by step."""
+    prompts = _prompts(first + joins + 1)
+    rids, log = [], []
+
+    def add(i: int) -> None:
+        params = None if sampling is None else sampling[i % len(sampling)]
+        stops = [prompts[i][0]] if i % 4 == 3 else []
+        rids.append(engine.add_request(prompts[i], 6 + (7 * i) % 15, params, stop_token_ids=stops))
+
+    for i in range(first):
+        add(i)
+    step = 0
+    while engine.has_work:
+        if step == 2:
+            for i in range(first, first + joins):
+                add(i)
+        log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
+        step += 1
+    assert engine.step() == []
+    add(first + joins)
+    while engine.has_work:
+        log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
+    reqs = [engine.requests[r] for r in rids]
+    return [(r.output, r.finish_reason, r.accept_lengths) for r in reqs] + [("events", log)]
+
+
+def _compare(algorithm, target, draft, first, joins, sampling=None, **kw) -> SpecEngine:
+    runs = {}
+    for executor in ("eager", "static"):
+        engine = SpecEngine(_runtime(algorithm, target, draft, executor, **kw))
+        runs[executor] = (_drive(engine, first, joins, sampling), engine)
+    eager, static = runs["eager"][0], runs["static"][0]
+    for i, (a, b) in enumerate(zip(eager, static)):
+        assert a == b, f"request {i}: static {b} != eager {a}"
+    engine = runs["static"][1]
+    rt = engine.rt
+    assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), "static path leaked KV slots"
+    return engine
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+@pytest.mark.parametrize("first,joins", [(3, 2), (5, 0)])
+def test_static_greedy_matches_eager(request, load_pair, pair: str, first: int, joins: int) -> None:
+    algorithm, target, draft = _models(request, load_pair, pair)
+    engine = _compare(algorithm, target, draft, first, joins)
+    calls = engine.rt.runner.graphs.calls
+    buckets = {key[-1] for key in calls}
+    assert 8 in buckets and 4 in buckets if first == 3 else 8 in buckets, calls  # padded batches ran
+    assert {key[0] for key in calls} == {"draft", "verify", "extend"}
+    if algorithm == "STANDALONE":
+        c = engine.rt.counters
+        assert (c.hidden_captured_bytes, c.hidden_copied_bytes, c.hidden_allocs) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("pair,steps,topk,n", [("standalone", 3, 1, 4), ("eagle3", 3, 2, 6), ("aligned", 4, 1, 5)])
+def test_static_sampling_matches_eager(request, load_pair, pair: str, steps: int, topk: int, n: int) -> None:
+    algorithm, target, draft = _models(request, load_pair, pair)
+    sampling = [SamplingParams(temperature=0.8, top_k=20), SamplingParams(temperature=0.0),
+                SamplingParams(temperature=1.0, top_p=0.9)]
+    engine = _compare(algorithm, target, draft, 3, 2, sampling, num_steps=steps, topk=topk, num_draft_tokens=n)
+    keys = set(engine.rt.runner.graphs.calls)
+    assert any(k[0] == "verify" and k[1] == "sample" for k in keys), keys
+
+
+@pytest.mark.parametrize("pair", ["eagle3", "aligned"])
+def test_simulated_acceptance(request, load_pair, pair: str) -> None:
+    """Forced accept lengths (benchmarks): counts average the requested length; both paths agree."""
+    algorithm, target, draft = _models(request, load_pair, pair)
+    runs = {}
+    for executor in ("eager", "static"):
+        engine = SpecEngine(_runtime(algorithm, target, draft, executor, num_steps=4, topk=2, num_draft_tokens=6,
+                                     simulate_accept_len=2.5))
+        reqs = engine.generate(_prompts(3), max_new_tokens=40)
+        runs[executor] = [(r.output, r.accept_lengths) for r in reqs]
+        lengths = [a for r in reqs for a in r.accept_lengths[:-1]]  # the last is cut by the budget
+        assert set(lengths) <= {2, 3} and abs(sum(lengths) / len(lengths) - 2.5) < 0.35, lengths
+    assert runs["eager"] == runs["static"]
+
+
+# ---- buffers -----------------------------------------------------------------------------------------
+
+
+def _setup(request, load_pair, pair: str, **kw) -> Runtime:
+    algorithm, target, draft = _models(request, load_pair, pair)
+    rt = _runtime(algorithm, target, draft, "static", **kw)
+    rt.runner.setup()
+    return rt
+
+
+def test_standalone_allocates_no_hidden_buffers(request, load_pair) -> None:
+    bufs = _setup(request, load_pair, "standalone").runner.bufs
+    assert bufs.draft.hidden_states is None
+    assert bufs.verify.hidden_states is None
+    assert bufs.extend.hidden_states is None
+
+
+def test_eagle3_buffers_follow_the_width_rule(request, load_pair) -> None:
+    rt = _setup(request, load_pair, "eagle3")
+    bufs, config = rt.runner.bufs, rt.spec_config
+    assert config.draft_vocab == 96 and config.vocab == VOCAB
+    assert bufs.draft.draft_logits.shape == (8 * 2, 96)  # max_rows = max_bs * topk, the DRAFT vocab
+    assert bufs.extend.draft_logits.shape == (8, 96)
+    assert bufs.draft.hidden_states.shape == (8, 48)  # the head's own width
+    assert bufs.verify.hidden_states.shape == (8 * 5, 64 * 3)  # target hidden x 3 aux layers
+    assert bufs.extend.hidden_states.shape == (8 * 4, 64 * 3)  # max_bs * (num_steps + 1) rows
+    for buf, cls in ((bufs.draft, B.DraftBuffers), (bufs.verify, B.VerifyBuffers), (bufs.extend, B.ExtendBuffers)):
+        spec_schema.check(buf, cls, config, values=True)
+
+
+def test_mis_sized_buffer_raises_naming_hidden_states(request, load_pair) -> None:
+    rt = _setup(request, load_pair, "eagle3")
+    config, good = rt.spec_config, rt.runner.bufs.draft
+    wrong = dataclasses.replace(good, hidden_states=torch.zeros(8, config.target.hidden_size))
+    with pytest.raises(SpecContractError, match="hidden_states") as err:
+        spec_schema.check(wrong, B.DraftBuffers, config)
+    assert err.value.field == "hidden_states" and "48" in str(err.value)
+    live = _live_draft(rt, bs=3)
+    with pytest.raises(SpecContractError, match="hidden_states") as err:  # copy-in: always, never skipped
+        B.copy_in(wrong, live, 4, rt.runner.pad_row)
+    assert err.value.field == "hidden_states" and "never skipped" in str(err.value)
+    with faults.inject("skip_hidden_copy_on_mismatch"):  # the historical bug: silently skipped
+        B.copy_in(wrong, live, 4, rt.runner.pad_row)
+    if spec_schema.STRICT_LEVEL >= 1:
+        with faults.inject("graph_buffer_wrong_model"), pytest.raises(SpecContractError, match="hidden_states"):
+            B.allocate_draft(config, 8, rt.device)
+        with faults.inject("draft_logits_target_vocab"), pytest.raises(SpecContractError, match="draft_logits"):
+            B.allocate_draft(config, 8, rt.device)
+
+
+def _live_draft(rt: Runtime, bs: int):
+    from spec_runtime.draft import DraftCoreIn
+
+    config = rt.spec_config
+    k, s = config.topk, config.num_steps
+    width = config.draft.hidden_size
+    i64 = dict(dtype=torch.int64)
+    return DraftCoreIn(
+        topk_p=torch.rand(bs, k), topk_index=torch.randint(0, VOCAB, (bs, k)),
+        hidden_states=torch.randn(bs, width), bonus_tokens=torch.arange(bs, **i64),
+        seq_lens=torch.arange(10, 10 + bs, **i64), req_pool_indices=torch.arange(bs, **i64),
+        temp_slots=torch.arange(bs * k * s, **i64).view(bs, k, s), pad_slot=torch.tensor([77]),
+    )
+
+
+def test_draft_copy_in_pads_with_sentinels(request, load_pair) -> None:
+    rt = _setup(request, load_pair, "eagle3")
+    buf, pad_row = rt.runner.bufs.draft, rt.runner.pad_row
+    live = _live_draft(rt, bs=3)
+    B.copy_in(buf, live, 4, pad_row)
+    assert torch.equal(buf.hidden_states[:3], live.hidden_states)
+    assert torch.equal(buf.seq_lens[:4], torch.tensor([10, 11, 12, 0]))
+    assert buf.req_pool_indices[3] == pad_row == 8
+    assert bool((buf.temp_slots[3] == 77).all()) and bool((buf.hidden_states[3] == 0).all())
+    with pytest.raises(ValueError, match="do not fit bucket"):
+        B.copy_in(buf, _live_draft(rt, bs=5), 4, pad_row)
+
+
+def test_extend_copy_in_lays_out_ragged_rows(request, load_pair) -> None:
+    from spec_runtime.extend import ExtendCoreIn
+
+    rt = _setup(request, load_pair, "eagle3")
+    buf, pad_row = rt.runner.bufs.extend, rt.runner.pad_row
+    stride = buf.stride  # num_steps + 1 = 4
+    counts = torch.tensor([2, 4, 1], dtype=torch.int32)
+    rows = int(counts.sum())
+    live = ExtendCoreIn(
+        input_ids=torch.arange(100, 100 + rows), positions=torch.arange(rows),
+        hidden_states=torch.randn(rows, 192), num_accept_tokens=counts,
+        seq_lens=torch.tensor([20, 30, 40]), req_pool_indices=torch.tensor([5, 6, 7]),
+        out_slots=torch.arange(50, 50 + rows), pad_slot=torch.tensor([99]),
+    )
+    B.copy_in(buf, live, 4, pad_row)
+    dest = [0, 1, 4, 5, 6, 7, 8]  # request r's row j at r * stride + j
+    assert buf.input_ids[dest].tolist() == list(range(100, 107))
+    assert torch.equal(buf.hidden_states[dest], live.hidden_states)
+    padding = [i for i in range(4 * stride) if i not in dest]
+    assert bool((buf.out_slots[padding] == 99).all()) and bool((buf.input_ids[padding] == 0).all())
+    assert buf.num_accept_tokens[:4].tolist() == [2, 4, 1, 1]
+    assert buf.seq_lens[3] == 1 and buf.req_pool_indices[3] == pad_row  # prefix 0 for the padded request
+
+
+def test_buckets() -> None:
+    assert buckets_for(8, BUCKETS) == (1, 2, 4, 8)
+    assert buckets_for(6, BUCKETS) == (1, 2, 4, 6)
+    assert buckets_for(32) == (1, 2, 4, 8, 16, 24, 32)
+
+
+def test_cuda_graph_needs_cuda(request, load_pair) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: tests/gpu covers cuda_graph")
+    algorithm, target, draft = _models(request, load_pair, "standalone")
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        _runtime(algorithm, target, draft, "cuda_graph")
+
+
+# ---- the fast models and the plain decode runner ------------------------------------------------------
+
+
+def test_decode_runner_matches_target_only(request, load_pair) -> None:
+    _, target, _ = _models(request, load_pair, "standalone")
+    prompts = _prompts(3)
+    want = target_only_generate(target, prompts, 10, max_context=96)
+    cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, 4 * 96, 5, 96, target.dtype)
+    runner = DecodeRunner(target, cache, max_bs=4, executor="static", buckets=(1, 2, 4))
+    from spec_runtime.attention import AttnBatch
+
+    rows = torch.arange(3)
+    lens = torch.tensor([len(p) for p in prompts])
+    ids = torch.cat([torch.tensor(p) for p in prompts])
+    positions = torch.cat([torch.arange(len(p)) for p in prompts])
+    slots = cache.alloc_slots(ids.shape[0])
+    with torch.inference_mode():
+        hidden, _ = target.forward(ids, positions, AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots), cache)
+        cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
+        first = target.compute_logits(hidden[torch.cumsum(lens, 0) - 1]).argmax(-1)
+    out = runner.generate(rows, first, lens, steps=9)
+    assert out.tolist() == want
+
+
+def test_fused_weights_match_reference(request, load_pair) -> None:
+    from spec_runtime.attention import AttnBatch
+    from spec_runtime.gpu.models import FastBackend, FastOptions, FastTarget
+
+    _, target, _ = _models(request, load_pair, "eagle3")
+    fused = FastTarget(target, FastBackend(FastOptions(fuse=True, attention="reference"), "cpu"), 128)
+    cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, 64, 2, 32, target.dtype)
+    ids = torch.randint(0, VOCAB, (7,))
+    positions, slots = torch.arange(7), cache.alloc_slots(7)
+    attn = AttnBatch.extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([7]), slots)
+    with torch.inference_mode():
+        h_ref, aux_ref = target.forward(ids, positions, attn, cache, (0, 2))
+        h_fast, aux_fast = fused.forward(ids, positions, attn, cache, (0, 2))
+    torch.testing.assert_close(h_fast, h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(aux_fast, aux_ref, rtol=1e-5, atol=1e-5)
+
+
+ELEMENTWISE_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, tempfile
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    torch.set_num_threads(1)
+    from spec_runtime.kernels import _common
+    _common._shim_interpreter_index()
+    from spec_runtime.gpu import elementwise as ew
+    gen = torch.Generator().manual_seed(0)
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):
+        x, d, w = rnd(5, 48).to(dtype), rnd(5, 48).to(dtype), (1 + 0.1 * rnd(48)).to(dtype)
+        torch.testing.assert_close(ew.rmsnorm(x, w, 1e-6), ew.reference_rmsnorm(x, w, 1e-6), rtol=tol, atol=tol)
+        for a, b in zip(ew.add_rmsnorm(x, d, w, 1e-6), ew.reference_add_rmsnorm(x, d, w, 1e-6)):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+        gu = rnd(3, 80).to(dtype)
+        torch.testing.assert_close(ew.silu_mul(gu), ew.reference_silu_mul(gu), rtol=tol, atol=tol)
+        t, nh, nkv, hd = 4, 4, 2, 12
+        qkv = rnd(t, (nh + 2 * nkv) * hd).to(dtype)
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], -1)  # views of one fused output
+        cos, sin = rnd(20, hd), rnd(20, hd)
+        pos, slots = torch.tensor([0, 3, 7, 19]), torch.tensor([5, 1, 9, 2])
+        caches = [torch.full((10, nkv, hd), 7.0, dtype=dtype) for _ in range(4)]
+        got = ew.rope_store(q, k, v, cos, sin, pos, caches[0], caches[1], slots, nh, nkv, hd)
+        want = ew.reference_rope_store(q, k, v, cos, sin, pos, caches[2], caches[3], slots, nh, nkv, hd)
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        torch.testing.assert_close(caches[0], caches[2], rtol=tol, atol=tol)
+        torch.testing.assert_close(caches[1], caches[3], rtol=0, atol=0)
+    # the static engine with the Triton elementwise kernels == the eager reference (EAGLE-3, head dim 12)
+    from pathlib import Path
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    from spec_runtime.tiny import build_tiny_target, build_tiny_eagle3
+    from spec_runtime.models.loading import load_target, load_eagle3
+    from spec_runtime.runtime import Runtime
+    from spec_runtime.engine import SpecEngine
+    root = Path(tempfile.mkdtemp())
+    t = build_tiny_target(root / "t", hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1,
+                          intermediate_size=64, vocab_size=64)
+    h = build_tiny_eagle3(root / "h", t, hidden_size=24, draft_vocab_size=48, num_heads=2, num_kv_heads=1,
+                          intermediate_size=48)
+    target = load_target(t)
+    head = load_eagle3(h, target)
+    outs = []
+    for executor in ("eager", "static"):
+        rt = Runtime.create(target, head, "EAGLE3", num_steps=2, topk=2, num_draft_tokens=4, max_batch_size=4,
+                            max_context=48, executor=executor, buckets=(1, 2, 4),
+                            fast=dict(elementwise="triton", fuse=True, attention="dense"))
+        reqs = SpecEngine(rt).generate([[1, 2, 3], [4, 5, 6, 7, 8], [9]], max_new_tokens=8)
+        outs.append([r.output for r in reqs])
+    assert outs[0] == outs[1], outs
+    print("OK")
+    """
+)
+
+
+def test_elementwise_kernels_interpreter() -> None:
+    """Triton RMSNorm / add+RMSNorm / SiLU-mul / RoPE+store against their torch references, and an
+    engine on them, under the CPU interpreter (a subprocess: TRITON_INTERPRET is read at import)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    env.pop("SPEC_STRICT", None)
+    proc = subprocess.run([sys.executable, "-c", ELEMENTWISE_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]
