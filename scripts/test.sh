@@ -7,6 +7,7 @@ bash scripts/setup_env.sh runtime,test || exit 1
 export SPEC_STRICT="${SPEC_STRICT:-1}"
 # Tiny models: one intra-op thread is fastest (thread-pool spin-waits dominate otherwise).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+.venv/bin/python -m ruff check src tests bench || exit 1
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

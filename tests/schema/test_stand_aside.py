@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import spec_schema
-from spec_schema import DraftInput, ModelDims, SpecConfig, SpecContractError, boundary
-from spec_schema import _contract
+from spec_schema import DraftInput, ModelDims, SpecConfig, SpecContractError, _contract, boundary
 
 strict = pytest.mark.skipif(spec_schema.STRICT_LEVEL == 0, reason="needs SPEC_STRICT=1 or 2")
 
