@@ -87,6 +87,14 @@ def _cat(cls_name: str, name: str, a: Any, b: Any) -> Any:
         return a + b if isinstance(a, tuple) and isinstance(b, tuple) else None
     if a is None and b is None:
         return None
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        # a subclass's own non-tensor field (a tag, a layer index): it must agree to merge
+        if a != b:
+            raise SpecContractError(
+                f"{cls_name}.merge_batch: {name} differs between the batches ({a!r} vs {b!r})",
+                cls_name=cls_name, field=name,
+            )
+        return a
     if a is None or b is None:
         raise SpecContractError(
             f"{cls_name}.merge_batch: {name} is None on one side only "
