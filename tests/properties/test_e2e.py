@@ -401,7 +401,8 @@ def check_setup(pool: Pool, setup: Setup) -> None:
         where = f"{label}: rid {rid} {job} stops {set(stops)}"
         assert req.finished and req.error is None, where
         assert len(req.output) <= job.max_new_tokens and (req.output or job.max_new_tokens == 0), where
-        assert len(job.prompt) + len(req.output) <= setup.max_context, f"{where}: overran the context"
+        # Committed KV (prompt + output minus the last token, which is emitted but never stored) fits.
+        assert len(job.prompt) + len(req.output) - 1 <= setup.max_context, f"{where}: overran the context"
         if req.finish_reason == "stop":
             assert req.output[-1] in stops, where
         elif req.finish_reason == "length":
