@@ -164,8 +164,12 @@ class SpecEngine:
         vin = draft(self.rt, self.state, sampling)
         vout = verify(self.rt, vin, sampling, stops)
         self.rt.counters.iterations += 1
-        live = self._emit(vout.accept_tokens.tolist(), vout.num_accept_tokens.tolist(),
-                          vout.finished.tolist(), events)
+        host = getattr(vout, "_host_emit", None)  # verify's host copies: no second device read
+        if host is None:  # one device-to-host copy for the three
+            both = torch.cat([vout.accept_tokens.long(), vout.num_accept_tokens.long()[:, None],
+                              vout.finished.long()[:, None]], dim=1).tolist()
+            host = ([r[:-2] for r in both], [r[-2] for r in both], [bool(r[-1]) for r in both])
+        live = self._emit(*host, events)
         self.running = live
         keep = BatchSampling.from_params([r.sampling for r in live], self.rt.device)
         self.state = draft_extend(self.rt, vout.draft_extend_input, keep)

@@ -391,10 +391,11 @@ class DecodeRunner:
         self.pad_row = max_bs
         self.buckets = buckets_for(max_bs, buckets)
         self.graphs = GraphSet(executor)
+        self.linear_log: list = []
         if fast_target is None:
             from .gpu.models import fast_target as make_fast
 
-            fast_target = make_fast(target, FastOptions.of(fast), cache.req_to_token.shape[1] + 1)
+            fast_target = make_fast(target, FastOptions.of(fast), cache.req_to_token.shape[1] + 1, self.linear_log)
         self.fast = fast_target
         i64 = dict(dtype=torch.int64, device=cache.device)
         self.bufs = _DecodeBuffers(*(torch.zeros(max_bs, **i64) for _ in range(5)))
@@ -438,8 +439,16 @@ class DecodeRunner:
         bucket = next(b for b in self.buckets if b >= bs)
         out = [first]
         ids, lens = first, lens.clone()
+        # A full bucket takes every step's slots in one allocation up front: the same slots, in the
+        # same order, as one alloc_slots(bs) per step (the free list hands out consecutive runs), but
+        # without a pool call per step (each marks `in_use` from the host, which waits for the device).
+        ahead = bucket == bs and steps > 0 and bs * steps <= self.cache.num_free_slots
+        all_slots = self.cache.alloc_slots(bs * steps) if ahead else None
         for i in range(steps):
-            slots = self.cache.alloc_slots(bs + (bucket > bs))
+            if all_slots is not None:
+                slots = all_slots[i * bs:(i + 1) * bs]
+            else:
+                slots = self.cache.alloc_slots(bs + (bucket > bs))
             pad = slots[bs:] if bucket > bs else slots[:1]
             self._fill(rows, bucket, pad, ids, lens, slots[:bs])
             nxt = self.graphs.run(("decode", bucket), lambda: self._step_fn(bucket))[:bs].clone()

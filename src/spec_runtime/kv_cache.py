@@ -85,7 +85,9 @@ class KVCache:
         top = self._num_free
         slots = self._free_stack[top - n:top].flip(0).clone()
         self._num_free = top - n
-        self.in_use[slots] = True
+        # index_fill_ with a Python scalar stays on the device; `in_use[slots] = True` copied a host
+        # scalar and synchronized the stream on every call (measured on the H200 profile).
+        self.in_use.index_fill_(0, slots, True)
         return slots
 
     def free_slots(self, slots: torch.Tensor) -> None:
@@ -99,21 +101,25 @@ class KVCache:
         if n == 0:
             return
         self._check_freeable(slots)
-        self.in_use[slots] = False
+        self.in_use.index_fill_(0, slots, False)
         # Push in reverse so that the next alloc_slots(n) hands them out in the same order.
         self._free_stack[self._num_free:self._num_free + n] = slots.flip(0)
         self._num_free += n
 
     def _check_freeable(self, slots: torch.Tensor) -> None:
+        # One host read for the three checks (each `bool(...)` is a device sync).
         bad = (slots < 0) | (slots >= self.num_slots)
-        if bool(bad.any()):
+        ordered = slots.sort().values
+        repeated = (ordered[1:] == ordered[:-1]).any()
+        not_used = ~self.in_use[slots.clamp(0, self.num_slots - 1)]
+        out_of_range, twice, double_free = torch.stack([bad.any(), repeated, not_used.any()]).tolist()
+        if out_of_range:
             raise ValueError(
                 f"free_slots: slots {slots[bad].tolist()} out of range [0, {self.num_slots})"
             )
-        if slots.unique().numel() != slots.numel():
+        if twice:
             raise ValueError(f"free_slots: a slot is listed twice in {slots.tolist()}")
-        not_used = ~self.in_use[slots]
-        if bool(not_used.any()):
+        if double_free:
             raise ValueError(f"free_slots: double free of slots {slots[not_used].tolist()} (not in use)")
 
     def is_whole(self) -> bool:

@@ -89,15 +89,19 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     rt.counters.target_forwards += 1
     captured = out.captured
     rt.counters.add_hidden(captured)
-    num_accept, finished, host_counts = _apply_stops(out.accept_tokens, out.num_correct, stops)
+    counts_h, finished_h, rows_h = _stops_host(out.accept_tokens, out.num_correct, stops, rows=True)  # the one sync
+    host_counts = tuple(c for c, done in zip(counts_h, finished_h) if not done)
+    index = _HostIndex(counts_h, finished_h, out.accept_index.shape[1], out.accept_index.device)
+    num_accept, finished = index.counts, index.finished
     accept_index = _cut(out.accept_index, num_accept)
     accept_tokens = _cut(out.accept_tokens, num_accept)
-    _commit_kv(rt, inp, core_in.slots.reshape(-1), accept_index, num_accept)
+    _commit_kv(rt, inp, core_in.slots.reshape(-1), accept_index, num_accept, index=index)
     if host_counts:
-        extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts)
+        extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts,
+                               index=index)
     else:  # every request finished: the idle input of the same phase, with the live widths
         extend = rt.idle_extend_input()
-    return VerifyOutput(
+    vout = VerifyOutput(
         accept_tokens=accept_tokens,
         accept_indices=accept_index,
         num_correct_drafts=(num_accept - 1).to(torch.int32),
@@ -105,6 +109,10 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
         finished=finished,
         draft_extend_input=extend,
     )
+    # host copies of what the engine emits (tokens per request, counts, finished): the same values
+    # as the tensors above, so the engine needs no second read of the device
+    object.__setattr__(vout, "_host_emit", ([row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h))
+    return vout
 
 
 def _prepare(rt: Runtime, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:
@@ -200,21 +208,59 @@ def _tokens_at(predicts: torch.Tensor, accept_index: torch.Tensor) -> torch.Tens
     return torch.where(accept_index >= 0, predicts[accept_index.clamp(min=0)], -1)
 
 
-def _apply_stops(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch):
-    """Cut each request after its first stop token or at its budget (host-side, one sync)."""
-    tokens = accept_tokens.tolist()
+def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch, rows: bool = False):
+    """Per request (host lists): tokens to emit after the stops, and whether it finished (and with
+    `rows` the host token rows). One device-to-host copy (tokens and counts together)."""
+    both = torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1).tolist()
     counts, finished = [], []
-    for row, correct, budget, stop_ids in zip(tokens, num_correct.tolist(), stops.budget, stops.stop_ids):
-        count = min(correct + 1, budget)
+    for row, budget, stop_ids in zip(both, stops.budget, stops.stop_ids):
+        count = min(row[-1] + 1, budget)
         for j in range(count):
             if row[j] in stop_ids:
                 count = j + 1
                 break
         counts.append(count)
         finished.append(count == budget or row[count - 1] in stop_ids)
+    if rows:
+        return counts, finished, both
+    return counts, finished
+
+
+def _apply_stops(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch):
+    """Cut each request after its first stop token or at its budget (host-side, one sync)."""
+    counts, finished = _stops_host(accept_tokens, num_correct, stops)
     device = accept_tokens.device
     live_counts = tuple(c for c, done in zip(counts, finished) if not done)
     return torch.tensor(counts, device=device), torch.tensor(finished, device=device), live_counts
+
+
+class _HostIndex:
+    """The index tensors verify needs after the stops, built on the host from the (host) counts and
+    copied to the device in ONE transfer, so that selecting the accepted rows and the live requests
+    needs no boolean-mask indexing (each of which would read a count back from the device).
+
+    counts `(bs,)` int64 and finished `(bs,)` bool as `_apply_stops` returns them; `live` the
+    unfinished requests; `acc_b`, `acc_j` (request, column) of every accepted node of every request
+    (row-major, as `mask.nonzero()` lists them); `ext_b`, `ext_j` the same over the live requests
+    only (`ext_b` indexes the live requests)."""
+
+    def __init__(self, counts: list[int], finished: list[bool], width: int, device: torch.device) -> None:
+        live = [i for i, done in enumerate(finished) if not done]
+        acc_b = [b for b, c in enumerate(counts) for _ in range(c)]
+        acc_j = [j for c in counts for j in range(c)]
+        ext_b = [i for i, b in enumerate(live) for _ in range(counts[b])]
+        ext_j = [j for b in live for j in range(counts[b])]
+        parts = [counts, [int(f) for f in finished], live, acc_b, acc_j, ext_b, ext_j]
+        flat = torch.tensor([v for part in parts for v in part], dtype=torch.int64)
+        flat = flat.to(device)  # the stream is idle here (the stops just read the device)
+        views, start = [], 0
+        for part in parts:
+            views.append(flat[start:start + len(part)])
+            start += len(part)
+        self.counts, fin, self.live, self.acc_b, self.acc_j, self.ext_b, self.ext_j = views
+        self.finished = fin != 0
+        self.width = width
+        self.accepted = len(acc_b)
 
 
 def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -223,43 +269,60 @@ def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 
 def _commit_kv(rt: Runtime, inp: VerifyInput, slots: torch.Tensor, accept_index: torch.Tensor,
-               num_accept: torch.Tensor) -> None:
+               num_accept: torch.Tensor, index: Optional["_HostIndex"] = None) -> None:
     """Point positions seq_len .. seq_len + a - 1 at the accepted nodes' slots; free the rest.
 
     The root and accepted drafts got their KV in the verify forward, so committing is a slot-table
-    write, no copy."""
-    kept = accept_index >= 0
-    req = inp.req_pool_indices[:, None].expand_as(accept_index)[kept]
-    pos = (inp.seq_lens[:, None] + torch.arange(accept_index.shape[1], device=slots.device))[kept]
-    rt.target_cache.req_to_token[req, pos] = slots[accept_index[kept]]
+    write, no copy. `index` (host-built indices of the accepted nodes) avoids boolean masks."""
+    if index is None:
+        kept = accept_index >= 0
+        req = inp.req_pool_indices[:, None].expand_as(accept_index)[kept]
+        pos = (inp.seq_lens[:, None] + torch.arange(accept_index.shape[1], device=slots.device))[kept]
+        acc = accept_index[kept]
+    else:
+        req = inp.req_pool_indices[index.acc_b]
+        pos = inp.seq_lens[index.acc_b] + index.acc_j
+        acc = accept_index[index.acc_b, index.acc_j]
+    rt.target_cache.req_to_token[req, pos] = slots[acc]
     used = torch.zeros_like(slots, dtype=torch.bool)
-    used[accept_index[kept]] = True
+    used.index_fill_(0, acc, True)  # not `used[acc] = True`: that copies the scalar to the device and waits
     rt.target_cache.free_slots(slots[~used])
 
 
 def _extend_input(rt: Runtime, inp: VerifyInput, captured, accept_index, accept_tokens, num_accept,
-                  finished, host_counts: tuple[int, ...]) -> DraftExtendInput:
-    """Draft-extend rows of the unfinished requests: the emitted tokens at positions seq_len + j."""
-    live = ~finished
-    index, tokens, counts = accept_index[live], accept_tokens[live], num_accept[live]
-    kept = index >= 0
-    seq_lens = inp.seq_lens[live]
-    positions = (seq_lens[:, None] + torch.arange(index.shape[1], device=index.device))[kept]
+                  finished, host_counts: tuple[int, ...], index: Optional["_HostIndex"] = None) -> DraftExtendInput:
+    """Draft-extend rows of the unfinished requests: the emitted tokens at positions seq_len + j.
+    `index` (host-built indices of the live requests and their accepted nodes) avoids boolean masks."""
+    if index is None:
+        live = ~finished
+        acc, tokens, counts = accept_index[live], accept_tokens[live], num_accept[live]
+        kept = acc >= 0
+        seq_lens = inp.seq_lens[live]
+        positions = (seq_lens[:, None] + torch.arange(acc.shape[1], device=acc.device))[kept]
+        rows, row_tokens = acc[kept], tokens[kept]
+        req_pool_indices = inp.req_pool_indices[live]
+    else:
+        live = index.live
+        tokens, counts, seq_lens = accept_tokens[live], num_accept[live], inp.seq_lens[live]
+        positions = seq_lens[index.ext_b] + index.ext_j
+        rows = accept_index[live[index.ext_b], index.ext_j]
+        row_tokens = tokens[index.ext_b, index.ext_j]
+        req_pool_indices = inp.req_pool_indices[live]
     hidden = None
     if captured is not None:
-        hidden = captured[index[kept]]
+        hidden = captured[rows]
         rt.counters.add_hidden(hidden, copied=True)
     field_counts = counts
     if faults.active("accept_counts_drafts_only"):  # bug zoo: drafts-only counts where a + 1 belongs
         field_counts, host_counts = counts - 1, tuple(c - 1 for c in host_counts)
     return DraftExtendInput(
         hidden_states=hidden,
-        input_ids=tokens[kept],
+        input_ids=row_tokens,
         positions=positions,
         num_correct_drafts=(counts - 1).to(torch.int32),
         num_accept_tokens=field_counts.to(torch.int32),
         seq_lens=seq_lens + counts,
         bonus_tokens=tokens.gather(1, (counts - 1)[:, None]).squeeze(1),
-        req_pool_indices=inp.req_pool_indices[live],
+        req_pool_indices=req_pool_indices,
         num_accept_tokens_cpu=host_counts,
     )
