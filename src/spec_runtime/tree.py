@@ -187,34 +187,35 @@ def _first_true(mat: torch.Tensor) -> torch.Tensor:
     return torch.where(mat.any(-1), mat.to(torch.int8).argmax(-1), -1)
 
 
-def _node_parents(parent_list, selected_index, topk):
-    """Parent node (bs, num_draft) of every node; -1 for the root."""
+def _node_parents(parent_list, selected_index, topk, validate=True):
+    """Parent node (bs, num_draft) of every node; -1 for the root. `validate` reads values (syncs)."""
     bs, n_sel = selected_index.shape
     width = parent_list.shape[1]
     slot = selected_index // topk
-    _require(
-        bool(((selected_index >= 0) & (slot < width)).all()),
-        f"selected_index values must be in [0, {topk + (width - 1) * topk}) for parent_list width {width}",
-    )
-    _require(
-        bool((selected_index[:, 1:] > selected_index[:, :-1]).all()),
-        "selected_index must be strictly ascending per request",
-    )
+    if validate:
+        _require(
+            bool(((selected_index >= 0) & (slot < width)).all()),
+            f"selected_index values must be in [0, {topk + (width - 1) * topk}) for parent_list width {width}",
+        )
+        _require(
+            bool((selected_index[:, 1:] > selected_index[:, :-1]).all()),
+            "selected_index must be strictly ascending per request",
+        )
     parent_flat = parent_list.gather(1, slot)
     match = parent_flat[:, :, None] == selected_index[:, None, :]
-    found = match.any(-1)
-    orphan = (parent_flat >= 0) & ~found
-    _require(
-        not bool(orphan.any()),
-        f"invalid tree: a selected candidate's parent is not selected (rows {orphan.nonzero().tolist()} "
-        "as [request, node-1]); scores must be products of probabilities <= 1 and free of NaN",
-    )
+    if validate:
+        orphan = (parent_flat >= 0) & ~match.any(-1)
+        _require(
+            not bool(orphan.any()),
+            f"invalid tree: a selected candidate's parent is not selected (rows {orphan.nonzero().tolist()} "
+            "as [request, node-1]); scores must be products of probabilities <= 1 and free of NaN",
+        )
     parents = torch.where(parent_flat < 0, 0, _first_true(match) + 1)
     root = torch.full((bs, 1), -1, dtype=torch.int64, device=selected_index.device)
     return torch.cat([root, parents], dim=1)
 
 
-def _ancestor_mask(parents, num_steps):
+def _ancestor_mask(parents, num_steps, validate=True):
     """mask[b, i, j] = j is i or an ancestor of i. Pointer jumping, one step per tree level."""
     bs, n = parents.shape
     sentinel = n
@@ -226,7 +227,8 @@ def _ancestor_mask(parents, num_steps):
     for _ in range(num_steps + 1):
         mask.scatter_(2, node[:, :, None], True)
         node = hop.gather(1, node)
-    _require(bool((node == sentinel).all()), f"tree deeper than num_steps={num_steps}")
+    if validate:
+        _require(bool((node == sentinel).all()), f"tree deeper than num_steps={num_steps}")
     return mask[:, :, :n]
 
 
@@ -279,8 +281,17 @@ def build_tree(
         )
     for name, t in (("bonus_tokens", bonus_tokens), ("seq_lens", seq_lens)):
         _require(tuple(t.shape) == (bs,), f"{name} must be (bs,) = ({bs},), got {tuple(t.shape)}")
-    parents = _node_parents(parent_list.long(), selected_index.long(), topk)
-    mask = _ancestor_mask(parents, num_steps)
+    return tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
+                       num_draft)
+
+
+def tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps, num_draft,
+                validate=True):
+    """`build_tree`'s outputs without its argument checks; `validate=False` reads no tensor values
+    (no host sync: the CUDA-graph path), and an invalid tree then gives unspecified output."""
+    bs = selected_index.shape[0]
+    parents = _node_parents(parent_list.long(), selected_index.long(), topk, validate)
+    mask = _ancestor_mask(parents, num_steps, validate)
     positions = seq_lens.long()[:, None] + mask.sum(-1) - 1
     node = torch.arange(num_draft, device=parents.device)
     next_token = _first_true(parents[:, None, :] == node[None, :, None])
