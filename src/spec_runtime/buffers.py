@@ -338,6 +338,13 @@ def _put(dst: Optional[Tensor], src: Optional[Tensor], live: int, end: int, fill
         dst[live:end].fill_(fill)
 
 
+def _put_sampling(buf: Any, get: Any, live: int, end: int) -> None:
+    """The requests' sampling parameters; padding rows are greedy (temperature 0, no top-k/top-p)."""
+    _put(buf.temperature, get("temperature"), live, end, 0.0)
+    _put(buf.top_k, get("top_k"), live, end, 0)
+    _put(buf.top_p, get("top_p"), live, end, 1.0)
+
+
 def _hidden_fits(cls_name: str, dst: Optional[Tensor], src: Optional[Tensor], source: str) -> bool:
     """Whether the live hidden states `src` may be copied into the buffer `dst`.
 
@@ -420,9 +427,7 @@ def _copy_draft(buf: DraftBuffers, get: _Source, bucket: int, pad_row: int) -> i
     _put(buf.temp_slots, get("temp_slots"), bs, bucket, pad)
     if buf.draft_probs is not None:
         _put(buf.draft_probs, get("draft_probs"), bs, bucket, 0.0)
-        _put(buf.temperature, get("temperature"), bs, bucket, 0.0)
-        _put(buf.top_k, get("top_k"), bs, bucket, 0)
-        _put(buf.top_p, get("top_p"), bs, bucket, 1.0)
+        _put_sampling(buf, get, bs, bucket)
         uniforms = get("uniforms")
         if uniforms is not None:
             buf.uniforms[: uniforms.shape[0], : bs * k].copy_(uniforms)
@@ -451,9 +456,7 @@ def _copy_verify(buf: VerifyBuffers, get: _Source, bucket: int, pad_row: int) ->
         buf.uniforms[:bs, : uniforms.shape[1]].copy_(uniforms)
         _put(buf.uniforms, None, bs, bucket, PAD_UNIFORM)
         _put(buf.uniform_final, get("uniform_final"), bs, bucket, PAD_UNIFORM)
-        _put(buf.temperature, get("temperature"), bs, bucket, 0.0)
-        _put(buf.top_k, get("top_k"), bs, bucket, 0)
-        _put(buf.top_p, get("top_p"), bs, bucket, 1.0)
+        _put_sampling(buf, get, bs, bucket)
     if buf.draft_probs is not None:
         _put(buf.draft_probs, get("draft_probs"), bs, bucket, 0.0)
     if buf.sim_accept is not None and get("sim_accept") is not None:
@@ -489,9 +492,7 @@ def _copy_extend(buf: ExtendBuffers, get: _Source, bucket: int, pad_row: int) ->
     _put(buf.req_pool_indices, get("req_pool_indices"), bs, bucket, pad_row)
     if buf.uniform is not None:
         _put(buf.uniform, get("uniform"), bs, bucket, PAD_UNIFORM)
-        _put(buf.temperature, get("temperature"), bs, bucket, 0.0)
-        _put(buf.top_k, get("top_k"), bs, bucket, 0)
-        _put(buf.top_p, get("top_p"), bs, bucket, 1.0)
+        _put_sampling(buf, get, bs, bucket)
     return bs
 
 
