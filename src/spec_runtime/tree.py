@@ -267,6 +267,19 @@ def build_tree(
     Raises:
         ValueError: on wrong shapes, unsorted ``selected_index``, or a node whose parent is not selected.
     """
+    check_build_tree_args(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
+                          num_draft)
+    return tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
+                       num_draft)
+
+
+def check_build_tree_args(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
+                          num_draft) -> None:
+    """`build_tree`'s argument checks (shapes and tree parameters; no tensor values read).
+
+    Raises:
+        ValueError: naming the argument and its expected shape.
+    """
     bs = selected_index.shape[0]
     width = topk * (num_steps - 1) + 1
     _require(num_steps >= 1 and topk >= 1 and num_draft >= 1, "topk, num_steps and num_draft must be >= 1")
@@ -281,8 +294,6 @@ def build_tree(
         )
     for name, t in (("bonus_tokens", bonus_tokens), ("seq_lens", seq_lens)):
         _require(tuple(t.shape) == (bs,), f"{name} must be (bs,) = ({bs},), got {tuple(t.shape)}")
-    return tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
-                       num_draft)
 
 
 def tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps, num_draft,
@@ -323,7 +334,8 @@ def _tree_links(next_token, next_sibling):
     return parent[:, :n], rank[:, :n]
 
 
-def _check_verify_shapes(candidates, retrieve_index, next_token, next_sibling, num_steps):
+def check_verify_shapes(candidates, retrieve_index, next_token, next_sibling, num_steps) -> None:
+    """The verify functions' shape checks (no tensor values read); raises ValueError."""
     shape = tuple(candidates.shape)
     _require(len(shape) == 2 and shape[1] >= 1, f"candidates must be (bs, num_draft), got {shape}")
     for name, t in (
@@ -407,7 +419,7 @@ def verify_greedy(
         - ``num_correct_drafts`` ``(bs,)`` int32: accepted drafts (bonus excluded). The emitted
           tokens are ``predicts[accept_index[b, :num_correct_drafts[b] + 1]]``.
     """
-    _check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     _require(
         tuple(target_predict.shape) == tuple(candidates.shape),
         f"target_predict must be {tuple(candidates.shape)}, got {tuple(target_predict.shape)}",
@@ -464,7 +476,7 @@ def verify_tree_sampling(
     Returns:
         ``(predicts, accept_index, num_correct_drafts)`` as in ``verify_greedy``.
     """
-    _check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     bs, n = candidates.shape
     _require(
         target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (bs, n),

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from spec_runtime.kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
-from spec_runtime.tree import build_tree
+from spec_runtime.tree import build_tree, check_build_tree_args
 
 __all__ = ["reference_build_tree", "triton_build_tree"]
 
@@ -92,22 +92,10 @@ def _build_tree_kernel(
 
 
 def _check_shapes(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps, num_draft):
-    """The reference's checks and messages."""
-    bs = selected_index.shape[0]
-    width = topk * (num_steps - 1) + 1
-    require(num_steps >= 1 and topk >= 1 and num_draft >= 1, "topk, num_steps and num_draft must be >= 1")
+    """The reference's checks and messages, plus dtype and device."""
+    check_build_tree_args(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
+                          num_draft)
     dev = selected_index.device
-    require(
-        tuple(parent_list.shape) == (bs, width),
-        f"parent_list must be (bs, topk*(num_steps-1)+1) = {(bs, width)}, got {tuple(parent_list.shape)}",
-    )
-    for name, t in (("selected_index", selected_index), ("draft_tokens", draft_tokens)):
-        require(
-            tuple(t.shape) == (bs, num_draft - 1),
-            f"{name} must be (bs, num_draft-1) = {(bs, num_draft - 1)}, got {tuple(t.shape)}",
-        )
-    for name, t in (("bonus_tokens", bonus_tokens), ("seq_lens", seq_lens)):
-        require(tuple(t.shape) == (bs,), f"{name} must be (bs,) = ({bs},), got {tuple(t.shape)}")
     for name, t in (("parent_list", parent_list), ("selected_index", selected_index),
                     ("draft_tokens", draft_tokens), ("bonus_tokens", bonus_tokens), ("seq_lens", seq_lens)):
         check_tensor(name, t, INDEX_DTYPES, tuple(t.shape), dev)

@@ -35,7 +35,7 @@ from spec_runtime.kernels._common import (
     next_pow2,
     require,
 )
-from spec_runtime.tree import verify_greedy, verify_tree_sampling
+from spec_runtime.tree import check_verify_shapes, verify_greedy, verify_tree_sampling
 
 __all__ = [
     "reference_verify_greedy",
@@ -52,15 +52,8 @@ reference_verify_tree_sampling = verify_tree_sampling
 
 def _check_tree(candidates, retrieve_index, next_token, next_sibling, num_steps):
     """The reference's shape checks (same messages) plus dtype and device."""
+    check_verify_shapes(candidates, retrieve_index, next_token, next_sibling, num_steps)
     shape = tuple(candidates.shape)
-    require(len(shape) == 2 and shape[1] >= 1, f"candidates must be (bs, num_draft), got {shape}")
-    for name, t in (
-        ("retrieve_index", retrieve_index),
-        ("retrieve_next_token", next_token),
-        ("retrieve_next_sibling", next_sibling),
-    ):
-        require(tuple(t.shape) == shape, f"{name} must be (bs, num_draft) = {shape}, got {tuple(t.shape)}")
-    require(num_steps >= 0, f"num_steps must be >= 0, got {num_steps}")
     for name, t in (("candidates", candidates), ("retrieve_index", retrieve_index),
                     ("retrieve_next_token", next_token), ("retrieve_next_sibling", next_sibling)):
         check_tensor(name, t, INDEX_DTYPES, shape, candidates.device)
