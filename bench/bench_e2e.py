@@ -317,41 +317,64 @@ def run_plain(args: argparse.Namespace, target, results: Results) -> dict[int, f
     results.data.setdefault("linear_choices", {})["plain"] = runner.linear_log
     fast = runner.fast
     out: dict[int, float] = {}
+
+    def decode_once(runner: Any, bs: int) -> tuple[float, float, int]:
+        """(prefill s, decode s, steps) of one bs-request prompt + decode, after a warm-up."""
+        prompts = random_prompts(bs, args.prompt_len, target.vocab_size, seed=bs)
+        rows = torch.arange(bs, device=args.device)
+        for attempt in ("warmup", "timed"):
+            steps = 4 if attempt == "warmup" else args.new_tokens - 1
+            lens = torch.full((bs,), args.prompt_len, dtype=torch.int64, device=args.device)
+            ids = torch.tensor(prompts, device=args.device).reshape(-1)
+            positions = torch.arange(args.prompt_len, device=args.device).repeat(bs)
+            sync(args.device)
+            t0 = time.perf_counter()
+            slots = cache.alloc_slots(ids.shape[0])
+            with torch.inference_mode():
+                attn = AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots)
+                hidden, _ = fast.forward(ids, positions, attn, cache)
+                cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
+                first = fast.compute_logits(hidden[torch.cumsum(lens, 0) - 1]).argmax(-1)
+            sync(args.device)
+            t1 = time.perf_counter()
+            tokens = runner.generate(rows, first, lens, steps)
+            sync(args.device)
+            t2 = time.perf_counter()
+            _ = tokens.tolist()
+            for r in range(bs):
+                row = cache.req_to_token[r]
+                cache.free_slots(row[row >= 0])
+                row.fill_(-1)
+        return t1 - t0, t2 - t1, steps
+
     for bs in args.bs:
         try:
-            prompts = random_prompts(bs, args.prompt_len, target.vocab_size, seed=bs)
-            rows = torch.arange(bs, device=args.device)
-            for attempt in ("warmup", "timed"):
-                steps = 4 if attempt == "warmup" else args.new_tokens - 1
-                lens = torch.full((bs,), args.prompt_len, dtype=torch.int64, device=args.device)
-                ids = torch.tensor(prompts, device=args.device).reshape(-1)
-                positions = torch.arange(args.prompt_len, device=args.device).repeat(bs)
-                sync(args.device)
-                t0 = time.perf_counter()
-                slots = cache.alloc_slots(ids.shape[0])
-                with torch.inference_mode():
-                    attn = AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots)
-                    hidden, _ = fast.forward(ids, positions, attn, cache)
-                    cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
-                    first = fast.compute_logits(hidden[torch.cumsum(lens, 0) - 1]).argmax(-1)
-                sync(args.device)
-                t1 = time.perf_counter()
-                tokens = runner.generate(rows, first, lens, steps)
-                sync(args.device)
-                t2 = time.perf_counter()
-                _ = tokens.tolist()
-                for r in range(bs):
-                    row = cache.req_to_token[r]
-                    cache.free_slots(row[row >= 0])
-                    row.fill_(-1)
-            decode = t2 - t1
+            prefill, decode, steps = decode_once(runner, bs)
             tok_s = bs * steps / decode
             out[bs] = tok_s
             results.add(config="plain", acceptance="-", bs=bs, tok_s=tok_s, ms_per_iter=1e3 * decode / steps,
-                        accept_len=1.0, iterations=steps, prefill_s=t1 - t0, note="target only, graph per step")
+                        accept_len=1.0, iterations=steps, prefill_s=prefill, note="target only, graph per step")
         except Exception as err:  # noqa: BLE001
             results.error(f"plain bs={bs}", err)
-    del runner, cache
+    from spec_runtime.kernels._common import PDL_ENV, pdl
+
+    if pdl(torch.device(args.device)) and 1 in args.bs and args.executor == "cuda_graph":
+        # the same step without programmatic dependent launch: graphs captured again with it off
+        os.environ[PDL_ENV] = "0"
+        try:
+            off = DecodeRunner(target, cache, max_bs, executor=args.executor, buckets=(1,), fast_target=fast)
+            off.capture()
+            _, decode, steps = decode_once(off, 1)
+            results.add(config="plain PDL off", acceptance="-", bs=1, tok_s=steps / decode,
+                        ms_per_iter=1e3 * decode / steps, accept_len=1.0, iterations=steps, prefill_s=0.0,
+                        note=f"same run, kernels launched without PDL: ms/iter off / on = "
+                             f"{1e3 * decode / steps / (1e3 / out[1]):.3f}")
+            del off
+        except Exception as err:  # noqa: BLE001
+            results.error("plain PDL off", err)
+        finally:
+            os.environ.pop(PDL_ENV, None)
+    del runner
     return out
 
 
@@ -432,6 +455,19 @@ def run_spec(args: argparse.Namespace, algorithm: str, target, draft, results: R
                 results.add(config=algorithm, acceptance=acceptance, bs=bs, tok_s=r["tok_s"],
                             ms_per_iter=r["ms_per_iter"], accept_len=r["accept_len"], iterations=r["iterations"],
                             prefill_s=r["prefill_s"], note=f"steps {steps}, topk {topk}, draft tokens {n}")
+                if measure is None and bs in args.ahead_ab:  # the same runtime with launch-ahead off
+                    rt.runner.ahead_enabled = False
+                    try:
+                        off = min((run_spec_once(engine, prompts, args.new_tokens, args.device)
+                                   for _ in range(args.repeat)), key=lambda x: x["decode_s"])
+                    finally:
+                        rt.runner.ahead_enabled = True
+                    off_ms = 1e3 * off["decode_s"] / max(1, off["iterations"])
+                    results.add(config=f"{algorithm} launch-ahead off", acceptance=acceptance, bs=bs,
+                                tok_s=off["tokens"] / off["decode_s"], ms_per_iter=off_ms,
+                                accept_len=off["accept_len"], iterations=off["iterations"], prefill_s=off["prefill_s"],
+                                note=f"same runtime and run, launch-ahead off: ms/iter off / on = "
+                                     f"{off_ms / r['ms_per_iter']:.2f}")
             except Exception as err:  # noqa: BLE001
                 results.error(label, err)
     results.data.setdefault("runner_stats", {})[algorithm] = rt.runner.stats()
@@ -912,6 +948,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--configs", default="plain,EAGLE3,STANDALONE,strict,hf,EAGLE",
                    help="which to run, in order (plain, EAGLE3, STANDALONE, EAGLE, hf, strict)")
     p.add_argument("--hf-bs", default="1", help="batch sizes of the transformers baseline")
+    p.add_argument("--ahead-ab", default="1", help="batch sizes also timed with launch-ahead off (same run)")
     p.add_argument("--hf-compile", action="store_true", help="let transformers compile (slow first call)")
     p.add_argument("--strict-bs", default=None, help="batch sizes of the strict comparison (default 1,32)")
     p.add_argument("--strict-new-tokens", type=int, default=None)
@@ -928,6 +965,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     default_bs = "1,2,4" if args.tiny else "1,8,32"
     args.bs = [int(x) for x in (args.bs or default_bs).split(",")]
     args.hf_bs = [int(x) for x in args.hf_bs.split(",") if x]
+    args.ahead_ab = [int(x) for x in args.ahead_ab.split(",") if x]
     args.strict_bs = [int(x) for x in (args.strict_bs or ("1,4" if args.tiny else "1,32")).split(",")]
     args.prompt_len = args.prompt_len or (16 if args.tiny else 128)
     args.new_tokens = args.new_tokens or (24 if args.tiny else 256)

@@ -72,6 +72,14 @@ def draft(rt: Runtime, inp: DraftInput, sampling: BatchSampling) -> VerifyInput:
     bs = len(inp)
     if bs == 0:
         return VerifyInput.create_idle(config, rt.device)
+    launched = rt.runner.take_draft(inp) if rt.static and sampling.all_greedy else None
+    if launched is not None:  # run by verify's launch-ahead on this very DraftInput
+        rt.counters.draft_forwards += config.num_steps - 1
+        vin = _verify_input(inp, launched)
+        rt.runner.note_output(vin)
+        return vin
+    if rt.static:
+        rt.runner.discard_ahead()
     core_in, temp = _prepare(rt, inp, sampling)
     try:
         out = rt.runner.draft(core_in) if rt.static else draft_core(rt.core_ops(), core_in)

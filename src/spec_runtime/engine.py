@@ -157,10 +157,12 @@ class SpecEngine:
         self._admit(events)
         self._finish_context_bound(events)
         if not self.running:
+            if self.rt.runner is not None:
+                self.rt.runner.discard_ahead()
             return events
         sampling = BatchSampling.from_params([r.sampling for r in self.running], self.rt.device)
         stops = StopBatch([r.max_new_tokens - len(r.output) for r in self.running],
-                          [r.stop_ids for r in self.running])
+                          [r.stop_ids for r in self.running], room=self._room())
         vin = draft(self.rt, self.state, sampling)
         vout = verify(self.rt, vin, sampling, stops)
         self.rt.counters.iterations += 1
@@ -174,6 +176,16 @@ class SpecEngine:
         keep = BatchSampling.from_params([r.sampling for r in live], self.rt.device)
         self.state = draft_extend(self.rt, vout.draft_extend_input, keep)
         return events
+
+    def _room(self) -> Optional[list[int]]:
+        """Launch-ahead permission for this iteration's verify: None when the batch may change before
+        the next verify although no request finishes (waiting requests and free rows: an admission),
+        else the tokens each request may accept and still fit its next tree in the context."""
+        if self.waiting and self.rt.requests.num_free > 0:
+            return None
+        limit = self.rt.target_cache.req_to_token.shape[1]
+        need = self.rt.spec_config.num_steps + 1
+        return [limit - need - r.seq_len for r in self.running]
 
     def _emit(self, tokens: list, counts: list, finished: list, events: list[TokenEvent]) -> list[Request]:
         live = []

@@ -67,6 +67,20 @@ def draft_extend(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) ->
     """Run the draft over the accepted rows and produce the next iteration's DraftInput."""
     if len(inp) == 0:
         return rt.idle_draft_input()
+    launched = rt.runner.take_extend(inp) if rt.static else None
+    if launched is not None:  # run by verify's launch-ahead, slot tables committed on the device
+        rt.counters.draft_forwards += 1
+        out = DraftInput(
+            topk_p=launched.topk_p,
+            topk_index=launched.topk_index,
+            hidden_states=launched.hidden_states,
+            bonus_tokens=inp.bonus_tokens,
+            seq_lens=inp.seq_lens,
+            req_pool_indices=inp.req_pool_indices,
+            draft_probs=launched.draft_probs,
+        )
+        rt.runner.note_output(out)
+        return out
     core_in, slots = _prepare(rt, inp, sampling)
     if rt.static and rt.runner.fits_extend(inp):
         out = rt.runner.draft_extend(core_in)

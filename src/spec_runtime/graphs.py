@@ -127,6 +127,21 @@ def _slice(out: Any, bucket: int, bs: int) -> Any:
 
 
 @dataclass
+class _Ahead:
+    """Launched results waiting for their phase call: `expect` names the phase that takes them next
+    and `key` the object it must be called with (identity)."""
+
+    bs: int
+    expect: str
+    key: Any
+    extend: ExtendCoreOut
+    draft: DraftCoreOut
+    slots: torch.Tensor  # (bs, num_draft) target slots of the launched verify
+    verify: VerifyCoreOut
+    sim: bool
+
+
+@dataclass
 class _Buffers:
     draft: B.DraftBuffers
     verify: B.VerifyBuffers
@@ -145,7 +160,7 @@ class GraphRunner:
     """
 
     def __init__(self, rt: Runtime, executor: str, buckets: Optional[Sequence[int]] = None,
-                 fast: Any = None, capture_sampling: bool = False) -> None:
+                 fast: Any = None, capture_sampling: bool = False, ahead: bool = True) -> None:
         self.rt = rt
         self.graphs = GraphSet(executor)
         self.executor = executor
@@ -163,6 +178,10 @@ class GraphRunner:
         self._scratch = torch.cat([by_step, by_step.new_full((self.max_bs, k, 1), -1)], dim=2)
         self.bufs: Optional[_Buffers] = None
         self.ops: Optional[CoreOps] = None
+        self.ahead_enabled = ahead
+        self.ahead: Optional[_Ahead] = None
+        self.ahead_stats = collections.Counter()
+        self._vout_full: dict[tuple, VerifyCoreOut] = {}
         self.linear_log: list = []
         self.setup_seconds = 0.0
 
@@ -191,6 +210,9 @@ class GraphRunner:
             B.allocate_verify(config, self.max_bs, device, sampled_chain=chain),
             B.allocate_extend(config, self.max_bs, device, sampled_chain=chain),
         )
+        i64 = dict(dtype=torch.int64, device=device)
+        self._nlive = torch.zeros((), **i64)  # live requests of a launch-ahead bucket
+        self._ext_slots = torch.zeros(self.max_bs, config.num_steps + 1, **i64)  # its draft-extend slots
         if self.executor == "cuda_graph":
             self._capture_all()
         self.setup_seconds = time.perf_counter() - start
@@ -277,6 +299,7 @@ class GraphRunner:
         B.copy_in(self.bufs.verify, live, bucket, self.pad_row)
         greedy, sim = live.greedy, live.sim_accept is not None
         out = self.graphs.run(self._key("verify", bucket, greedy, sim), lambda: self._verify_fn(bucket, greedy, sim))
+        self._vout_full[(bucket, greedy, sim)] = out
         return _slice(out, bucket, bs)
 
     def fits_extend(self, inp: Any) -> bool:
@@ -342,6 +365,163 @@ class GraphRunner:
         )
         return draft_extend_core(self.ops, view)
 
+    # ---- launch-ahead: the next phases queued behind verify, no host read in between ---------------
+
+    def can_launch_ahead(self, greedy: bool, finished: Sequence[bool], counts: Sequence[int],
+                         room: Optional[Sequence[int]]) -> bool:
+        """Whether the verify just read may launch the rest of the iteration and the next verify:
+        launch-ahead on, greedy, every request goes on (none finished) and stays inside its context
+        next iteration (`room[b]` tokens), no sampled chains, no fault injected."""
+        from . import faults
+
+        return (self.ahead_enabled and greedy and room is not None and len(counts) > 0
+                and not self.rt.sampled_chain and not faults._ACTIVE and not any(finished)
+                and all(c <= r for c, r in zip(counts, room)))
+
+    def launch_ahead(self, bs: int, sim: bool) -> torch.Tensor:
+        """After the greedy verify of `bs` requests (all going on), queue without a host read:
+
+        1. `ahead_extend`: the verify outputs -> the draft-extend buffers (rows num_steps + 1 per
+           request), the target slot-table commit of the accepted nodes, the draft-extend forward,
+           its draft slot-table commit, and its outputs -> the draft buffers;
+        2. `ahead_draft`: the next draft (multi-step loop, tree) and its tree -> the verify buffers;
+        3. the next verify, on freshly allocated target slots.
+
+        Each is a CUDA graph per bucket (captured on first use) or an eager call ("static"). The
+        results wait in `self.ahead` until the phase functions ask for them with the objects they
+        belong to (`take_extend`, `take_draft`, `take_verify`); anything else discards them.
+        Returns the `(bs, num_steps + 1)` draft slots allocated for this draft-extend (the caller
+        frees the ones past each request's count)."""
+        self.discard_ahead()
+        rt, config = self.rt, self.rt.spec_config
+        bucket = self.bucket_for(bs)
+        width, n = config.num_steps + 1, config.num_draft_tokens
+        pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
+        ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
+        self._ext_slots[:bs].copy_(ext_slots)
+        self._ext_slots[bs:bucket].fill_(pad_d)
+        self._nlive.fill_(bs)
+        tag = "simulated" if sim else "real"
+        ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))
+        ext = _slice(ext, bucket, bs)
+        dft = _slice(self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket)), bucket, bs)
+        slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
+        vb = self.bufs.verify
+        vb.slots[:bs].copy_(slots)
+        vb.slots[bs:bucket].fill_(pad_t)
+        if sim:
+            vb.sim_accept[:bs].copy_(rt.simulate_accept.counts(bs, min(n, width), rt.device))
+            vb.sim_accept[bs:bucket].fill_(1)
+        full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
+        self._vout_full[(bucket, True, sim)] = full
+        self.ahead = _Ahead(bs, "extend", None, ext, dft, slots, _slice(full, bucket, bs), sim)
+        self.ahead_stats["launched"] += 1
+        return ext_slots
+
+    def take_extend(self, inp: Any) -> Optional[ExtendCoreOut]:
+        """The launched draft-extend's outputs if `inp` is the input they belong to (else discard)."""
+        return self._take("extend", "draft", inp).extend if self._match("extend", inp) else None
+
+    def take_draft(self, inp: Any) -> Optional[DraftCoreOut]:
+        """The launched draft's tree if `inp` is the DraftInput the launched draft-extend returned."""
+        return self._take("draft", "verify", inp).draft if self._match("draft", inp) else None
+
+    def take_verify(self, inp: Any, greedy: bool, sim: bool) -> Optional[tuple[torch.Tensor, VerifyCoreOut]]:
+        """`(slots, outputs)` of the launched verify if `inp` is the VerifyInput the launched draft gave."""
+        if not (self._match("verify", inp) and greedy and sim == self.ahead.sim):
+            self.discard_ahead()
+            return None
+        a, self.ahead = self.ahead, None
+        self.ahead_stats["used"] += 1
+        return a.slots, a.verify
+
+    def note_output(self, obj: Any) -> None:
+        """The phase object built from launched results: the next phase must be called with it."""
+        if self.ahead is not None:
+            self.ahead.key = obj
+
+    def _match(self, phase: str, inp: Any) -> bool:
+        a = self.ahead
+        if a is not None and a.expect == phase and a.key is inp:
+            return True
+        self.discard_ahead()
+        return False
+
+    def _take(self, phase: str, nxt: str, inp: Any) -> "_Ahead":
+        a = self.ahead
+        a.expect, a.key = nxt, None
+        return a
+
+    def discard_ahead(self) -> None:
+        """Drop launched results nobody asked for (the batch changed): free the next verify's slots.
+        (Its KV writes went to those slots only; slot-table commits belong to phases that ran.)"""
+        a, self.ahead = self.ahead, None
+        if a is None:
+            return
+        self.ahead_stats["discarded"] += 1
+        self.rt.target_cache.free_slots(a.slots, check=False)
+
+    def _ahead_extend_fn(self, bucket: int, sim: bool) -> ExtendCoreOut:
+        """Verify outputs -> draft-extend buffers (+ target commit), draft-extend, draft commit,
+        outputs -> draft buffers. Padded requests (>= `_nlive`) get copy_in's padding."""
+        vb, eb, db = self.bufs.verify, self.bufs.extend, self.bufs.draft
+        vo = self._vout_full[(bucket, True, sim)]
+        rt, width = self.rt, eb.stride
+        dev = vb.seq_lens.device
+        pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
+        live_req = torch.arange(bucket, device=dev) < self._nlive
+        counts = vo.num_correct.long() + 1
+        cols = torch.arange(width, device=dev)
+        live = (cols[None, :] < counts[:, None]) & live_req[:, None]
+        seq, req = vb.seq_lens[:bucket], vb.req_pool_indices[:bucket]
+        acc = vo.accept_index.clamp(min=0)
+        pos = seq[:, None] + cols
+        rows = torch.where(live, req[:, None], self.pad_row).reshape(-1)
+        at = torch.where(live, pos, 0).reshape(-1)
+        node_slots = torch.where(live, vb.slots[:bucket].reshape(-1)[acc], pad_t)
+        rt.target_cache.req_to_token.index_put_((rows, at), node_slots.reshape(-1))
+        n_rows = bucket * width
+        eb.input_ids[:n_rows].copy_(torch.where(live, vo.accept_tokens, 0).reshape(-1))
+        eb.positions[:n_rows].copy_(at)
+        ext_slots = torch.where(live, self._ext_slots[:bucket], pad_d).reshape(-1)
+        eb.out_slots[:n_rows].copy_(ext_slots)
+        if eb.hidden_states is not None:
+            eb.hidden_states[:n_rows].copy_(vo.captured[acc.reshape(-1)])
+        eb.num_accept_tokens[:bucket].copy_(torch.where(live_req, counts, 1))
+        eb.seq_lens[:bucket].copy_(torch.where(live_req, seq + counts, 1))
+        eb.req_pool_indices[:bucket].copy_(torch.where(live_req, req, self.pad_row))
+        out = self._extend_fn(bucket)
+        rt.draft_cache.req_to_token.index_put_((rows, at), ext_slots)
+        keep = live_req[:, None]
+        db.topk_p[:bucket].copy_(torch.where(keep, out.topk_p, 0.0))
+        db.topk_index[:bucket].copy_(torch.where(keep, out.topk_index, 0))
+        if db.hidden_states is not None:
+            db.hidden_states[:bucket].copy_(torch.where(keep, out.hidden_states, 0.0))
+        bonus = vo.accept_tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
+        db.bonus_tokens[:bucket].copy_(torch.where(live_req, bonus, 0))
+        db.seq_lens[:bucket].copy_(torch.where(live_req, seq + counts, 0))
+        db.req_pool_indices[:bucket].copy_(torch.where(live_req, req, self.pad_row))
+        db.temp_slots[:bucket].copy_(torch.where(live_req[:, None, None], self._scratch[:bucket], pad_d))
+        return out
+
+    def _ahead_draft_fn(self, bucket: int) -> DraftCoreOut:
+        """The draft, and its trees -> the verify buffers (padded requests as copy_in pads them)."""
+        out = self._draft_fn(bucket)
+        vb, db = self.bufs.verify, self.bufs.draft
+        n = vb.draft_token.shape[1]
+        live_req = torch.arange(bucket, device=vb.seq_lens.device) < self._nlive
+        keep = live_req[:, None]
+        vb.draft_token[:bucket].copy_(torch.where(keep, out.draft_token, 0))
+        vb.positions[:bucket].copy_(torch.where(keep, out.positions, 0))
+        eye = torch.eye(n, dtype=torch.bool, device=vb.tree_mask.device)
+        vb.tree_mask[:bucket].copy_(torch.where(live_req[:, None, None], out.tree_mask, eye))
+        vb.retrieve_index[:bucket].copy_(torch.where(keep, out.retrieve_index, vb.retrieve_index[:bucket]))
+        vb.retrieve_next_token[:bucket].copy_(torch.where(keep, out.retrieve_next_token, -1))
+        vb.retrieve_next_sibling[:bucket].copy_(torch.where(keep, out.retrieve_next_sibling, -1))
+        vb.seq_lens[:bucket].copy_(torch.where(live_req, db.seq_lens[:bucket], 0))
+        vb.req_pool_indices[:bucket].copy_(torch.where(live_req, db.req_pool_indices[:bucket], self.pad_row))
+        return out
+
     def stats(self) -> dict[str, Any]:
         """Buckets, graphs captured, calls per key, setup and capture seconds, buffer bytes."""
         nbytes = 0 if self.bufs is None else sum(B.buffer_nbytes(getattr(self.bufs, f.name))
@@ -350,10 +530,13 @@ class GraphRunner:
             "executor": self.executor, "buckets": list(self.buckets), "graphs": len(self.graphs.graphs),
             "calls": {"/".join(map(str, k)): v for k, v in self.graphs.calls.items()},
             "setup_s": self.setup_seconds, "capture_s": self.graphs.capture_seconds, "buffer_bytes": nbytes,
+            "ahead": dict(self.ahead_stats),
         }
 
     def close(self) -> None:
         """Drop the graphs and buffers (the runner sets up again on next use)."""
+        self.discard_ahead()
+        self._vout_full.clear()
         self.graphs.close()
         self.bufs = None
 

@@ -90,8 +90,11 @@ class KVCache:
         self.in_use.index_fill_(0, slots, True)
         return slots
 
-    def free_slots(self, slots: torch.Tensor) -> None:
+    def free_slots(self, slots: torch.Tensor, check: bool = True) -> None:
         """Return `slots` (any shape, int) to the pool.
+
+        `check=False` skips the validity checks, which read the device (one sync): for slots the
+        caller allocated itself, freed while the device still has work queued (launch-ahead).
 
         Raises:
             ValueError: a slot is out of range, listed twice, or not in use (double free).
@@ -100,7 +103,8 @@ class KVCache:
         n = slots.numel()
         if n == 0:
             return
-        self._check_freeable(slots)
+        if check:
+            self._check_freeable(slots)
         self.in_use.index_fill_(0, slots, False)
         # Push in reverse so that the next alloc_slots(n) hands them out in the same order.
         self._free_stack[self._num_free:self._num_free + n] = slots.flip(0)

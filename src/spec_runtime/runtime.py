@@ -288,6 +288,7 @@ class Runtime:
         buckets: Optional[tuple[int, ...]] = None,
         fast: Optional[dict[str, Any]] = None,
         simulate_accept_len: Optional[float] = None,
+        launch_ahead: bool = True,
     ) -> "Runtime":
         """Size both KV caches for `max_batch_size` requests of `max_context` tokens plus drafts.
 
@@ -296,7 +297,9 @@ class Runtime:
         `max_batch_size`); the caches then get one extra request row and a few slots outside their pools,
         reserved for padding and the draft's branch scratch (`reserved_slots`). `fast`
         passes options to the fast model path (`gpu.models.FastOptions`). `simulate_accept_len`
-        (benchmarks only) forces the accept length of every verify."""
+        (benchmarks only) forces the accept length of every verify. `launch_ahead` (static path,
+        greedy): when every request of a verify goes on, queue the rest of the iteration and the
+        next verify before the host bookkeeping (`GraphRunner.launch_ahead`)."""
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         config = build_spec_config(algorithm, target, draft, num_steps, topk, num_draft_tokens)
@@ -322,5 +325,5 @@ class Runtime:
         if executor != "eager":
             from .graphs import GraphRunner  # lazy: graphs imports the phase modules, which import this one
 
-            rt.runner = GraphRunner(rt, executor, buckets=buckets, fast=fast)
+            rt.runner = GraphRunner(rt, executor, buckets=buckets, fast=fast, ahead=launch_ahead)
         return rt

@@ -32,6 +32,10 @@ class StopBatch:
 
     budget: list[int]  # tokens each request may still emit (>= 1)
     stop_ids: list[frozenset[int]]  # tokens that end each request (EOS and stop token ids)
+    # Launch-ahead (static path): the engine allows it (the batch will not change before the next
+    # verify unless a request finishes), and `room[b]`: tokens request b may accept so that the next
+    # iteration still fits its context. None: never launch ahead.
+    room: Optional[list[int]] = None
 
 
 @dataclass
@@ -84,18 +88,29 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     bs = len(inp)
     if bs == 0:
         return VerifyOutput.create_idle(config, rt.device)
-    core_in = _prepare(rt, inp, sampling)
-    out = rt.runner.verify(core_in) if rt.static else verify_core(rt.core_ops(), core_in)
+    sim = rt.simulate_accept is not None
+    launched = rt.runner.take_verify(inp, sampling.all_greedy, sim) if rt.static else None
+    if launched is not None:  # launched ahead by the previous verify, on this very tree
+        slots, out = launched
+    else:
+        core_in = _prepare(rt, inp, sampling)
+        out = rt.runner.verify(core_in) if rt.static else verify_core(rt.core_ops(), core_in)
+        slots = core_in.slots
     rt.counters.target_forwards += 1
     captured = out.captured
     rt.counters.add_hidden(captured)
     counts_h, finished_h, rows_h = _stops_host(out.accept_tokens, out.num_correct, stops, rows=True)  # the one sync
+    if rt.static and rt.runner.can_launch_ahead(sampling.all_greedy, finished_h, counts_h, stops.room):
+        ext_slots = rt.runner.launch_ahead(bs, sim)
+        vout = _ahead_output(rt, inp, out, slots, ext_slots, counts_h)
+        object.__setattr__(vout, "_host_emit", ([row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h))
+        return vout
     host_counts = tuple(c for c, done in zip(counts_h, finished_h) if not done)
     index = _HostIndex(counts_h, finished_h, out.accept_index.shape[1], out.accept_index.device)
     num_accept, finished = index.counts, index.finished
     accept_index = _cut(out.accept_index, num_accept)
     accept_tokens = _cut(out.accept_tokens, num_accept)
-    _commit_kv(rt, inp, core_in.slots.reshape(-1), accept_index, num_accept, index=index)
+    _commit_kv(rt, inp, slots.reshape(-1), accept_index, num_accept, index=index)
     if host_counts:
         extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts,
                                index=index)
@@ -113,6 +128,57 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     # as the tensors above, so the engine needs no second read of the device
     object.__setattr__(vout, "_host_emit", ([row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h))
     return vout
+
+
+def _ahead_output(rt: Runtime, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
+                  ext_slots: torch.Tensor, counts_h: list[int]) -> VerifyOutput:
+    """The VerifyOutput when every request goes on and the rest of the iteration was launched
+    ahead (`GraphRunner.launch_ahead`, which also committed the accepted nodes' slots on the
+    device). Built without a host read or a host-to-device copy, so the host works here while the
+    device runs the launched phases: counts are the device's (no request was cut), ragged rows are
+    gathered with sizes the host knows, and unused slots are picked by a stable sort."""
+    bs, width = out.accept_index.shape
+    total = sum(counts_h)
+    device = out.accept_index.device
+    num_accept = out.num_correct.long() + 1
+    accept_index = _cut(out.accept_index, num_accept)
+    accept_tokens = _cut(out.accept_tokens, num_accept)
+    # free the target slots of rejected nodes (every request's root, global row b * n, is accepted,
+    # so the -1 padding clamped to row 0 marks nothing new)
+    flat = slots.reshape(-1)
+    used = torch.zeros(flat.shape[0], dtype=torch.uint8, device=device)
+    used.index_fill_(0, accept_index.clamp(min=0).reshape(-1), 1)
+    rt.target_cache.free_slots(flat[torch.sort(used, stable=True).indices[: flat.shape[0] - total]], check=False)
+    cols = torch.arange(width, device=device)
+    dead = (cols[None, :] >= num_accept[:, None]).reshape(-1).to(torch.uint8)
+    order = torch.sort(dead, stable=True, descending=True).indices
+    rt.draft_cache.free_slots(ext_slots.reshape(-1)[order[: bs * width - total]], check=False)
+    req = torch.repeat_interleave(torch.arange(bs, device=device), num_accept, output_size=total)
+    j = torch.arange(total, device=device) - (torch.cumsum(num_accept, 0) - num_accept)[req]
+    hidden = None
+    if out.captured is not None:
+        hidden = out.captured[accept_index[req, j]]
+        rt.counters.add_hidden(hidden, copied=True)
+    extend = DraftExtendInput(
+        hidden_states=hidden,
+        input_ids=accept_tokens[req, j],
+        positions=inp.seq_lens[req] + j,
+        num_correct_drafts=(num_accept - 1).to(torch.int32),
+        num_accept_tokens=num_accept.to(torch.int32),
+        seq_lens=inp.seq_lens + num_accept,
+        bonus_tokens=accept_tokens.gather(1, (num_accept - 1)[:, None]).squeeze(1),
+        req_pool_indices=inp.req_pool_indices,
+        num_accept_tokens_cpu=tuple(counts_h),
+    )
+    rt.runner.note_output(extend)
+    return VerifyOutput(
+        accept_tokens=accept_tokens,
+        accept_indices=accept_index,
+        num_correct_drafts=(num_accept - 1).to(torch.int32),
+        num_accept_tokens=num_accept.to(torch.int32),
+        finished=torch.zeros(bs, dtype=torch.bool, device=device),
+        draft_extend_input=extend,
+    )
 
 
 def _prepare(rt: Runtime, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:

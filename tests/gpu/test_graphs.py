@@ -84,15 +84,20 @@ def test_cuda_graph_float32_matches_eager(gpu_models, algorithm: str, first: int
     target, draft = gpu_models("tiny", algorithm, torch.float32)
     prompts = _prompts(total, 128)
     outs = {}
-    for executor in ("eager", "static", "cuda_graph"):
-        rt = _runtime(target, draft, algorithm, executor)
-        outs[executor] = _drive(SpecEngine(rt), prompts, first)
-        assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), executor
+    for name in ("eager", "static", "cuda_graph", "cuda_graph, no launch-ahead"):
+        executor = name.split(",")[0]
+        extra = {"launch_ahead": False} if "no launch-ahead" in name else {}
+        rt = _runtime(target, draft, algorithm, executor, **extra)
+        outs[name] = _drive(SpecEngine(rt), prompts, first)
+        assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), name
         if executor == "cuda_graph":
             stats = rt.runner.stats()
             assert stats["graphs"] >= 3 * len(BUCKETS), stats
-    assert outs["static"] == outs["eager"]
-    assert outs["cuda_graph"] == outs["eager"]
+            if not extra:  # the launched-ahead phases ran from their own graphs and were used
+                assert stats["ahead"].get("used", 0) >= 3, stats
+                assert any(k.startswith("ahead_extend") for k in stats["calls"]), stats
+    for name, out in outs.items():
+        assert out == outs["eager"], name
 
 
 def test_decode_runner_graphs_match_target_only(gpu_models) -> None:

@@ -101,29 +101,40 @@ def _drive(engine: SpecEngine, first: int, joins: int, sampling=None) -> list[tu
     return [(r.output, r.finish_reason, r.accept_lengths) for r in reqs] + [("events", log)]
 
 
-def _compare(algorithm, target, draft, first, joins, sampling=None, **kw) -> SpecEngine:
+def _compare(algorithm, target, draft, first, joins, sampling=None, no_ahead: bool = False, **kw) -> SpecEngine:
+    """Eager against static (launch-ahead on; with `no_ahead` also off): identical outputs and
+    events, both pools whole. Returns the static (launch-ahead) engine."""
     runs = {}
-    for executor in ("eager", "static"):
-        engine = SpecEngine(_runtime(algorithm, target, draft, executor, **kw))
-        runs[executor] = (_drive(engine, first, joins, sampling), engine)
-    eager, static = runs["eager"][0], runs["static"][0]
-    for i, (a, b) in enumerate(zip(eager, static)):
-        assert a == b, f"request {i}: static {b} != eager {a}"
-    engine = runs["static"][1]
-    rt = engine.rt
-    assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), "static path leaked KV slots"
-    return engine
+    variants = [("eager", "eager", True), ("static", "static", True)]
+    if no_ahead:
+        variants.append(("static, no launch-ahead", "static", False))
+    for name, executor, ahead in variants:
+        extra = {} if executor == "eager" else {"launch_ahead": ahead}
+        engine = SpecEngine(_runtime(algorithm, target, draft, executor, **extra, **kw))
+        runs[name] = (_drive(engine, first, joins, sampling), engine)
+    eager = runs["eager"][0]
+    for name, (result, engine) in runs.items():
+        for i, (a, b) in enumerate(zip(eager, result)):
+            assert a == b, f"request {i}: {name} {b} != eager {a}"
+        rt = engine.rt
+        assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), f"{name} leaked KV slots"
+        assert rt.runner is None or rt.runner.ahead is None, f"{name} left launched results behind"
+    return runs["static"][1]
 
 
 @pytest.mark.parametrize("pair", sorted(PAIRS))
 @pytest.mark.parametrize("first,joins", [(3, 2), (5, 0)])
 def test_static_greedy_matches_eager(request, load_pair, pair: str, first: int, joins: int) -> None:
     algorithm, target, draft = _models(request, load_pair, pair)
-    engine = _compare(algorithm, target, draft, first, joins)
+    engine = _compare(algorithm, target, draft, first, joins, no_ahead=True)
     calls = engine.rt.runner.graphs.calls
     buckets = {key[-1] for key in calls}
     assert 8 in buckets and 4 in buckets if first == 3 else 8 in buckets, calls  # padded batches ran
-    assert {key[0] for key in calls} == {"draft", "verify", "extend"}
+    assert {key[0] for key in calls} == {"draft", "verify", "extend", "ahead_extend", "ahead_draft"}
+    ahead = engine.rt.runner.ahead_stats
+    # every launch is used or discarded; most iterations (no request finishing) ran ahead
+    assert ahead["launched"] == ahead["used"] + ahead["discarded"] and ahead["used"] >= 10, ahead
+    assert ahead["discarded"] >= (1 if joins else 0), ahead  # the joins after step 2 discard a launch
     if algorithm == "STANDALONE":
         c = engine.rt.counters
         assert (c.hidden_captured_bytes, c.hidden_copied_bytes, c.hidden_allocs) == (0, 0, 0)

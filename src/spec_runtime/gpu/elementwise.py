@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from spec_runtime.kernels._common import pdl_options
 
 __all__ = [
     "add_rmsnorm",
@@ -63,8 +66,11 @@ def _rmsnorm_kernel(
     sum_ptr,  # (T, H) x + delta (output, when HAS_DELTA)
     out_ptr,  # (T, H) normed rows (output)
     H, s_x, s_d, s_s, s_o, eps,
-    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -98,7 +104,7 @@ def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
         block = _pow2(h)
         _rmsnorm_kernel[(t,)](
             x, delta, weight, total, out, h, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), eps,
-            HAS_DELTA=total is not x, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+            HAS_DELTA=total is not x, BLOCK=block, num_warps=8 if block >= 4096 else 4, **pdl_options(x.device),
         )
     return total, out
 
@@ -128,8 +134,11 @@ def _silu_mul_kernel(
     gu_ptr,  # (T, 2I) gate then up
     out_ptr,  # (T, I) result (output)
     inter, s_in, s_out,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -150,7 +159,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if t:
         block = min(_pow2(i), 2048)
         _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), out.stride(0),
-                                                     BLOCK=block, num_warps=4)
+                                                     BLOCK=block, num_warps=4, **pdl_options(out.device))
     return out
 
 
@@ -189,8 +198,11 @@ def _rope_store_kernel(
     vc_ptr,  # (num_slots, Hkv, D) this layer's values (output)
     qo_ptr,  # (T, Hq, D) rotated queries (output)
     NH, s_q, s_k, s_v, s_tab, s_cs, s_ch, s_ot, s_oh,
-    HD: tl.constexpr, BLOCK: tl.constexpr,
+    HD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     half = HD // 2
@@ -244,5 +256,6 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
             q, k, v, cos, sin, positions, slots, k_cache, v_cache, out,
             num_heads, q.stride(0), k.stride(0), v.stride(0), cos.stride(0), k_cache.stride(0), k_cache.stride(1),
             out.stride(0), out.stride(1), HD=d, BLOCK=_pow2(d), num_warps=1 if d <= 64 else 2,
+            **pdl_options(q.device),
         )
     return out

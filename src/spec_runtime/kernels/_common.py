@@ -36,6 +36,32 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+PDL_ENV = "SPEC_PDL"
+"""`SPEC_PDL=0` turns programmatic dependent launch off (read at each launch)."""
+
+
+@functools.cache
+def _pdl_capable(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether the decode-chain kernels launch with programmatic dependent launch (PDL, sm90+):
+    a kernel's programs may start while the previous kernel finishes; each such kernel calls
+    `gdc_launch_dependents()` and then `gdc_wait()` before it touches memory an earlier kernel
+    writes (only weights are read before the wait), so results never change. Off under the
+    interpreter, below sm90, or with `SPEC_PDL=0`."""
+    if interpreting() or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    return _pdl_capable(torch.device(device))
+
+
+def pdl_options(device: torch.device) -> dict:
+    """`(PDL constexpr, launch options)` as keyword arguments of a PDL-aware kernel launch."""
+    on = pdl(device)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
 def require(ok: bool, message: str) -> None:
     """Raise `ValueError(message)` unless `ok` (never `assert`: `python -O` strips it)."""
     if not ok:

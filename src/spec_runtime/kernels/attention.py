@@ -25,6 +25,7 @@ causal extend of `n` rows reads `O(n^2)` K/V rows (mostly from L2).
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from spec_runtime.attention import AttnBatch, torch_attention
 from spec_runtime.kernels._common import (
@@ -35,6 +36,7 @@ from spec_runtime.kernels._common import (
     check_tensor,
     interpreting,
     next_pow2,
+    pdl_options,
     require,
     sm_count,
 )
@@ -126,8 +128,11 @@ def _attn_split_kernel(
     s_qt, s_qh, s_qd, s_rt, s_et, s_ee, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr,
+    SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
+        gdc_launch_dependents()
+        gdc_wait()
     row0 = tl.program_id(0) * BLOCK_M
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -198,8 +203,11 @@ def _attn_merge_kernel(
     mid_l_ptr,  # (T, Hq, NS) float32 partial sums
     out_ptr,  # (T, Hq, D) attention output in q's dtype (output)
     Hq, NS, s_ot, s_oh, s_od,
-    D: tl.constexpr, NSP: tl.constexpr, HB: tl.constexpr,
+    D: tl.constexpr, NSP: tl.constexpr, HB: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     s = tl.arange(0, NSP)
@@ -303,11 +311,11 @@ def triton_attention(
         G=hq // hkv, GP=plan["GP"], D=d, BLOCK_M=plan["BLOCK_M"], BLOCK_R=plan["BLOCK_R"],
         BLOCK_N=plan["BLOCK_N"], BLOCK_E=plan["BLOCK_E"], BLOCK_J=plan["BLOCK_J"],
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
-        num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"],
+        num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     hb = next_pow2(hq) if interpreting() else plan["GP"]  # GPU: one program per (row, KV head)
     _attn_merge_kernel[(t, cdiv(hq, hb))](
         mid_o, mid_m, mid_l, out, hq, ns, out.stride(0), out.stride(1), out.stride(2),
-        D=d, NSP=next_pow2(ns), HB=hb, num_warps=4 if d >= 128 else 2,
+        D=d, NSP=next_pow2(ns), HB=hb, num_warps=4 if d >= 128 else 2, **pdl_options(q.device),
     )
     return out

@@ -17,8 +17,17 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._common import FLOAT_DTYPES, cdiv, interpreting, next_pow2, require, sm_count
+from spec_runtime.kernels._common import (
+    FLOAT_DTYPES,
+    cdiv,
+    interpreting,
+    next_pow2,
+    pdl_options,
+    require,
+    sm_count,
+)
 
 __all__ = ["GemvConfig", "MAX_M", "linear", "reference_linear", "triton_linear"]
 
@@ -57,7 +66,7 @@ def _gemv_kernel(
     part_ptr,  # (SPLIT_K, M, N) float32 partial sums (output, SPLIT_K > 1)
     M, N, K, s_xm, s_wn, s_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -72,7 +81,24 @@ def _gemv_kernel(
     x_rows = x_ptr + rm[:, None].to(tl.int64) * s_xm
     w_rows = w_ptr + rn[:, None].to(tl.int64) * s_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for kk in range(k0, k1, BLOCK_K):
+    first = k0
+    if PDL:
+        # Programmatic dependent launch: let the next kernel's programs start, fetch the first weight
+        # tile (weights are never written), then wait for the previous kernel (x is its output).
+        gdc_launch_dependents()
+        ks = k0 + rk
+        if EVEN_K:
+            w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k1)[None, :], other=0.0)
+        gdc_wait()
+        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k1)[None, :], other=0.0)
+        if DOT_F32:
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        first = k0 + BLOCK_K
+    for kk in range(first, k1, BLOCK_K):
         ks = kk + rk
         if EVEN_K:
             x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
@@ -101,11 +127,14 @@ def _split_k_reduce_kernel(
     bias_ptr,  # (N,) bias (ignored unless HAS_BIAS)
     out_ptr,  # (M, N) result in x's dtype (output)
     M, N, s_om,
-    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     m = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rn < N
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT_K):  # fixed order: deterministic
         acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + rn, mask=ok, other=0.0)
@@ -121,16 +150,18 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     b = bias if bias is not None else out
     dot_f32 = interpreting() or x.dtype == torch.float32 or w.dtype == torch.float32
+    pdl = pdl_options(x.device)
     _gemv_kernel[(cdiv(n, cfg.block_n), split)](
         x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )
     if split > 1:
         block = min(1024, next_pow2(n))
         _split_k_reduce_kernel[(cdiv(n, block), m)](
             part, b, out, m, n, out.stride(0), SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4,
+            **pdl,
         )
 
 
