@@ -468,12 +468,42 @@ def run_spec(args: argparse.Namespace, algorithm: str, target, draft, results: R
                                 accept_len=off["accept_len"], iterations=off["iterations"], prefill_s=off["prefill_s"],
                                 note=f"same runtime and run, launch-ahead off: ms/iter off / on = "
                                      f"{off_ms / r['ms_per_iter']:.2f}")
+                if measure is None and bs in args.ahead_ab and length is not None:
+                    pdl_ab(args, rt, engine, prompts, r, results, algorithm, acceptance)
             except Exception as err:  # noqa: BLE001
                 results.error(label, err)
     results.data.setdefault("runner_stats", {})[algorithm] = rt.runner.stats()
     results.data.setdefault("linear_choices", {})[algorithm] = rt.runner.linear_log
     rt.runner.close()
     return out
+
+
+def pdl_ab(args: argparse.Namespace, rt: Any, engine: Any, prompts: list, on: dict, results: Results,
+           algorithm: str, acceptance: str) -> None:
+    """The same runtime with its graphs captured again without programmatic dependent launch."""
+    from spec_runtime.kernels._common import PDL_ENV, pdl
+
+    if args.executor != "cuda_graph" or not pdl(torch.device(args.device)):
+        return
+    os.environ[PDL_ENV] = "0"
+    try:
+        rt.runner.close()
+        rt.runner.setup()
+        run_spec_once(engine, prompts, min(8, args.new_tokens), args.device)
+        off = min((run_spec_once(engine, prompts, args.new_tokens, args.device) for _ in range(args.repeat)),
+                  key=lambda x: x["decode_s"])
+        off_ms = 1e3 * off["decode_s"] / max(1, off["iterations"])
+        results.add(config=f"{algorithm} PDL off", acceptance=acceptance, bs=len(prompts),
+                    tok_s=off["tokens"] / off["decode_s"], ms_per_iter=off_ms, accept_len=off["accept_len"],
+                    iterations=off["iterations"], prefill_s=off["prefill_s"],
+                    note=f"same run, graphs captured again without PDL: ms/iter off / on = "
+                         f"{off_ms / on['ms_per_iter']:.3f}")
+    except Exception as err:  # noqa: BLE001
+        results.error(f"{algorithm} PDL off", err)
+    finally:
+        os.environ.pop(PDL_ENV, None)
+        rt.runner.close()
+        rt.runner.setup()
 
 
 def run_hf(args: argparse.Namespace, target, target_cfg: dict[str, Any], results: Results) -> None:

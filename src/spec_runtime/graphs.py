@@ -73,6 +73,7 @@ class GraphSet:
         self.pool: Any = None
         self.capture_seconds = 0.0
         self.calls: collections.Counter = collections.Counter()
+        self.pdl_fallbacks: list[str] = []
 
     def run(self, key: tuple, fn: Callable[[], Any]) -> Any:
         """Run the core: eagerly ("static") or by replaying its graph (captured on first use)."""
@@ -88,8 +89,25 @@ class GraphSet:
     def capture(self, key: tuple, fn: Callable[[], Any], warmup: int = 2) -> _Graph:
         """Warm up `fn` on a side stream (compiles, tunes, allocates), then capture it into the pool.
 
-        The buffers `fn` reads must hold valid data (live rows or padding): warm-up runs execute."""
+        The buffers `fn` reads must hold valid data (live rows or padding): warm-up runs execute.
+        A capture that programmatic dependent launch invalidated (the stream capture refused a
+        programmatic edge) is redone with PDL off for this graph (counted in `pdl_fallbacks`)."""
+        from .kernels._common import pdl, pdl_suppressed
+
         start = time.perf_counter()
+        try:
+            self._capture(key, fn, warmup)
+        except RuntimeError as err:  # torch.AcceleratorError is a RuntimeError
+            if not pdl(torch.device("cuda")) or "capture" not in str(err):
+                raise
+            torch.cuda.synchronize()
+            with pdl_suppressed():
+                self._capture(key, fn, warmup)
+            self.pdl_fallbacks.append(str(key))
+        self.capture_seconds += time.perf_counter() - start
+        return self.graphs[key]
+
+    def _capture(self, key: tuple, fn: Callable[[], Any], warmup: int) -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -104,8 +122,6 @@ class GraphSet:
             self.pool = graph.pool()
         torch.cuda.synchronize()
         self.graphs[key] = _Graph(graph, out)
-        self.capture_seconds += time.perf_counter() - start
-        return self.graphs[key]
 
     def close(self) -> None:
         """Drop every graph (and with them the pool's memory)."""
@@ -530,7 +546,7 @@ class GraphRunner:
             "executor": self.executor, "buckets": list(self.buckets), "graphs": len(self.graphs.graphs),
             "calls": {"/".join(map(str, k)): v for k, v in self.graphs.calls.items()},
             "setup_s": self.setup_seconds, "capture_s": self.graphs.capture_seconds, "buffer_bytes": nbytes,
-            "ahead": dict(self.ahead_stats),
+            "ahead": dict(self.ahead_stats), "pdl_fallbacks": list(self.graphs.pdl_fallbacks),
         }
 
     def close(self) -> None:

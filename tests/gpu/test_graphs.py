@@ -93,6 +93,7 @@ def test_cuda_graph_float32_matches_eager(gpu_models, algorithm: str, first: int
         if executor == "cuda_graph":
             stats = rt.runner.stats()
             assert stats["graphs"] >= 3 * len(BUCKETS), stats
+            print(algorithm, first, total, "PDL fallbacks:", stats["pdl_fallbacks"])
             if not extra:  # the launched-ahead phases ran from their own graphs and were used
                 assert stats["ahead"].get("used", 0) >= 3, stats
                 assert any(k.startswith("ahead_extend") for k in stats["calls"]), stats

@@ -4,6 +4,7 @@ Launch-time checks read shapes, dtypes, strides and devices only (never values),
 syncs with the GPU and can be captured in a CUDA graph.
 """
 
+import contextlib
 import functools
 import os
 
@@ -45,13 +46,27 @@ def _pdl_capable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+_PDL_SUPPRESSED = [0]
+
+
+@contextlib.contextmanager
+def pdl_suppressed():
+    """Launch without PDL inside this block (a CUDA-graph capture that PDL invalidated is redone
+    under it: stream capture refuses a programmatic edge from some producers that are not kernels)."""
+    _PDL_SUPPRESSED[0] += 1
+    try:
+        yield
+    finally:
+        _PDL_SUPPRESSED[0] -= 1
+
+
 def pdl(device: torch.device) -> bool:
     """Whether the decode-chain kernels launch with programmatic dependent launch (PDL, sm90+):
     a kernel's programs may start while the previous kernel finishes; each such kernel calls
     `gdc_launch_dependents()` and then `gdc_wait()` before it touches memory an earlier kernel
     writes (only weights are read before the wait), so results never change. Off under the
     interpreter, below sm90, or with `SPEC_PDL=0`."""
-    if interpreting() or os.environ.get(PDL_ENV, "1") == "0":
+    if interpreting() or _PDL_SUPPRESSED[0] or os.environ.get(PDL_ENV, "1") == "0":
         return False
     return _pdl_capable(torch.device(device))
 
