@@ -33,6 +33,8 @@ from typing import Any, Optional
 
 import torch
 
+from spec_schema import hidden_width
+
 from . import buffers as B
 from .attention import AttnBatch
 from .draft import DraftCoreIn, DraftCoreOut, draft_core
@@ -409,6 +411,7 @@ class GraphRunner:
         Returns the `(bs, num_steps + 1)` draft slots allocated for this draft-extend (the caller
         frees the ones past each request's count)."""
         self.discard_ahead()
+        self._check_hidden_buffers()
         rt, config = self.rt, self.rt.spec_config
         bucket = self.bucket_for(bs)
         width, n = config.num_steps + 1, config.num_draft_tokens
@@ -447,9 +450,24 @@ class GraphRunner:
         if not (self._match("verify", inp) and greedy and sim == self.ahead.sim):
             self.discard_ahead()
             return None
+        self._check_hidden_buffers()
         a, self.ahead = self.ahead, None
         self.ahead_stats["used"] += 1
         return a.slots, a.verify
+
+    def _check_hidden_buffers(self) -> None:
+        """The hidden-state buffers the launched phases copy through on the device still have the
+        widths and dtypes of the width rule (raises `SpecContractError` naming `hidden_states`;
+        launch-ahead never skips a copy either)."""
+        config = self.rt.spec_config
+        for cls_name, buf, phase, source in (
+            ("DraftBuffers", self.bufs.draft.hidden_states, "draft", "the draft-extend output (launch-ahead)"),
+            ("ExtendBuffers", self.bufs.extend.hidden_states, "extend", "the verify capture (launch-ahead)"),
+            ("VerifyBuffers", self.bufs.verify.hidden_states, "extend", "the target capture (launch-ahead)"),
+        ):
+            w = hidden_width(config, phase)
+            expected = None if w.size is None else torch.empty((0, w.size), dtype=w.dtype, device="meta")
+            B._hidden_fits(cls_name, buf, expected, source)
 
     def note_output(self, obj: Any) -> None:
         """The phase object built from launched results: the next phase must be called with it."""

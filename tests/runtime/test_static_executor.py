@@ -215,6 +215,24 @@ def test_mis_sized_buffer_raises_naming_hidden_states(request, load_pair) -> Non
             B.allocate_draft(config, 8, rt.device)
 
 
+@pytest.mark.parametrize("phase", ["draft", "extend"])
+def test_launch_ahead_checks_buffer_widths(request, load_pair, phase: str) -> None:
+    """Launched phases copy hidden states between buffers on the device; a buffer whose width no
+    longer fits the width rule makes the next verify raise (naming hidden_states) before it runs."""
+    algorithm, target, draft = _models(request, load_pair, "eagle3")
+    rt = _runtime(algorithm, target, draft, "static")
+    engine = SpecEngine(rt)
+    engine.add_request([1, 2, 3], 12)
+    engine.step()
+    assert rt.runner.ahead is not None, "the first iteration launched the next one ahead"
+    bufs = rt.runner.bufs
+    wrong = torch.zeros(getattr(bufs, phase).hidden_states.shape[0], 7)
+    rt.runner.bufs = dataclasses.replace(bufs, **{phase: dataclasses.replace(getattr(bufs, phase), hidden_states=wrong)})
+    with pytest.raises(SpecContractError, match="hidden_states") as err:
+        engine.step()
+    assert "launch-ahead" in str(err.value)
+
+
 def _live_draft(rt: Runtime, bs: int):
     from spec_runtime.draft import DraftCoreIn
 

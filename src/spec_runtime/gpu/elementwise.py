@@ -69,8 +69,8 @@ def _rmsnorm_kernel(
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -137,8 +137,8 @@ def _silu_mul_kernel(
     BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -201,8 +201,8 @@ def _rope_store_kernel(
     HD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     half = HD // 2

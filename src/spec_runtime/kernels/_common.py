@@ -63,8 +63,9 @@ def pdl_suppressed():
 def pdl(device: torch.device) -> bool:
     """Whether the decode-chain kernels launch with programmatic dependent launch (PDL, sm90+):
     a kernel's programs may start while the previous kernel finishes; each such kernel calls
-    `gdc_launch_dependents()` and then `gdc_wait()` before it touches memory an earlier kernel
-    writes (only weights are read before the wait), so results never change. Off under the
+    `gdc_wait()` before it touches memory an earlier kernel writes (only weights are read before
+    the wait), so results never change, and only then `gdc_launch_dependents()` (so at most one
+    kernel waits ahead). Off under the
     interpreter, below sm90, or with `SPEC_PDL=0`."""
     if interpreting() or _PDL_SUPPRESSED[0] or os.environ.get(PDL_ENV, "1") == "0":
         return False

@@ -131,8 +131,8 @@ def _attn_split_kernel(
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
     row0 = tl.program_id(0) * BLOCK_M
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -206,8 +206,8 @@ def _attn_merge_kernel(
     D: tl.constexpr, NSP: tl.constexpr, HB: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     s = tl.arange(0, NSP)

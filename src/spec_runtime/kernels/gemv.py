@@ -83,15 +83,17 @@ def _gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = k0
     if PDL:
-        # Programmatic dependent launch: let the next kernel's programs start, fetch the first weight
-        # tile (weights are never written), then wait for the previous kernel (x is its output).
-        gdc_launch_dependents()
+        # Programmatic dependent launch: fetch the first weight tile (weights are never written)
+        # while the previous kernel finishes, wait for it (x is its output), then let the next
+        # kernel's programs start. Triggering only after the wait keeps at most one kernel waiting
+        # ahead; triggering first would let the whole chain launch and hold multiprocessors idle.
         ks = k0 + rk
         if EVEN_K:
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None], other=0.0)
         else:
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k1)[None, :], other=0.0)
         gdc_wait()
+        gdc_launch_dependents()
         x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k1)[None, :], other=0.0)
         if DOT_F32:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
@@ -133,8 +135,8 @@ def _split_k_reduce_kernel(
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rn < N
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT_K):  # fixed order: deterministic
         acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + rn, mask=ok, other=0.0)
