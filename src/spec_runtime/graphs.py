@@ -389,10 +389,15 @@ class GraphRunner:
                          room: Optional[Sequence[int]]) -> bool:
         """Whether the verify just read may launch the rest of the iteration and the next verify:
         launch-ahead on, greedy, every request goes on (none finished) and stays inside its context
-        next iteration (`room[b]` tokens), no sampled chains, no fault injected."""
+        next iteration (`room[b]` tokens), both KV pools hold what it allocates, no sampled chains,
+        no fault injected."""
         from . import faults
 
-        return (self.ahead_enabled and greedy and room is not None and len(counts) > 0
+        config, bs = self.rt.spec_config, len(counts)
+        # launch-ahead allocates before this verify's unused slots go back: both pools need room
+        pools_fit = (self.rt.target_cache.num_free_slots >= bs * config.num_draft_tokens
+                     and self.rt.draft_cache.num_free_slots >= bs * (config.num_steps + 1))
+        return (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit
                 and not self.rt.sampled_chain and not faults._ACTIVE and not any(finished)
                 and all(c <= r for c, r in zip(counts, room)))
 
