@@ -16,6 +16,15 @@ from spec_runtime.kv_cache import KVCache
 __all__ = ["AttentionFn", "AttnBatch", "torch_attention"]
 
 
+def ragged_rows(counts: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows laid out request-major, `counts[r]` for request r, `total` (host-known) in all:
+    `(request of each row, its index within the request)`, both `(total,)` int64, without a sync."""
+    counts = counts.long()
+    req = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts, output_size=total)
+    start = torch.cumsum(counts, 0) - counts
+    return req, torch.arange(total, device=counts.device) - start[req]
+
+
 @dataclass(frozen=True)
 class AttnBatch:
     """Who attends what, for one forward pass.
@@ -76,10 +85,8 @@ class AttnBatch:
         if int(extend_lens.sum()) != t:
             raise ValueError(f"out_slots has {t} rows, expected sum(extend_lens) = {int(extend_lens.sum())}")
         width = int(extend_lens.max()) if extend_lens.numel() else 0
-        req = torch.repeat_interleave(torch.arange(extend_lens.shape[0], device=extend_lens.device),
-                                      extend_lens, output_size=t)
-        start = qo_indptr[req]  # first row of each row's request
-        local = torch.arange(t, device=out_slots.device) - start
+        _, local = ragged_rows(extend_lens, t)
+        start = torch.arange(t, device=out_slots.device) - local  # first row of each row's request
         col = torch.arange(width, device=out_slots.device)
         src = (start[:, None] + col[None, :]).clamp(max=max(t - 1, 0))
         visible = col[None, :] <= local[:, None]

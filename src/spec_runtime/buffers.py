@@ -28,6 +28,7 @@ from spec_schema import SpecConfig, SpecContractError, hidden_width
 from spec_schema.phases import HiddenFloat
 
 from . import faults
+from .attention import ragged_rows
 
 __all__ = [
     "DraftBuffers",
@@ -472,10 +473,8 @@ def _copy_extend(buf: ExtendBuffers, get: _Source, bucket: int, pad_row: int) ->
     ids = get("input_ids")
     rows = ids.shape[0]
     # ragged live rows -> row r * stride + j of the padded layout (no host read: output_size is known)
-    c = counts.long()
-    req = torch.repeat_interleave(torch.arange(bs, device=ids.device), c, output_size=rows)
-    start = torch.cumsum(c, 0) - c
-    dest = req * stride + torch.arange(rows, device=ids.device) - start[req]
+    req, j = ragged_rows(counts, rows)
+    dest = req * stride + j
     end = bucket * stride
     hidden = get("hidden_states")
     fits = _hidden_fits("ExtendBuffers", buf.hidden_states, hidden, "DraftExtendInput.hidden_states")

@@ -231,6 +231,13 @@ class GraphRunner:
         i64 = dict(dtype=torch.int64, device=device)
         self._nlive = torch.zeros((), **i64)  # live requests of a launch-ahead bucket
         self._ext_slots = torch.zeros(self.max_bs, config.num_steps + 1, **i64)  # its draft-extend slots
+        self._hidden_expected = []  # (buffer, width-rule stand-in, what is copied into it), for launch-ahead
+        for name, phase, source in (("draft", "draft", "the draft-extend output (launch-ahead)"),
+                                    ("extend", "extend", "the verify capture (launch-ahead)"),
+                                    ("verify", "extend", "the target capture (launch-ahead)")):
+            w = hidden_width(config, phase)
+            stand_in = None if w.size is None else torch.empty((0, w.size), dtype=w.dtype, device="meta")
+            self._hidden_expected.append((name, stand_in, source))
         if self.executor == "cuda_graph":
             self._capture_all()
         self.setup_seconds = time.perf_counter() - start
@@ -422,8 +429,7 @@ class GraphRunner:
         width, n = config.num_steps + 1, config.num_draft_tokens
         pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
         ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
-        self._ext_slots[:bs].copy_(ext_slots)
-        self._ext_slots[bs:bucket].fill_(pad_d)
+        B._put(self._ext_slots, ext_slots, bs, bucket, pad_d)
         self._nlive.fill_(bs)
         tag = "simulated" if sim else "real"
         ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))
@@ -431,11 +437,9 @@ class GraphRunner:
         dft = _slice(self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket)), bucket, bs)
         slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
         vb = self.bufs.verify
-        vb.slots[:bs].copy_(slots)
-        vb.slots[bs:bucket].fill_(pad_t)
+        B._put(vb.slots, slots, bs, bucket, pad_t)
         if sim:
-            vb.sim_accept[:bs].copy_(rt.simulate_accept.counts(bs, min(n, width), rt.device))
-            vb.sim_accept[bs:bucket].fill_(1)
+            B._put(vb.sim_accept, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
         self.ahead = _Ahead(bs, "extend", None, ext, dft, slots, _slice(full, bucket, bs), sim)
@@ -444,19 +448,22 @@ class GraphRunner:
 
     def take_extend(self, inp: Any) -> Optional[ExtendCoreOut]:
         """The launched draft-extend's outputs if `inp` is the input they belong to (else discard)."""
-        return self._take("extend", "draft", inp).extend if self._match("extend", inp) else None
+        a = self._take("extend", "draft", inp)
+        return None if a is None else a.extend
 
     def take_draft(self, inp: Any) -> Optional[DraftCoreOut]:
         """The launched draft's tree if `inp` is the DraftInput the launched draft-extend returned."""
-        return self._take("draft", "verify", inp).draft if self._match("draft", inp) else None
+        a = self._take("draft", "verify", inp)
+        return None if a is None else a.draft
 
     def take_verify(self, inp: Any, greedy: bool, sim: bool) -> Optional[tuple[torch.Tensor, VerifyCoreOut]]:
         """`(slots, outputs)` of the launched verify if `inp` is the VerifyInput the launched draft gave."""
-        if not (self._match("verify", inp) and greedy and sim == self.ahead.sim):
+        a = self._take("verify", "", inp)
+        if a is None or not greedy or sim != a.sim:
             self.discard_ahead()
             return None
         self._check_hidden_buffers()
-        a, self.ahead = self.ahead, None
+        self.ahead = None
         self.ahead_stats["used"] += 1
         return a.slots, a.verify
 
@@ -464,30 +471,22 @@ class GraphRunner:
         """The hidden-state buffers the launched phases copy through on the device still have the
         widths and dtypes of the width rule (raises `SpecContractError` naming `hidden_states`;
         launch-ahead never skips a copy either)."""
-        config = self.rt.spec_config
-        for cls_name, buf, phase, source in (
-            ("DraftBuffers", self.bufs.draft.hidden_states, "draft", "the draft-extend output (launch-ahead)"),
-            ("ExtendBuffers", self.bufs.extend.hidden_states, "extend", "the verify capture (launch-ahead)"),
-            ("VerifyBuffers", self.bufs.verify.hidden_states, "extend", "the target capture (launch-ahead)"),
-        ):
-            w = hidden_width(config, phase)
-            expected = None if w.size is None else torch.empty((0, w.size), dtype=w.dtype, device="meta")
-            B._hidden_fits(cls_name, buf, expected, source)
+        for name, expected, source in self._hidden_expected:
+            B._hidden_fits(type(getattr(self.bufs, name)).__name__, getattr(self.bufs, name).hidden_states,
+                           expected, source)
 
     def note_output(self, obj: Any) -> None:
         """The phase object built from launched results: the next phase must be called with it."""
         if self.ahead is not None:
             self.ahead.key = obj
 
-    def _match(self, phase: str, inp: Any) -> bool:
+    def _take(self, phase: str, nxt: str, inp: Any) -> Optional["_Ahead"]:
+        """The launched results if `phase` is due next and called with `inp` (they then wait for
+        `nxt`); otherwise discard them and return None."""
         a = self.ahead
-        if a is not None and a.expect == phase and a.key is inp:
-            return True
-        self.discard_ahead()
-        return False
-
-    def _take(self, phase: str, nxt: str, inp: Any) -> "_Ahead":
-        a = self.ahead
+        if a is None or a.expect != phase or a.key is not inp:
+            self.discard_ahead()
+            return None
         a.expect, a.key = nxt, None
         return a
 

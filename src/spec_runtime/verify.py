@@ -21,7 +21,7 @@ import torch
 from spec_schema import DraftExtendInput, VerifyInput, VerifyOutput, boundary
 
 from . import faults
-from .attention import AttnBatch
+from .attention import AttnBatch, ragged_rows
 from .runtime import BatchSampling, CoreOps, Runtime
 from .tree import verify_chain_rejection, verify_greedy, verify_tree_sampling
 
@@ -153,8 +153,7 @@ def _ahead_output(rt: Runtime, inp: VerifyInput, out: VerifyCoreOut, slots: torc
     dead = (cols[None, :] >= num_accept[:, None]).reshape(-1).to(torch.uint8)
     order = torch.sort(dead, stable=True, descending=True).indices
     rt.draft_cache.free_slots(ext_slots.reshape(-1)[order[: bs * width - total]], check=False)
-    req = torch.repeat_interleave(torch.arange(bs, device=device), num_accept, output_size=total)
-    j = torch.arange(total, device=device) - (torch.cumsum(num_accept, 0) - num_accept)[req]
+    req, j = ragged_rows(num_accept, total)
     hidden = None
     if out.captured is not None:
         hidden = out.captured[accept_index[req, j]]
