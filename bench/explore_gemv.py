@@ -270,15 +270,131 @@ def profile_plain(out_dir: Path) -> dict:
     return res
 
 
+@triton.jit
+def _read_kernel(src, out, n, BLOCK: tl.constexpr, EVICT: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+        acc += tl.load(src + start + tl.arange(0, BLOCK), eviction_policy=EVICT).to(tl.float32)
+    tl.store(out + pid, tl.sum(acc))
+
+
+def read_ceiling() -> dict:
+    """Read-only streaming bandwidth (4 GiB of bf16, summed), and a device-to-device copy."""
+    n = 2 << 30
+    src = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(132 * 64, dtype=torch.float32, device="cuda")
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    res = {}
+    for progs, block, warps, evict in itertools.product((132 * 4, 132 * 8, 132 * 16), (2048, 4096), (4, 8), ("", "evict_first")):
+        f = lambda: _read_kernel[(progs,)](src, out, n, BLOCK=block, EVICT=evict, num_warps=warps)  # noqa: E731
+        f()
+        torch.cuda.synchronize()
+        e0.record()
+        for _ in range(5):
+            f()
+        e1.record()
+        torch.cuda.synchronize()
+        res[f"read p{progs} b{block} w{warps} {evict or 'normal'}"] = 2 * n * 5 / (e0.elapsed_time(e1) * 1e-3) / 1e12
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    e0.record()
+    for _ in range(5):
+        dst.copy_(src)
+    e1.record()
+    torch.cuda.synchronize()
+    res["copy (read+write)"] = 4 * n * 5 / (e0.elapsed_time(e1) * 1e-3) / 1e12
+    best = max((v, k) for k, v in res.items() if k.startswith("read"))
+    res["best_read"] = {"tbs": best[0], "config": best[1]}
+    print(json.dumps(res, indent=1), flush=True)
+    del src, dst
+    torch.cuda.empty_cache()
+    return res
+
+
+def _plain_runner(target, cache, linear: str):
+    from spec_runtime.graphs import DecodeRunner
+
+    runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=(1,), fast={"linear": linear})
+    runner.capture()
+    b = runner.bufs
+    b.input_ids[:1] = 5
+    b.positions[:1] = 150
+    b.seq_lens[:1] = 150
+    b.req_pool_indices[:1] = 0
+    b.out_slots[:1] = cache.req_to_token[0, 150]
+    return runner
+
+
+def _graph_ms(g, reps: int = 50, rounds: int = 5) -> float:
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(5):
+        g.replay()
+    times = []
+    for _ in range(rounds):
+        e0.record()
+        for _ in range(reps):
+            g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def prefetch_sweep(out_dir: Path) -> list:
+    """Plain bs=1 decode step (one CUDA graph) across L2-prefetch sizes, weight eviction policies and
+    linear choices: each setting is captured again and timed, settings interleaved in rounds."""
+    import os
+
+    import bench_e2e as E
+
+    from spec_runtime.kv_cache import KVCache
+
+    cfg = E.llama_config(False)
+    target = E.build_target(cfg, torch.bfloat16, "cuda", seed=0)
+    ctx = 128 + 256 + 8
+    cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype, "cuda")
+    cache.req_to_token[0, :200] = cache.alloc_slots(200)
+    base = {"SPEC_GEMV_PRE": "1", "SPEC_PDL_EARLY": "0"}
+    settings = [("auto", {}), ("gemv", {})]
+    for pre in ("2", "4"):
+        for early in ("0", "1"):
+            settings += [("gemv", {"SPEC_GEMV_PRE": pre, "SPEC_PDL_EARLY": early})]
+    settings += [("auto", {"SPEC_GEMV_PRE": "2"}), ("auto", {"SPEC_GEMV_PRE": "4"}), ("gemv", {"SPEC_GEMV_PRE": "8"})]
+    rows = []
+    for lin, env in settings:
+        os.environ.update({**base, **env})
+        t0 = time.time()
+        runner = _plain_runner(target, cache, lin)
+        g = runner.graphs.graphs[("decode", 1)].graph
+        ms = [_graph_ms(g) for _ in range(2)]
+        rows.append({"linear": lin, **env, "step_ms": min(ms), "step_ms_all": ms,
+                     "tok_s": 1e3 / min(ms), "capture_s": time.time() - t0})
+        print(json.dumps(rows[-1]), flush=True)
+        del runner, g
+        torch.cuda.synchronize()
+        (out_dir / "prefetch_sweep.json").write_text(json.dumps(rows, indent=1))
+    for key in base:
+        os.environ.pop(key)
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--skip-sweep", action="store_true")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--prefetch", action="store_true", help="read ceiling + plain-step L2 prefetch sweep only")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.prefetch:
+        if not (out / "read_ceiling.json").exists():
+            (out / "read_ceiling.json").write_text(json.dumps(read_ceiling(), indent=1))
+        prefetch_sweep(out)
+        return 0
     if not a.skip_profile:
         profile_plain(out)
         torch.cuda.empty_cache()

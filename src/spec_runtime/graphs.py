@@ -25,6 +25,7 @@ baseline).
 """
 
 import collections
+import gc
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -118,8 +119,17 @@ class GraphSet:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = fn()
+        # No cyclic garbage collection while capturing: a collected runtime's CUDA objects (pinned
+        # host buffers, events) would be released mid-capture, and the calls that release them are
+        # not allowed while a stream captures (the capture is invalidated).
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = fn()
+        finally:
+            if gc_was_on:
+                gc.enable()
         if self.pool is None:
             self.pool = graph.pool()
         torch.cuda.synchronize()
@@ -157,6 +167,30 @@ class _Ahead:
     slots: torch.Tensor  # (bs, num_draft) target slots of the launched verify
     verify: VerifyCoreOut
     sim: bool
+    rows: "_HostRows"  # the launched verify's tokens and counts, copied to the host as it finishes
+
+
+class _HostRows:
+    """`cat(accept_tokens, num_correct)` of a verify, copied to the host right behind it.
+
+    The copy (into pinned memory, with an event, on CUDA) is queued before the host bookkeeping's
+    own kernels, so the host's read waits for the verify only, not for everything queued after it."""
+
+    def __init__(self, accept_tokens: torch.Tensor, num_correct: torch.Tensor, pinned: Optional[torch.Tensor]) -> None:
+        both = torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1)
+        self.event = None
+        if pinned is None or not both.is_cuda:
+            self.host = both.cpu()
+            return
+        self.host = pinned[: both.numel()].view(both.shape)
+        self.host.copy_(both, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def tolist(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 @dataclass
@@ -199,6 +233,8 @@ class GraphRunner:
         self.ahead_enabled = ahead
         self.ahead: Optional[_Ahead] = None
         self.ahead_stats = collections.Counter()
+        self._pinned: Optional[torch.Tensor] = None  # host copies of launched verifies' rows
+        self._prepared: Optional[tuple] = None  # prepare_ahead's (bs, sim, ext slots, verify slots)
         self._vout_full: dict[tuple, VerifyCoreOut] = {}
         self.linear_log: list = []
         self.setup_seconds = 0.0
@@ -231,6 +267,10 @@ class GraphRunner:
         i64 = dict(dtype=torch.int64, device=device)
         self._nlive = torch.zeros((), **i64)  # live requests of a launch-ahead bucket
         self._ext_slots = torch.zeros(self.max_bs, config.num_steps + 1, **i64)  # its draft-extend slots
+        # the next verify's slots (and simulated accepts), staged before the read and moved into the
+        # verify buffers by the ahead_draft graph, once ahead_extend has read this verify's
+        self._next_slots = torch.zeros(self.max_bs, config.num_draft_tokens, **i64)
+        self._next_sim = torch.ones(self.max_bs, **i64)
         self._hidden_expected = []  # (buffer, width-rule stand-in, what is copied into it), for launch-ahead
         for name, phase, source in (("draft", "draft", "the draft-extend output (launch-ahead)"),
                                     ("extend", "extend", "the verify capture (launch-ahead)"),
@@ -392,57 +432,88 @@ class GraphRunner:
 
     # ---- launch-ahead: the next phases queued behind verify, no host read in between ---------------
 
-    def can_launch_ahead(self, greedy: bool, finished: Sequence[bool], counts: Sequence[int],
-                         room: Optional[Sequence[int]]) -> bool:
-        """Whether the verify just read may launch the rest of the iteration and the next verify:
-        launch-ahead on, greedy, every request goes on (none finished) and stays inside its context
-        next iteration (`room[b]` tokens), both KV pools hold what it allocates, no sampled chains,
-        no fault injected."""
+    def prepare_ahead(self, greedy: bool, room: Optional[Sequence[int]], bs: int, sim: bool) -> bool:
+        """Before verify's read: if the rest of the iteration may be launched ahead (launch-ahead on,
+        greedy, the engine knows every request's room, both KV pools hold what it allocates, no
+        sampled chains, no fault injected), allocate the draft-extend slots and the next verify's
+        slots now and stage them on the device, so that after the read the three launches follow
+        each other with no host work in between. `launch_ahead` uses them, `cancel_ahead` frees them."""
         from . import faults
 
-        config, bs = self.rt.spec_config, len(counts)
+        self.cancel_ahead()
+        config = self.rt.spec_config
+        width, n = config.num_steps + 1, config.num_draft_tokens
         # launch-ahead allocates before this verify's unused slots go back: both pools need room
-        pools_fit = (self.rt.target_cache.num_free_slots >= bs * config.num_draft_tokens
-                     and self.rt.draft_cache.num_free_slots >= bs * (config.num_steps + 1))
-        return (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit
-                and not self.rt.sampled_chain and not faults._ACTIVE and not any(finished)
+        pools_fit = (self.rt.target_cache.num_free_slots >= bs * n
+                     and self.rt.draft_cache.num_free_slots >= bs * width)
+        if not (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit
+                and not self.rt.sampled_chain and not faults._ACTIVE):
+            return False
+        rt, bucket = self.rt, self.bucket_for(bs)
+        pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
+        ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
+        slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
+        B._put(self._ext_slots, ext_slots, bs, bucket, pad_d)
+        B._put(self._next_slots, slots, bs, bucket, pad_t)
+        sim_state = None
+        if sim:  # drawn now; a cancel rewinds the generator, so draws match the per-phase path's
+            sim_state = rt.simulate_accept.get_state(rt.device)
+            B._put(self._next_sim, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
+        self._nlive.fill_(bs)
+        self._prepared = (bs, sim, ext_slots, slots, sim_state)
+        return True
+
+    def cancel_ahead(self) -> None:
+        """Free what `prepare_ahead` allocated (the read found a request that stops)."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            self.ahead_stats["cancelled"] += 1
+            self.rt.draft_cache.free_slots(prepared[2], check=False)
+            self.rt.target_cache.free_slots(prepared[3], check=False)
+            if prepared[4] is not None:
+                self.rt.simulate_accept.set_state(self.rt.device, prepared[4])
+
+    def can_launch_ahead(self, finished: Sequence[bool], counts: Sequence[int],
+                         room: Optional[Sequence[int]]) -> bool:
+        """After the read: whether the prepared launch may go (every request goes on, none
+        finished, and each stays inside its context next iteration: `room[b]` tokens)."""
+        return (self._prepared is not None and room is not None and not any(finished)
                 and all(c <= r for c, r in zip(counts, room)))
 
-    def launch_ahead(self, bs: int, sim: bool) -> torch.Tensor:
+    def launch_ahead(self) -> torch.Tensor:
         """After the greedy verify of `bs` requests (all going on), queue without a host read:
 
         1. `ahead_extend`: the verify outputs -> the draft-extend buffers (rows num_steps + 1 per
            request), the target slot-table commit of the accepted nodes, the draft-extend forward,
            its draft slot-table commit, and its outputs -> the draft buffers;
-        2. `ahead_draft`: the next draft (multi-step loop, tree) and its tree -> the verify buffers;
-        3. the next verify, on freshly allocated target slots.
+        2. `ahead_draft`: the next draft (multi-step loop, tree), its tree -> the verify buffers,
+           and the staged slots -> the verify buffers;
+        3. the next verify, on the target slots `prepare_ahead` allocated.
 
         Each is a CUDA graph per bucket (captured on first use) or an eager call ("static"). The
         results wait in `self.ahead` until the phase functions ask for them with the objects they
         belong to (`take_extend`, `take_draft`, `take_verify`); anything else discards them.
         Returns the `(bs, num_steps + 1)` draft slots allocated for this draft-extend (the caller
         frees the ones past each request's count)."""
-        self.discard_ahead()
-        self._check_hidden_buffers()
-        rt, config = self.rt, self.rt.spec_config
+        bs, sim, ext_slots, slots, _ = self._prepared
+        self._prepared = None
+        try:
+            self.discard_ahead()
+            self._check_hidden_buffers()
+        except BaseException:
+            self.rt.draft_cache.free_slots(ext_slots, check=False)
+            self.rt.target_cache.free_slots(slots, check=False)
+            raise
         bucket = self.bucket_for(bs)
-        width, n = config.num_steps + 1, config.num_draft_tokens
-        pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
-        ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
-        B._put(self._ext_slots, ext_slots, bs, bucket, pad_d)
-        self._nlive.fill_(bs)
         tag = "simulated" if sim else "real"
         ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))
         ext = _slice(ext, bucket, bs)
         dft = _slice(self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket)), bucket, bs)
-        slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
-        vb = self.bufs.verify
-        B._put(vb.slots, slots, bs, bucket, pad_t)
-        if sim:
-            B._put(vb.sim_accept, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
-        self.ahead = _Ahead(bs, "extend", None, ext, dft, slots, _slice(full, bucket, bs), sim)
+        vout = _slice(full, bucket, bs)
+        rows = _HostRows(vout.accept_tokens, vout.num_correct, self._pinned_rows(bs, vout.accept_tokens.shape[1] + 1))
+        self.ahead = _Ahead(bs, "extend", None, ext, dft, slots, vout, sim, rows)
         self.ahead_stats["launched"] += 1
         return ext_slots
 
@@ -456,8 +527,11 @@ class GraphRunner:
         a = self._take("draft", "verify", inp)
         return None if a is None else a.draft
 
-    def take_verify(self, inp: Any, greedy: bool, sim: bool) -> Optional[tuple[torch.Tensor, VerifyCoreOut]]:
-        """`(slots, outputs)` of the launched verify if `inp` is the VerifyInput the launched draft gave."""
+    def take_verify(self, inp: Any, greedy: bool,
+                    sim: bool) -> Optional[tuple[torch.Tensor, VerifyCoreOut, "_HostRows"]]:
+        """`(slots, outputs, host rows)` of the launched verify if `inp` is the VerifyInput the
+        launched draft gave (`host rows.tolist()`: its tokens and counts, read without waiting for
+        later work)."""
         a = self._take("verify", "", inp)
         if a is None or not greedy or sim != a.sim:
             self.discard_ahead()
@@ -465,7 +539,16 @@ class GraphRunner:
         self._check_hidden_buffers()
         self.ahead = None
         self.ahead_stats["used"] += 1
-        return a.slots, a.verify
+        return a.slots, a.verify, a.rows
+
+    def _pinned_rows(self, bs: int, width: int) -> Optional[torch.Tensor]:
+        """A page-locked int64 buffer for `bs * width` values (CUDA only), grown as needed. One
+        launched verify is read at a time, and its read completes before the next launch."""
+        if self.rt.device.type != "cuda":
+            return None
+        if self._pinned is None or self._pinned.numel() < bs * width:
+            self._pinned = torch.empty(max(bs, self.max_bs) * width, dtype=torch.long, pin_memory=True)
+        return self._pinned
 
     def _check_hidden_buffers(self) -> None:
         """The hidden-state buffers the launched phases copy through on the device still have the
@@ -558,6 +641,9 @@ class GraphRunner:
         vb.retrieve_next_sibling[:bucket].copy_(torch.where(keep, out.retrieve_next_sibling, -1))
         vb.seq_lens[:bucket].copy_(torch.where(live_req, db.seq_lens[:bucket], 0))
         vb.req_pool_indices[:bucket].copy_(torch.where(live_req, db.req_pool_indices[:bucket], self.pad_row))
+        vb.slots[:bucket].copy_(self._next_slots[:bucket])  # ahead_extend has read this verify's slots
+        if vb.sim_accept is not None:
+            vb.sim_accept[:bucket].copy_(self._next_sim[:bucket])
         return out
 
     def stats(self) -> dict[str, Any]:

@@ -122,13 +122,24 @@ class SimulatedAccept:
             raise ValueError(f"simulated accept length must be >= 1 (the bonus token), got {self.length}")
         self._gens: dict[torch.device, torch.Generator] = {}
 
-    def counts(self, bs: int, max_tokens: int, device: Any = "cpu") -> torch.Tensor:
-        """(bs,) int64 tokens to accept per request this iteration, within [1, max_tokens], drawn on
-        `device` (no host-to-device copy, so no sync)."""
+    def _gen(self, device: Any) -> torch.Generator:
         device = torch.device(device)
         gen = self._gens.get(device)
         if gen is None:
             gen = self._gens[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return gen
+
+    def get_state(self, device: Any) -> torch.Tensor:
+        """The generator state on `device` (a host tensor; restoring it replays the same draws)."""
+        return self._gen(device).get_state()
+
+    def set_state(self, device: Any, state: torch.Tensor) -> None:
+        self._gen(device).set_state(state)
+
+    def counts(self, bs: int, max_tokens: int, device: Any = "cpu") -> torch.Tensor:
+        """(bs,) int64 tokens to accept per request this iteration, within [1, max_tokens], drawn on
+        `device` (no host-to-device copy, so no sync)."""
+        gen = self._gen(device)
         base = int(self.length)
         extra = (torch.rand(bs, generator=gen, device=device) < (self.length - base)).long()
         return (base + extra).clamp(1, max_tokens)

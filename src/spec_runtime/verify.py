@@ -14,7 +14,7 @@ stops, KV commit and the draft-extend input.
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -90,8 +90,9 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
         return VerifyOutput.create_idle(config, rt.device)
     sim = rt.simulate_accept is not None
     launched = rt.runner.take_verify(inp, sampling.all_greedy, sim) if rt.static else None
+    host_rows = None
     if launched is not None:  # launched ahead by the previous verify, on this very tree
-        slots, out = launched
+        slots, out, host_rows = launched
     else:
         core_in = _prepare(rt, inp, sampling)
         out = rt.runner.verify(core_in) if rt.static else verify_core(rt.core_ops(), core_in)
@@ -99,9 +100,19 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     rt.counters.target_forwards += 1
     captured = out.captured
     rt.counters.add_hidden(captured)
-    counts_h, finished_h, rows_h = _stops_host(out.accept_tokens, out.num_correct, stops, rows=True)  # the one sync
-    if rt.static and rt.runner.can_launch_ahead(sampling.all_greedy, finished_h, counts_h, stops.room):
-        ext_slots = rt.runner.launch_ahead(bs, sim)
+    prepared = rt.static and rt.runner.prepare_ahead(sampling.all_greedy, stops.room, bs, sim)
+    try:
+        counts_h, finished_h, rows_h = _stops_host(out.accept_tokens, out.num_correct, stops, rows=True,
+                                                   host_rows=host_rows)  # the one sync
+    except BaseException:
+        if prepared:
+            rt.runner.cancel_ahead()
+        raise
+    if prepared and not rt.runner.can_launch_ahead(finished_h, counts_h, stops.room):
+        rt.runner.cancel_ahead()
+        prepared = False
+    if prepared:
+        ext_slots = rt.runner.launch_ahead()
         vout = _ahead_output(rt, inp, out, slots, ext_slots, counts_h)
         object.__setattr__(vout, "_host_emit", ([row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h))
         return vout
@@ -273,10 +284,15 @@ def _tokens_at(predicts: torch.Tensor, accept_index: torch.Tensor) -> torch.Tens
     return torch.where(accept_index >= 0, predicts[accept_index.clamp(min=0)], -1)
 
 
-def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch, rows: bool = False):
+def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch, rows: bool = False,
+                host_rows: Any = None):
     """Per request (host lists): tokens to emit after the stops, and whether it finished (and with
-    `rows` the host token rows). One device-to-host copy (tokens and counts together)."""
-    both = torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1).tolist()
+    `rows` the host token rows). One device-to-host copy (tokens and counts together), or the copy
+    launch-ahead already queued (`host_rows`, read with `.tolist()`)."""
+    if host_rows is not None:
+        both = host_rows.tolist()
+    else:
+        both = torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1).tolist()
     counts, finished = [], []
     for row, budget, stop_ids in zip(both, stops.budget, stops.stop_ids):
         count = min(row[-1] + 1, budget)

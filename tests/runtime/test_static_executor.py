@@ -158,8 +158,15 @@ def test_simulated_acceptance(request, load_pair, pair: str) -> None:
     for executor in ("eager", "static"):
         engine = SpecEngine(_runtime(algorithm, target, draft, executor, num_steps=4, topk=2, num_draft_tokens=6,
                                      simulate_accept_len=2.5))
-        reqs = engine.generate(_prompts(3), max_new_tokens=40)
+        # staggered budgets: a request finishing mid-run cancels a launch prepared before the read
+        rids = [engine.add_request(p, budget, ignore_eos=True) for p, budget in zip(_prompts(3), (13, 40, 40))]
+        while engine.has_work:
+            engine.step()
+        reqs = [engine.requests[r] for r in rids]
         runs[executor] = [(r.output, r.accept_lengths) for r in reqs]
+        if executor == "static":  # the cancel rewinds the generator: the draws stay in step with eager's
+            ahead = engine.rt.runner.ahead_stats
+            assert ahead["used"] >= 5 and ahead["cancelled"] >= 2, ahead
         lengths = [a for r in reqs for a in r.accept_lengths[:-1]]  # the last is cut by the budget
         assert set(lengths) <= {2, 3} and abs(sum(lengths) / len(lengths) - 2.5) < 0.35, lengths
     assert runs["eager"] == runs["static"]
