@@ -288,7 +288,9 @@ def read_ceiling() -> dict:
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     res = {}
     for progs, block, warps, evict in itertools.product((132 * 4, 132 * 8, 132 * 16), (2048, 4096), (4, 8), ("", "evict_first")):
-        f = lambda: _read_kernel[(progs,)](src, out, n, BLOCK=block, EVICT=evict, num_warps=warps)  # noqa: E731
+        def f(progs=progs, block=block, warps=warps, evict=evict, src=src):
+            _read_kernel[(progs,)](src, out, n, BLOCK=block, EVICT=evict, num_warps=warps)
+
         f()
         torch.cuda.synchronize()
         e0.record()
@@ -309,7 +311,7 @@ def read_ceiling() -> dict:
     best = max((v, k) for k, v in res.items() if k.startswith("read"))
     res["best_read"] = {"tbs": best[0], "config": best[1]}
     print(json.dumps(res, indent=1), flush=True)
-    del src, dst
+    src = dst = None
     torch.cuda.empty_cache()
     return res
 

@@ -25,8 +25,8 @@ baseline).
 """
 
 import collections
-import gc
 import dataclasses
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
