@@ -30,7 +30,7 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -44,7 +44,7 @@ from .gpu.models import FastOptions, FastTarget, build_fast_models
 from .gpu.ops import build_tree_nosync, probs_nosync
 from .kv_cache import KVCache
 from .runtime import CoreOps, Runtime
-from .verify import VerifyCoreIn, VerifyCoreOut, verify_core
+from .verify import VerifyCoreIn, VerifyCoreOut, stacked_rows, verify_core
 
 __all__ = ["DEFAULT_BUCKETS", "GraphRunner", "GraphSet", "DecodeRunner", "buckets_for"]
 
@@ -177,7 +177,7 @@ class _HostRows:
     own kernels, so the host's read waits for the verify only, not for everything queued after it."""
 
     def __init__(self, accept_tokens: torch.Tensor, num_correct: torch.Tensor, pinned: Optional[torch.Tensor]) -> None:
-        both = torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1)
+        both = stacked_rows(accept_tokens, num_correct)
         self.event = None
         if pinned is None or not both.is_cuda:
             self.host = both.cpu()
@@ -191,6 +191,16 @@ class _HostRows:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+
+class _Prepared(NamedTuple):
+    """What `prepare_ahead` allocated and staged for one launch."""
+
+    bs: int
+    sim: bool
+    ext_slots: torch.Tensor  # (bs, num_steps + 1) draft slots of the launched draft-extend
+    slots: torch.Tensor  # (bs, num_draft) target slots of the launched verify
+    sim_state: Optional[torch.Tensor]  # the simulated-acceptance generator before its draw
 
 
 @dataclass
@@ -234,7 +244,7 @@ class GraphRunner:
         self.ahead: Optional[_Ahead] = None
         self.ahead_stats = collections.Counter()
         self._pinned: Optional[torch.Tensor] = None  # host copies of launched verifies' rows
-        self._prepared: Optional[tuple] = None  # prepare_ahead's (bs, sim, ext slots, verify slots)
+        self._prepared: Optional[_Prepared] = None
         self._vout_full: dict[tuple, VerifyCoreOut] = {}
         self.linear_log: list = []
         self.setup_seconds = 0.0
@@ -460,7 +470,7 @@ class GraphRunner:
             sim_state = rt.simulate_accept.get_state(rt.device)
             B._put(self._next_sim, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
         self._nlive.fill_(bs)
-        self._prepared = (bs, sim, ext_slots, slots, sim_state)
+        self._prepared = _Prepared(bs, sim, ext_slots, slots, sim_state)
         return True
 
     def cancel_ahead(self) -> None:
@@ -468,10 +478,10 @@ class GraphRunner:
         prepared, self._prepared = self._prepared, None
         if prepared is not None:
             self.ahead_stats["cancelled"] += 1
-            self.rt.draft_cache.free_slots(prepared[2], check=False)
-            self.rt.target_cache.free_slots(prepared[3], check=False)
-            if prepared[4] is not None:
-                self.rt.simulate_accept.set_state(self.rt.device, prepared[4])
+            self.rt.draft_cache.free_slots(prepared.ext_slots, check=False)
+            self.rt.target_cache.free_slots(prepared.slots, check=False)
+            if prepared.sim_state is not None:
+                self.rt.simulate_accept.set_state(self.rt.device, prepared.sim_state)
 
     def can_launch_ahead(self, finished: Sequence[bool], counts: Sequence[int],
                          room: Optional[Sequence[int]]) -> bool:
@@ -495,15 +505,14 @@ class GraphRunner:
         belong to (`take_extend`, `take_draft`, `take_verify`); anything else discards them.
         Returns the `(bs, num_steps + 1)` draft slots allocated for this draft-extend (the caller
         frees the ones past each request's count)."""
-        bs, sim, ext_slots, slots, _ = self._prepared
-        self._prepared = None
         try:
             self.discard_ahead()
             self._check_hidden_buffers()
         except BaseException:
-            self.rt.draft_cache.free_slots(ext_slots, check=False)
-            self.rt.target_cache.free_slots(slots, check=False)
+            self.cancel_ahead()
             raise
+        bs, sim, ext_slots, slots, _ = self._prepared
+        self._prepared = None
         bucket = self.bucket_for(bs)
         tag = "simulated" if sim else "real"
         ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))

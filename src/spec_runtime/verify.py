@@ -284,15 +284,18 @@ def _tokens_at(predicts: torch.Tensor, accept_index: torch.Tensor) -> torch.Tens
     return torch.where(accept_index >= 0, predicts[accept_index.clamp(min=0)], -1)
 
 
+def stacked_rows(accept_tokens: torch.Tensor, num_correct: torch.Tensor) -> torch.Tensor:
+    """`(bs, width + 1)` int64: each request's accepted tokens, then its count of correct drafts
+    (what verify's one device-to-host copy reads)."""
+    return torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1)
+
+
 def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch, rows: bool = False,
                 host_rows: Any = None):
     """Per request (host lists): tokens to emit after the stops, and whether it finished (and with
     `rows` the host token rows). One device-to-host copy (tokens and counts together), or the copy
     launch-ahead already queued (`host_rows`, read with `.tolist()`)."""
-    if host_rows is not None:
-        both = host_rows.tolist()
-    else:
-        both = torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1).tolist()
+    both = (host_rows if host_rows is not None else stacked_rows(accept_tokens, num_correct)).tolist()
     counts, finished = [], []
     for row, budget, stop_ids in zip(both, stops.budget, stops.stop_ids):
         count = min(row[-1] + 1, budget)
