@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def _runtime(algorithm: str, target, draft, sim: float):
+def _runtime(algorithm: str, target, draft, sim: float, fast: dict | None = None):
     import bench_e2e as E
 
     from spec_runtime.engine import SpecEngine
@@ -32,17 +32,17 @@ def _runtime(algorithm: str, target, draft, sim: float):
 
     steps, topk, n = E.SPEC[algorithm]
     rt = Runtime.create(target, draft, algorithm, num_steps=steps, topk=topk, num_draft_tokens=n, max_batch_size=1,
-                        max_context=128 + 256 + n + 8, executor="cuda_graph", buckets=(1,), seed=0)
+                        max_context=128 + 256 + n + 8, executor="cuda_graph", buckets=(1,), seed=0, fast=fast)
     rt.simulate_accept = SimulatedAccept(sim, seed=1)
     return rt, SpecEngine(rt)
 
 
-def graph_times(algorithm: str, target, draft, sim: float) -> dict:
+def graph_times(algorithm: str, target, draft, sim: float, fast: dict | None = None) -> dict:
     import bench_e2e as E
 
     from spec_runtime.graphs import GraphSet
 
-    rt, engine = _runtime(algorithm, target, draft, sim)
+    rt, engine = _runtime(algorithm, target, draft, sim, fast)
     prompt = E.random_prompts(1, 128, target.vocab_size, seed=101)
     E.run_spec_once(engine, prompt, 16, "cuda")  # warm-up: captures
     import spec_runtime.verify as V

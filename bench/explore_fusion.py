@@ -1,0 +1,101 @@
+"""Exploration (H200): fast-path options side by side in one process, bs=1.
+
+    python3 bench/explore_fusion.py --out $OUT/fusion [--variants on:{},off:{"prologues":false}] [--rounds 2]
+
+Each variant is a set of `FastOptions` fields. For each round, every variant in turn times the plain
+decode step (a CUDA graph per step, 255 steps after a 128-token prompt), and EAGLE-3 (simulated
+accept length 5.4) and STANDALONE (3.6) iterations with a CUDA event pair around every graph replay
+(`explore_iter.graph_times`). Rounds alternate the variants so slow drift of the machine shows.
+Writes `fusion.json` under --out.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
+    """ms per plain decode step (bs=1, prompt 128) and the kernels captured per step."""
+    import bench_e2e as E
+
+    from spec_runtime.attention import AttnBatch
+    from spec_runtime.graphs import DecodeRunner
+    from spec_runtime.kv_cache import KVCache
+
+    ctx = 128 + steps + 9
+    cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype, "cuda")
+    runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast)
+    runner.capture()
+    prompt = torch.tensor(E.random_prompts(1, 128, target.vocab_size, seed=1)[0], device="cuda")
+    rows = torch.zeros(1, dtype=torch.int64, device="cuda")
+    times = []
+    for n in (4, steps, steps):
+        lens = torch.full((1,), 128, dtype=torch.int64, device="cuda")
+        slots = cache.alloc_slots(128)
+        with torch.inference_mode():
+            attn = AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots)
+            hidden, _ = runner.fast.forward(prompt, torch.arange(128, device="cuda"), attn, cache)
+            cache.req_to_token[0, :128] = slots
+            first = runner.fast.compute_logits(hidden[-1:]).argmax(-1)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        tokens = runner.generate(rows, first, lens, n)
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t0) / n)
+        _ = tokens.tolist()
+        row = cache.req_to_token[0]
+        cache.free_slots(row[row >= 0])
+        row.fill_(-1)
+    return {"ms_per_step": min(times[1:]), "tok_s": 1e3 / min(times[1:])}
+
+
+def main() -> int:
+    import bench_e2e as E
+    import explore_iter as X
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--variants", default='on:{};off:{"prologues":false}',
+                   help="name:JSON pairs separated by ';' (FastOptions fields)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--algorithms", default="plain,EAGLE3,STANDALONE")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = [(v.split(":", 1)[0], json.loads(v.split(":", 1)[1])) for v in a.variants.split(";") if v]
+    algorithms = a.algorithms.split(",")
+    sims = E.parse_sim("EAGLE3=5.4,STANDALONE=3.6,EAGLE=3.6")
+    cfg = E.llama_config(False)
+    t0 = time.time()
+    target = E.build_target(cfg, torch.bfloat16, "cuda", seed=0)
+    drafts = {alg: E.build_draft(alg, target, cfg, False, torch.bfloat16, "cuda") for alg in algorithms if alg != "plain"}
+    res: dict = {"variants": dict(variants), "command": " ".join(sys.argv), "rounds": []}
+    for r in range(a.rounds):
+        order = variants if r % 2 == 0 else variants[::-1]
+        for name, fast in order:
+            row: dict = {"round": r, "variant": name}
+            for alg in algorithms:
+                if alg == "plain":
+                    row["plain"] = plain_step_ms(target, fast)
+                else:
+                    g = X.graph_times(alg, target, drafts[alg], sims[alg], fast)
+                    row[alg] = {k: g[k] for k in ("ms_per_iter", "tok_s", "accept_len", "graph_ms_per_iter")}
+                    row[alg]["graphs_ms_per_call"] = {k: v["ms_per_call"] for k, v in g["graphs"].items()}
+                    row[alg]["pdl_fallbacks"] = g["stats"].get("pdl_fallbacks")
+                torch.cuda.empty_cache()
+            res["rounds"].append(row)
+            print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)
+            (out / "fusion.json").write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
