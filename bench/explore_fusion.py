@@ -1,6 +1,6 @@
 """Exploration (H200): fast-path options side by side in one process, bs=1.
 
-    python3 bench/explore_fusion.py --out $OUT/fusion [--variants on:{},off:{"prologues":false}] [--rounds 2]
+    python3 bench/explore_fusion.py --out $OUT/fusion --variants 'gemv:{};cublas:{"linear":"torch"}' [--rounds 2]
 
 Each variant is a set of `FastOptions` fields. For each round, every variant in turn times the plain
 decode step (a CUDA graph per step, 255 steps after a 128-token prompt), and EAGLE-3 (simulated
@@ -63,8 +63,7 @@ def main() -> int:
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--variants", default='on:{};off:{"prologues":false}',
-                   help="name:JSON pairs separated by ';' (FastOptions fields)")
+    p.add_argument("--variants", required=True, help="name:JSON pairs separated by ';' (FastOptions fields)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--algorithms", default="plain,EAGLE3,STANDALONE")
     a = p.parse_args()

@@ -392,33 +392,14 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
                           intermediate_size=48)
     target = load_target(t)
     head = load_eagle3(h, target)
-    # the GEMV prologues (add + RMSNorm in QKV and gate/up, SiLU-and-multiply in down) == the reference forward
-    from spec_runtime.attention import AttnBatch
-    from spec_runtime.gpu.models import FastBackend, FastOptions, FastTarget
-    from spec_runtime.kv_cache import KVCache
-    opts = FastOptions(fuse=True, elementwise="triton", linear="gemv", attention="dense", prologues=True)
-    be = FastBackend(opts, "cpu")
-    assert be.prologues
-    fast = FastTarget(target, be, 64)
-    be.choose_linears(fast.linears())
-    ids = torch.randint(0, 64, (5,), generator=gen)
-    refs = []
-    for model in (target, fast):
-        cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, num_slots=16, max_reqs=1,
-                        max_context=16, device="cpu")
-        attn = AttnBatch.extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([5]), cache.alloc_slots(5))
-        with torch.inference_mode():
-            refs.append(model.forward(ids, torch.arange(5), attn, cache, (0, 2)))
-    torch.testing.assert_close(refs[1][0], refs[0][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(refs[1][1], refs[0][1], rtol=1e-5, atol=1e-5)
     outs = []
-    for executor, extra in (("eager", {}), ("static", {}), ("static", dict(linear="gemv", prologues=True))):
+    for executor in ("eager", "static"):
         rt = Runtime.create(target, head, "EAGLE3", num_steps=2, topk=2, num_draft_tokens=4, max_batch_size=4,
                             max_context=48, executor=executor, buckets=(1, 2, 4),
-                            fast=dict(elementwise="triton", fuse=True, attention="dense", **extra))
+                            fast=dict(elementwise="triton", fuse=True, attention="dense"))
         reqs = SpecEngine(rt).generate([[1, 2, 3], [4, 5, 6, 7, 8], [9]], max_new_tokens=8)
         outs.append([r.output for r in reqs])
-    assert outs[0] == outs[1] == outs[2], outs
+    assert outs[0] == outs[1], outs
     print("OK")
     """
 )

@@ -15,10 +15,7 @@ pieces a CUDA graph needs and a GPU likes:
   dim a power of two >= 16), else `dense_attention`, a sync-free torch attention for fixed
   rows-per-request layouts (what the static buffers give); never the host-reading reference;
 - linear layers through cuBLAS or the Triton split-K GEMV (`spec_runtime.kernels.gemv`), chosen per
-  weight shape and row count at setup by timing both (`FastOptions.linear`);
-- prologues (`FastOptions.prologues`, off by default, slower): for row counts the GEMV takes, the
-  residual add + RMSNorm before QKV and gate/up and the SiLU-and-multiply before down run inside
-  those GEMVs (`gemv.norm_linear`, `gemv.silu_linear`), three launches fewer per decoder layer.
+  weight shape and row count at setup by timing both (`FastOptions.linear`).
 
 Nothing here reads a tensor value on the host, so every forward can be captured in a CUDA graph.
 """
@@ -59,11 +56,6 @@ class FastOptions:
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
             and row bucket); off by default: its heuristic configuration is used, unless the
             environment sets SPEC_GEMV_TUNE.
-        prologues: fold (residual add +) RMSNorm into the fused QKV and gate/up GEMVs and
-            SiLU-and-multiply into the down GEMV, for up to `gemv.MAX_M` rows (needs fused weights,
-            triton elementwise kernels and a linear choice other than torch). Off by default: on
-            the H200 these GEMVs are 1.4-2x slower than the plain GEMV plus the separate kernel
-            (`bench/results/explore/prologue_sweep.json`).
     """
 
     fuse: Optional[bool] = None
@@ -73,7 +65,6 @@ class FastOptions:
     tree: str = "auto"
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
-    prologues: Optional[bool] = None
 
     @classmethod
     def of(cls, value: Any) -> "FastOptions":
@@ -221,11 +212,6 @@ class FastBackend:
         self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
         if self.linear != "torch" and "SPEC_GEMV_TUNE" not in os.environ:
             os.environ["SPEC_GEMV_TUNE"] = "1" if options.gemv_tune else "0"  # read per call by kernels.gemv
-        self.prologues = bool(options.prologues)  # off unless asked: measured slower on the H200
-        if self.prologues and not (self.fuse and ew == "triton" and self.linear != "torch"):
-            raise ValueError("FastOptions.prologues needs fused weights, triton elementwise kernels and a "
-                             f"linear choice other than torch (got fuse={self.fuse}, elementwise={ew!r}, "
-                             f"linear={self.linear!r})")
         self._triton_attention: Optional[Callable] = None
         if att == "triton":
             from spec_runtime.kernels.attention import triton_attention
@@ -259,30 +245,6 @@ class FastBackend:
             return self._ew.add_rmsnorm(x, delta, weight, eps)
         x = x + delta
         return x, self.rmsnorm(x, weight, eps)
-
-    def norm_linear(self, lin: "Linear", x: torch.Tensor, delta: Optional[torch.Tensor],
-                    weight: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(lin(rmsnorm(x + delta)), x + delta)`: one GEMV launch with the prologue when it applies,
-        else `add_rmsnorm` then `lin`."""
-        if weight is not None and self._prologue_rows(lin, x) and weight.dtype == x.dtype:
-            from spec_runtime.kernels.gemv import norm_linear
-
-            return norm_linear(x, delta, weight, eps, lin.weight, lin.bias)
-        total, normed = self.add_rmsnorm(x, delta, weight, eps)
-        return lin(normed), total
-
-    def silu_linear(self, lin: "Linear", gate_up: torch.Tensor) -> torch.Tensor:
-        """`lin(silu(gate) * up)`: one GEMV launch with the prologue when it applies."""
-        if self._prologue_rows(lin, gate_up):
-            from spec_runtime.kernels.gemv import silu_linear
-
-            return silu_linear(gate_up, lin.weight, lin.bias)
-        return lin(self.silu_mul(gate_up))
-
-    def _prologue_rows(self, lin: "Linear", x: torch.Tensor) -> bool:
-        from spec_runtime.kernels.gemv import MAX_M
-
-        return self.prologues and 0 < x.shape[0] <= MAX_M and x.dtype == lin.weight.dtype
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`silu(gate) * up` of a fused `(T, 2I)` gate/up output."""
@@ -409,21 +371,17 @@ class _AttnBlock:
     def linears(self) -> list[Linear]:
         return ([self.qkv] if self.qkv is not None else [self.q, self.k, self.v]) + [self.o]
 
-    def __call__(self, x: torch.Tensor, delta: Optional[torch.Tensor], norm: Optional[torch.Tensor], eps: float,
-                 rope: RopeTable, positions: torch.Tensor, attn: AttnBatch, cache: KVCache,
-                 layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(attention output, x + delta)` of `rmsnorm(x + delta)` (norm None: of `x + delta`)."""
+    def __call__(self, x: torch.Tensor, rope: RopeTable, positions: torch.Tensor, attn: AttnBatch,
+                 cache: KVCache, layer: int) -> torch.Tensor:
         t = x.shape[0]
         if self.qkv is not None:
-            y, total = self.be.norm_linear(self.qkv, x, delta, norm, eps)
-            q, k, v = y.split(self.split, dim=-1)
+            q, k, v = self.qkv(x).split(self.split, dim=-1)
         else:
-            total, normed = self.be.add_rmsnorm(x, delta, norm, eps)
-            q, k, v = self.q(normed), self.k(normed), self.v(normed)
+            q, k, v = self.q(x), self.k(x), self.v(x)
         q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
         nh, _, hd = self.heads
         out = self.attention(q, cache, layer, attn, hd ** -0.5)
-        return self.o(out.reshape(t, nh * hd)), total
+        return self.o(out.reshape(t, nh * hd))
 
 
 class _MLPBlock:
@@ -441,14 +399,10 @@ class _MLPBlock:
     def linears(self) -> list[Linear]:
         return ([self.gate_up] if self.gate_up is not None else [self.gate, self.up]) + [self.down]
 
-    def __call__(self, x: torch.Tensor, delta: Optional[torch.Tensor], norm: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(mlp(rmsnorm(x + delta)), x + delta)`."""
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gate_up, total = self.be.norm_linear(self.gate_up, x, delta, norm, eps)
-            return self.be.silu_linear(self.down, gate_up), total
-        total, normed = self.be.add_rmsnorm(x, delta, norm, eps)
-        return self.down(F.silu(self.gate(normed)) * self.up(normed)), total
+            return self.down(self.be.silu_mul(self.gate_up(x)))
+        return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
 @dataclass
@@ -496,10 +450,12 @@ class FastTarget:
         captured: dict[int, torch.Tensor] = {}
         pending: Optional[torch.Tensor] = None
         for i, layer in enumerate(self.layers):
-            a, x = layer.attn(x, pending, layer.in_norm, layer.eps, self.rope, positions, attn, cache, i)
+            x, normed = be.add_rmsnorm(x, pending, layer.in_norm, layer.eps)
             if i in wanted:
                 captured[i] = x
-            pending, x = layer.mlp(x, a, layer.post_norm, layer.eps)
+            a = layer.attn(normed, self.rope, positions, attn, cache, i)
+            x, normed = be.add_rmsnorm(x, a, layer.post_norm, layer.eps)
+            pending = layer.mlp(normed)
         x, hidden = be.add_rmsnorm(x, pending, self.norm, self.eps)
         if aux_layer_ids is None:
             return hidden, None
@@ -555,10 +511,10 @@ class FastEagle1:
             raise ValueError(f"EAGLE-1 hidden_in has width {hidden_in.shape[-1]}, expected {self.hidden_size}")
         emb = F.embedding(input_ids, self.embed).to(self.dtype)
         h = self.fc(torch.cat([emb, hidden_in.to(self.dtype)], dim=-1))
-        layer = self.layer
-        a, _ = layer.attn(h, None, None, layer.eps, self.rope, positions, attn, cache, 0)
-        m, x = layer.mlp(h, a, layer.post_norm, layer.eps)
-        return x + m
+        layer, be = self.layer, self.be
+        a = layer.attn(h, self.rope, positions, attn, cache, 0)
+        x, normed = be.add_rmsnorm(h, a, layer.post_norm, layer.eps)
+        return x + layer.mlp(normed)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
@@ -600,9 +556,9 @@ class FastEagle3:
         be = self.be
         emb = F.embedding(input_ids, self.embed).to(self.dtype)
         x = torch.cat([be.rmsnorm(emb, self.in_norm, self.eps), be.rmsnorm(h, self.hidden_norm, self.eps)], dim=-1)
-        a, _ = self.attn(x, None, None, self.eps, self.rope, positions, attn, cache, 0)
-        m, h = self.mlp(h, a, self.post_norm, self.eps)
-        return h + m
+        a = self.attn(x, self.rope, positions, attn, cache, 0)
+        h, normed = be.add_rmsnorm(h, a, self.post_norm, self.eps)
+        return h + self.mlp(normed)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.be.rmsnorm(h, self.norm, self.norm_eps)).float()

@@ -8,11 +8,6 @@ With `SPLIT_K > 1` the programs write float32 partials that a second pass sums i
 (deterministic, no atomics) and casts. Block sizes and `SPLIT_K` are tuned per
 `(M bucket, N, K, dtype)` on first use by timing the whole op (both passes) on the device;
 `SPEC_GEMV_TUNE=0`, a CUDA-graph capture, or the interpreter use a heuristic config instead.
-
-Two prologues fold the elementwise step before a projection into the product's input loads, so a
-decoder layer launches three kernels fewer (each launch boundary costs microseconds at bs=1):
-`norm_linear` (residual add + RMSNorm before QKV and gate/up) and `silu_linear` (SiLU-and-multiply
-before down).
 """
 
 import os
@@ -34,17 +29,7 @@ from spec_runtime.kernels._common import (
     sm_count,
 )
 
-__all__ = [
-    "GemvConfig",
-    "MAX_M",
-    "linear",
-    "norm_linear",
-    "reference_linear",
-    "reference_norm_linear",
-    "reference_silu_linear",
-    "silu_linear",
-    "triton_linear",
-]
+__all__ = ["GemvConfig", "MAX_M", "linear", "reference_linear", "triton_linear"]
 
 MAX_M = 16
 """Rows handled by the Triton kernel; `linear` sends larger inputs to `torch.nn.functional.linear`."""
@@ -73,46 +58,15 @@ class GemvConfig:
 
 
 @triton.jit
-def _x_tile(
-    x_ptr, d_ptr, nw_ptr, sum_ptr, rm, ks, m_ok, k_ok, K, s_xm, s_dm, s_sm, write_sum,
-    PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr,
-):
-    """One `(BLOCK_M, BLOCK_K)` tile of the GEMV's input after its prologue, and the tile the
-    sum of squares is taken over (the summed rows for PROLOGUE 1, else the input itself)."""
-    mask = m_ok[:, None] & k_ok[None, :]
-    rows = rm[:, None].to(tl.int64)
-    x = tl.load(x_ptr + rows * s_xm + ks[None, :], mask=mask, other=0.0)
-    if PROLOGUE == 1:  # (residual add +) RMSNorm weight; the 1 / rms scale is applied to the result
-        if HAS_DELTA:
-            d = tl.load(d_ptr + rows * s_dm + ks[None, :], mask=mask, other=0.0)
-            x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)  # rounded like torch's add
-            tl.store(sum_ptr + rows * s_sm + ks[None, :], x, mask=mask & write_sum)
-        nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0)
-        return (nw.to(tl.float32)[None, :] * x.to(tl.float32)).to(x.dtype), x
-    if PROLOGUE == 2:  # silu(gate) * up, gate = x[:, :K], up = x[:, K:2K]
-        u = tl.load(x_ptr + rows * s_xm + K + ks[None, :], mask=mask, other=0.0)
-        g = x.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(x.dtype)  # F.silu rounds to the dtype
-        y = (act.to(tl.float32) * u.to(tl.float32)).to(x.dtype)
-        return y, y
-    return x, x
-
-
-@triton.jit
 def _gemv_kernel(
-    x_ptr,  # (M, K) activations ((M, 2K) gate/up for PROLOGUE 2)
+    x_ptr,  # (M, K) activations
     w_ptr,  # (N, K) weight, K contiguous
     bias_ptr,  # (N,) bias (ignored unless HAS_BIAS)
     out_ptr,  # (M, N) result in x's dtype (output, SPLIT_K == 1)
     part_ptr,  # (SPLIT_K, M, N) float32 partial sums (output, SPLIT_K > 1)
-    d_ptr,  # (M, K) residual delta (PROLOGUE 1 with HAS_DELTA)
-    nw_ptr,  # (K,) RMSNorm weight (PROLOGUE 1)
-    sum_ptr,  # (M, K) x + delta (output, PROLOGUE 1 with HAS_DELTA; written by the first column of programs)
-    ssq_ptr,  # (SPLIT_K, M) float32 partial sums of squares (output, PROLOGUE 1 with SPLIT_K > 1)
-    M, N, K, s_xm, s_wn, s_om, s_dm, s_sm, eps,
+    M, N, K, s_xm, s_wn, s_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
-    PROLOGUE: tl.constexpr = 0, HAS_DELTA: tl.constexpr = False, PDL: tl.constexpr = False,
+    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -124,10 +78,9 @@ def _gemv_kernel(
     k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k0 = pid_k * k_len
     k1 = tl.minimum(k0 + k_len, K)
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * s_xm
     w_rows = w_ptr + rn[:, None].to(tl.int64) * s_wn
-    write_sum = pid_n == 0
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    ssq = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)  # elementwise; reduced once after the loop
     first = k0
     if PDL:
         # Programmatic dependent launch: fetch the first weight tile (weights are never written)
@@ -135,17 +88,13 @@ def _gemv_kernel(
         # kernel's programs start. Triggering only after the wait keeps at most one kernel waiting
         # ahead; triggering first would let the whole chain launch and hold multiprocessors idle.
         ks = k0 + rk
-        k_ok = ks < k1
         if EVEN_K:
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None], other=0.0)
         else:
-            w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k1)[None, :], other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-        x, s = _x_tile(x_ptr, d_ptr, nw_ptr, sum_ptr, rm, ks, m_ok, k_ok, K, s_xm, s_dm, s_sm, write_sum,
-                       PROLOGUE, HAS_DELTA)
-        if PROLOGUE == 1:
-            ssq += s.to(tl.float32) * s.to(tl.float32)
+        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k1)[None, :], other=0.0)
         if DOT_F32:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
@@ -153,32 +102,25 @@ def _gemv_kernel(
         first = k0 + BLOCK_K
     for kk in range(first, k1, BLOCK_K):
         ks = kk + rk
-        k_ok = ks < k1
         if EVEN_K:
+            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None], other=0.0)
         else:
+            k_ok = ks < k1
+            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x, s = _x_tile(x_ptr, d_ptr, nw_ptr, sum_ptr, rm, ks, m_ok, k_ok, K, s_xm, s_dm, s_sm, write_sum,
-                       PROLOGUE, HAS_DELTA)
-        if PROLOGUE == 1:
-            ssq += s.to(tl.float32) * s.to(tl.float32)
         if DOT_F32:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x.to(w.dtype), tl.trans(w))
     ok = m_ok[:, None] & n_ok[None, :]
-    row_ssq = tl.sum(ssq, axis=1)
     if SPLIT_K == 1:
-        if PROLOGUE == 1:
-            acc = acc * tl.rsqrt(row_ssq / K + eps)[:, None]
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=ok)
     else:
         part = part_ptr + (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
         tl.store(part, acc, mask=ok)
-        if PROLOGUE == 1:
-            tl.store(ssq_ptr + pid_k * M + rm, row_ssq, mask=m_ok & write_sum)
 
 
 @triton.jit
@@ -186,10 +128,8 @@ def _split_k_reduce_kernel(
     part_ptr,  # (SPLIT_K, M, N) float32 partial sums
     bias_ptr,  # (N,) bias (ignored unless HAS_BIAS)
     out_ptr,  # (M, N) result in x's dtype (output)
-    ssq_ptr,  # (SPLIT_K, M) float32 partial sums of squares (NORM)
-    M, N, K, s_om, eps,
-    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    M, N, s_om,
+    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     m = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -200,58 +140,30 @@ def _split_k_reduce_kernel(
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT_K):  # fixed order: deterministic
         acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + rn, mask=ok, other=0.0)
-    if NORM:
-        ssq = 0.0
-        for s in tl.static_range(SPLIT_K):
-            ssq += tl.load(ssq_ptr + s * M + m)
-        acc = acc * tl.rsqrt(ssq / K + eps)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + m.to(tl.int64) * s_om + rn, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@dataclass(frozen=True)
-class _Prologue:
-    """What the GEMV computes from its input before the product (None: the input as is).
-
-    `kind` "norm": `rmsnorm(x + delta) * weight` (delta optional; `total` receives x + delta);
-    "silu": `silu(gate) * up` of a `(M, 2K)` gate/up input."""
-
-    kind: str
-    delta: torch.Tensor | None = None
-    weight: torch.Tensor | None = None
-    total: torch.Tensor | None = None
-    eps: float = 0.0
-
-
-def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig,
-            pro: _Prologue | None = None) -> None:
-    m = x.shape[0]
-    n, k = w.shape
+def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig) -> None:
+    m, k = x.shape
+    n = w.shape[0]
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     b = bias if bias is not None else out
     dot_f32 = interpreting() or x.dtype == torch.float32 or w.dtype == torch.float32
     pdl = pdl_options(x.device)
-    kind = 0 if pro is None else (1 if pro.kind == "norm" else 2)
-    norm = kind == 1
-    delta = pro.delta if norm and pro.delta is not None else x
-    total = pro.total if norm and pro.delta is not None else x
-    nw = pro.weight if norm else x
-    ssq = torch.empty((split, m), dtype=torch.float32, device=x.device) if norm and split > 1 else part
-    eps = float(pro.eps) if norm else 0.0
     _gemv_kernel[(cdiv(n, cfg.block_n), split)](
-        x, w, b, out, part, delta, nw, total, ssq, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        delta.stride(0), total.stride(0), eps,
+        x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32,
-        PROLOGUE=kind, HAS_DELTA=delta is not x, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )
     if split > 1:
         block = min(1024, next_pow2(n))
         _split_k_reduce_kernel[(cdiv(n, block), m)](
-            part, b, out, ssq, m, n, k, out.stride(0), eps, SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None,
-            NORM=norm, num_warps=4, **pdl,
+            part, b, out, m, n, out.stride(0), SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4,
+            **pdl,
         )
 
 
@@ -304,87 +216,6 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
             best, best_ms = cfg, ms
     _TUNED[key] = best or heuristic_config(m, n, k, x.device)
     return _TUNED[key]
-
-
-def _known_config(m: int, w: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> GemvConfig:
-    """The config tuned (or registered at setup) for this plain shape, else the heuristic one: the
-    prologue variants stream the same weight, so they launch like the plain product."""
-    n, k = w.shape
-    key = (next_pow2(m), n, k, dtype, w.dtype, bias is not None, w.device)
-    return _TUNED.get(key) or heuristic_config(m, n, k, w.device)
-
-
-def _check_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, k: int) -> None:
-    require(x.dim() == 2, f"x must be (M, K), got shape {tuple(x.shape)}")
-    require(w.dim() == 2, f"w must be (N, K), got shape {tuple(w.shape)}")
-    require(w.shape[1] == k, f"w has shape {tuple(w.shape)}, expected (N, {k}) to match x {tuple(x.shape)}")
-    require(x.shape[0] <= MAX_M, f"the Triton GEMV handles M <= {MAX_M} rows, got M={x.shape[0]}; use linear() for any M")
-    require(x.dtype in FLOAT_DTYPES and w.dtype in FLOAT_DTYPES, f"x, w dtypes {x.dtype}, {w.dtype} not in {FLOAT_DTYPES}")
-    require(x.device == w.device, f"x is on {x.device}, w on {w.device}")
-    require(w.stride(1) == 1, "w must be contiguous along K (a row-major (N, K) weight)")
-    if bias is not None:
-        require(tuple(bias.shape) == (w.shape[0],), f"bias has shape {tuple(bias.shape)}, expected ({w.shape[0]},)")
-        require(bias.device == x.device, f"bias is on {bias.device}, x on {x.device}")
-
-
-def reference_norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                          w: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(linear(rmsnorm(x + delta)), x + delta)` with `models.llama.RMSNorm`'s rounding steps."""
-    total = x if delta is None else x + delta
-    xf = total.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(total.dtype)
-    return F.linear(norm_weight * normed, w, bias), total
-
-
-def reference_silu_linear(gate_up: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`linear(silu(gate) * up)` of a `(M, 2K)` gate/up input."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w, bias)
-
-
-def norm_linear(
-    x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
-    bias: torch.Tensor | None = None, *, config: GemvConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(rmsnorm(x + delta) @ w.T (+ bias), x + delta)` in one launch (`M <= 16`): the residual add
-    and the RMSNorm weight are applied to each input tile as it is loaded, the sum of squares is
-    accumulated along, and the result rows are scaled by `1 / rms` at the end (the RMSNorm of
-    `reference_norm_linear` with the scale applied after the product instead of before it: the same
-    function, rounded once less in low precision). `delta` None: no add, the second output is `x`.
-    The programs of the first output column write `x + delta`."""
-    m, k = x.shape if x.dim() == 2 else (0, -1)
-    _check_product(x, w, bias, k)
-    require(x.dtype == w.dtype, f"norm_linear: x is {x.dtype}, w is {w.dtype}; they must match")
-    require(tuple(norm_weight.shape) == (k,) and norm_weight.dtype == x.dtype,
-            f"norm_linear: norm weight must be ({k},) {x.dtype}, got {tuple(norm_weight.shape)} {norm_weight.dtype}")
-    x = x if x.stride(1) == 1 else x.contiguous()
-    total = x
-    if delta is not None:
-        require(delta.shape == x.shape and delta.dtype == x.dtype,
-                f"norm_linear: delta must be {tuple(x.shape)} {x.dtype}, got {tuple(delta.shape)} {delta.dtype}")
-        delta = delta if delta.stride(1) == 1 else delta.contiguous()
-        total = torch.empty_like(x)
-    out = torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out, total
-    pro = _Prologue("norm", delta, norm_weight.contiguous(), total, eps)
-    _launch(x, w, bias, out, config or _known_config(m, w, bias, x.dtype), pro)
-    return out, total
-
-
-def silu_linear(gate_up: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-                config: GemvConfig | None = None) -> torch.Tensor:
-    """`(silu(gate) * up) @ w.T (+ bias)` of a fused `(M, 2K)` gate/up input in one launch (`M <= 16`);
-    the activation is computed on each input tile as it is loaded, rounded as `reference_silu_linear`."""
-    require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0, f"gate_up must be (M, 2K), got {tuple(gate_up.shape)}")
-    m, k = gate_up.shape[0], gate_up.shape[1] // 2
-    _check_product(gate_up, w, bias, k)
-    gate_up = gate_up if gate_up.stride(1) == 1 else gate_up.contiguous()
-    out = torch.empty((m, w.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
-    if m == 0:
-        return out
-    _launch(gate_up, w, bias, out, config or _known_config(m, w, bias, gate_up.dtype), _Prologue("silu"))
-    return out
 
 
 def triton_linear(
