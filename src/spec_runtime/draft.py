@@ -184,8 +184,11 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
         full = ops.probs(logits, params.temperature, params.top_k, params.top_p)
         ids = sample_from_probs(full, uniform)[:, None]
         return full.gather(1, ids), ids, full
-    top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
-    return top.values, ops.draft.to_target_ids(top.indices), None
+    if ops.softmax_topk is not None:
+        values, indices = ops.softmax_topk(logits, k)
+    else:
+        values, indices = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return values, ops.draft.to_target_ids(indices), None
 
 
 def _tree(ops: CoreOps, c: DraftCoreIn, records: list, probs: list) -> DraftCoreOut:

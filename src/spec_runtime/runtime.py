@@ -106,6 +106,8 @@ class CoreOps:
     probs: Callable[..., torch.Tensor]  # (logits, temperature, top_k, top_p) -> probabilities
     verify_greedy: Optional[Callable[..., tuple]] = None  # None: verify.py's (tree.verify_greedy)
     verify_tree_sampling: Optional[Callable[..., tuple]] = None  # None: verify.py's
+    softmax_topk: Optional[Callable[..., tuple]] = None  # (logits, k) -> (probs, indices); None: torch's
+    argmax: Optional[Callable[..., torch.Tensor]] = None  # (logits) -> last-axis argmax; None: torch's
 
 
 @dataclass

@@ -238,7 +238,7 @@ def verify_core(ops: CoreOps, c: VerifyCoreIn) -> VerifyCoreOut:
     logits = ops.target.compute_logits(hidden).view(bs, n, -1)
     accept_index, accept_tokens, num_correct = _accept(ops, c, logits)
     if c.sim_accept is not None:
-        accept_index, accept_tokens, num_correct = _simulated(c, logits, accept_index.shape[1])
+        accept_index, accept_tokens, num_correct = _simulated(c, _argmax(ops, logits), accept_index.shape[1])
     return VerifyCoreOut(accept_index, accept_tokens, num_correct, captured)
 
 
@@ -249,7 +249,7 @@ def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor):
     bs, n, _ = logits.shape
     if c.greedy:
         greedy = ops.verify_greedy or verify_greedy
-        predicts, accept_index, num_correct = greedy(*trees, logits.argmax(-1), steps)
+        predicts, accept_index, num_correct = greedy(*trees, _argmax(ops, logits), steps)
         return accept_index, _tokens_at(predicts, accept_index), num_correct
     probs = ops.probs(logits, c.temperature, c.top_k, c.top_p)
     if c.draft_probs is not None:
@@ -265,18 +265,22 @@ def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor):
     return accept_index, _tokens_at(predicts, accept_index), num_correct
 
 
-def _simulated(c: VerifyCoreIn, logits: torch.Tensor, width: int):
+def _simulated(c: VerifyCoreIn, predict: torch.Tensor, width: int):
     """Benchmark override (labelled "simulated"): request b accepts nodes 0 .. a_b - 1 as if they
     formed its path (whatever the tree), emitting their draft tokens then the target's argmax at the
     last one, as sglang's SGLANG_SIMULATE_ACC_LEN does. Timing only: the tokens are meaningless."""
     bs, n = c.draft_token.shape
     a = c.sim_accept.long()
-    cols = torch.arange(width, device=logits.device)[None, :]
+    cols = torch.arange(width, device=predict.device)[None, :]
     index = torch.where(cols < a[:, None], c.retrieve_index[:, :1] + cols, -1)
     nxt = c.draft_token.gather(1, (cols + 1).clamp(max=n - 1).expand(bs, width))
-    bonus = logits.argmax(-1).gather(1, (a - 1)[:, None])
+    bonus = predict.gather(1, (a - 1)[:, None])
     tokens = torch.where(cols < (a - 1)[:, None], nxt, torch.where(cols == (a - 1)[:, None], bonus, -1))
     return index, tokens, (a - 1).to(torch.int32)
+
+
+def _argmax(ops: CoreOps, logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1) if ops.argmax is None else ops.argmax(logits)
 
 
 def _tokens_at(predicts: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:

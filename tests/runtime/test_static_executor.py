@@ -393,13 +393,17 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
     target = load_target(t)
     head = load_eagle3(h, target)
     outs = []
-    for executor in ("eager", "static"):
+    # static with the torch tree functions, then with the Triton ones (tree build, verify, softmax
+    # top-k of the draft, argmax of the verify)
+    for executor, tree in (("eager", "torch"), ("static", "torch"), ("static", "triton")):
         rt = Runtime.create(target, head, "EAGLE3", num_steps=2, topk=2, num_draft_tokens=4, max_batch_size=4,
                             max_context=48, executor=executor, buckets=(1, 2, 4),
-                            fast=dict(elementwise="triton", fuse=True, attention="dense"))
+                            fast=dict(elementwise="triton", fuse=True, attention="dense", tree=tree, topk=tree))
         reqs = SpecEngine(rt).generate([[1, 2, 3], [4, 5, 6, 7, 8], [9]], max_new_tokens=8)
         outs.append([r.output for r in reqs])
-    assert outs[0] == outs[1], outs
+        if executor == "static":
+            assert (rt.runner.ops.softmax_topk is not None) == (tree == "triton")
+    assert outs[0] == outs[1] == outs[2], outs
     print("OK")
     """
 )
@@ -414,3 +418,12 @@ def test_elementwise_kernels_interpreter() -> None:
     proc = subprocess.run([sys.executable, "-c", ELEMENTWISE_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_fast_options_reject_unknown_choices() -> None:
+    from spec_runtime.gpu.models import FastOptions
+
+    with pytest.raises(ValueError, match="FastOptions.topk must be one of 'auto', 'triton', 'torch', got 'cuda'"):
+        FastOptions.of({"topk": "cuda"})
+    with pytest.raises(ValueError, match="FastOptions.linear must be one of"):
+        FastOptions(linear="cublas")

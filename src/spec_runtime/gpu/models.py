@@ -52,6 +52,8 @@ class FastOptions:
             weight shape and row bucket at setup on CUDA; torch on CPU).
         tree: "triton" (`kernels.tree_build` / `kernels.verify`) or "torch" (`gpu/ops.py`, the
             sync-free torch versions) (auto: triton on CUDA).
+        topk: "triton" (`kernels.topk`: the draft's softmax top-k and the argmax of verify and
+            plain decode in two launches each) or "torch" (auto: triton on CUDA).
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
             and row bucket); off by default: its heuristic configuration is used, unless the
@@ -63,8 +65,23 @@ class FastOptions:
     elementwise: str = "auto"
     linear: str = "auto"
     tree: str = "auto"
+    topk: str = "auto"
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
+
+    _CHOICES = {
+        "attention": ("auto", "triton", "dense", "reference"),
+        "elementwise": ("auto", "triton", "torch"),
+        "linear": ("auto", "torch", "gemv"),
+        "tree": ("auto", "triton", "torch"),
+        "topk": ("auto", "triton", "torch"),
+    }
+
+    def __post_init__(self) -> None:
+        for name, allowed in self._CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
 
     @classmethod
     def of(cls, value: Any) -> "FastOptions":
@@ -209,6 +226,7 @@ class FastBackend:
         att = options.attention if options.attention != "auto" else ("triton" if usable else "dense")
         self.attention_kind = att
         self.tree = options.tree if options.tree != "auto" else ("triton" if usable else "torch")
+        self.topk = options.topk if options.topk != "auto" else ("triton" if usable else "torch")
         self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
         if self.linear != "torch" and "SPEC_GEMV_TUNE" not in os.environ:
             os.environ["SPEC_GEMV_TUNE"] = "1" if options.gemv_tune else "0"  # read per call by kernels.gemv

@@ -8,6 +8,7 @@ Modules (one per kernel family; each Triton kernel sits above its launcher):
 - `verify`: `triton_verify_greedy`, `triton_verify_tree_sampling` (`tree.verify_*`).
 - `bookkeeping`: `commit_accepted`, `extend_after_decode` (slot-table writes after verify).
 - `gemv`: `linear`, a split-K GEMV for linear layers at small batch.
+- `topk`: `softmax_topk` (the draft's `softmax(logits).topk(k)`) and `row_argmax`.
 
 Importing this package never imports triton; `select("triton")` does. `KERNELS_AVAILABLE` says
 whether the Triton backend can run here: triton importable, and CUDA present or
