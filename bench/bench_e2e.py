@@ -958,9 +958,11 @@ def device_meta(args: argparse.Namespace) -> dict[str, Any]:
                 capture_output=True, text=True, timeout=20).stdout.strip()
     else:
         meta["device"] = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-    with contextlib.suppress(Exception):
-        meta["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                     cwd=ROOT, timeout=10).stdout.strip()
+    meta["git"] = os.environ.get("SPEC_BENCH_GIT", "")  # the commit, where the copy run has no (current) .git
+    if not meta["git"]:
+        with contextlib.suppress(Exception):
+            meta["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                         cwd=ROOT, timeout=10).stdout.strip()
     return meta
 
 
