@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
-    """ms per plain decode step (bs=1, prompt 128) and the kernels captured per step."""
+    """ms per plain decode step (bs=1, prompt 128; the faster of two timed runs) and tokens/s."""
     import bench_e2e as E
 
     from spec_runtime.attention import AttnBatch

@@ -22,7 +22,7 @@ from spec_schema import DraftInput, VerifyInput, boundary
 
 from .attention import AttnBatch
 from .runtime import BatchSampling, CoreOps, Runtime
-from .sampling import sample_from_probs
+from .sampling import sample_from_probs, softmax_topk
 from .tree import gather_branches, organize, select_frontier
 
 
@@ -184,10 +184,7 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
         full = ops.probs(logits, params.temperature, params.top_k, params.top_p)
         ids = sample_from_probs(full, uniform)[:, None]
         return full.gather(1, ids), ids, full
-    if ops.softmax_topk is not None:
-        values, indices = ops.softmax_topk(logits, k)
-    else:
-        values, indices = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    values, indices = (ops.softmax_topk or softmax_topk)(logits, k)
     return values, ops.draft.to_target_ids(indices), None
 
 

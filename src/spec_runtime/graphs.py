@@ -261,9 +261,6 @@ class GraphRunner:
         be, ft, fd = build_fast_models(rt.target, rt.draft, self.options, max_pos, self.linear_log)
         self.backend = be
         tree_fn, greedy_fn, sampling_fn = build_tree_nosync, None, None
-        row_argmax = softmax_topk = None  # torch's
-        if be.topk == "triton":
-            from .kernels.topk import row_argmax, softmax_topk
         if be.tree == "triton":
             from .kernels.tree_build import triton_build_tree
             from .kernels.verify import triton_verify_greedy, triton_verify_tree_sampling
@@ -271,7 +268,7 @@ class GraphRunner:
             tree_fn, greedy_fn, sampling_fn = triton_build_tree, triton_verify_greedy, triton_verify_tree_sampling
         self.ops = CoreOps(config, ft, fd, rt.target_cache, rt.draft_cache, rt.aux_layer_ids, rt.capture,
                            tree_fn, probs_nosync, verify_greedy=greedy_fn, verify_tree_sampling=sampling_fn,
-                           softmax_topk=softmax_topk, argmax=row_argmax)
+                           softmax_topk=be.softmax_topk_fn, argmax=be.argmax_fn)
         device, chain = rt.device, rt.sampled_chain
         self.bufs = _Buffers(
             B.allocate_draft(config, self.max_bs, device, sampled_chain=chain),
@@ -725,12 +722,7 @@ class DecodeRunner:
         ones = torch.ones(bucket, dtype=torch.int64, device=b.seq_lens.device)
         attn = extend_fixed_stride(b.req_pool_indices[:bucket], b.seq_lens[:bucket], ones, b.out_slots[:bucket], 1)
         hidden, _ = self.fast.forward(b.input_ids[:bucket], b.positions[:bucket], attn, self.cache)
-        logits = self.fast.compute_logits(hidden)
-        if self.fast.be.topk == "triton":
-            from .kernels.topk import row_argmax
-
-            return row_argmax(logits)
-        return logits.argmax(-1)
+        return self.fast.be.argmax(self.fast.compute_logits(hidden))
 
     def capture(self) -> None:
         """Capture every bucket (largest first) on padding; "static" does nothing."""

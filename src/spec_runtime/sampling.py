@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["SamplingParams", "probs_from_logits", "probs_from_logits_batched", "sample_from_probs"]
+__all__ = ["SamplingParams", "probs_from_logits", "probs_from_logits_batched", "sample_from_probs", "softmax_topk"]
 
 
 class SamplingParams(BaseModel):
@@ -150,6 +150,13 @@ def _top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
     sorted_p = torch.where(keep, sorted_p, 0.0)
     sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+
+
+def softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(probs, indices)` of the `k` most likely entries of `softmax(logits.float())` along the last
+    axis, values descending: a tree draft's candidates after each node."""
+    top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return top.values, top.indices
 
 
 def sample_from_probs(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -227,6 +227,13 @@ class FastBackend:
         self.attention_kind = att
         self.tree = options.tree if options.tree != "auto" else ("triton" if usable else "torch")
         self.topk = options.topk if options.topk != "auto" else ("triton" if usable else "torch")
+        # the phase cores' CoreOps.softmax_topk / .argmax (None: torch's)
+        self.softmax_topk_fn: Optional[Callable] = None
+        self.argmax_fn: Optional[Callable] = None
+        if self.topk == "triton":
+            from spec_runtime.kernels.topk import row_argmax, softmax_topk
+
+            self.softmax_topk_fn, self.argmax_fn = softmax_topk, row_argmax
         self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
         if self.linear != "torch" and "SPEC_GEMV_TUNE" not in os.environ:
             os.environ["SPEC_GEMV_TUNE"] = "1" if options.gemv_tune else "0"  # read per call by kernels.gemv
@@ -235,6 +242,10 @@ class FastBackend:
             from spec_runtime.kernels.attention import triton_attention
 
             self._triton_attention = triton_attention
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits.argmax(-1)` with the chosen implementation."""
+        return logits.argmax(-1) if self.argmax_fn is None else self.argmax_fn(logits)
 
     def attention_for(self, head_dim: int) -> Callable:
         """The attention function for a model of this head dim."""

@@ -23,18 +23,13 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from spec_runtime.kernels._common import FLOAT_DTYPES, cdiv, next_pow2, pdl_options, require
+from spec_runtime.sampling import softmax_topk as reference_softmax_topk  # the draft's torch path
 
 __all__ = ["reference_argmax", "reference_softmax_topk", "row_argmax", "softmax_topk"]
 
 _MAX_INDEX = 2 ** 31 - 1
 _BIG = tl.constexpr(_MAX_INDEX)  # "no index": past every valid one
 _BLOCK = 2048
-
-
-def reference_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.softmax(logits.float(), -1).topk(k, -1)` as `(probs, indices)`."""
-    top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
-    return top.values, top.indices
 
 
 def reference_argmax(logits: torch.Tensor) -> torch.Tensor:
