@@ -16,7 +16,10 @@ def _close(got, ref, dtype):
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
-@pytest.mark.parametrize("config", [None, GemvConfig(16, 16, 1), GemvConfig(32, 32, 3)])
+@pytest.mark.parametrize(
+    "config",
+    [None, GemvConfig(16, 16, 1), GemvConfig(32, 32, 3), GemvConfig(16, 16, 1, swap=True), GemvConfig(32, 32, 2, swap=True)],
+)
 def test_matches_linear(m, n, k, config):
     torch.manual_seed(m * n)
     dtype = torch.float32 if (m + n) % 2 else torch.float16
@@ -63,7 +66,8 @@ def test_gpu_llama_shapes(m, n, monkeypatch):
     x = torch.randn(m, 4096, device="cuda").bfloat16()
     w = (torch.randn(n, 4096, device="cuda") * 0.02).bfloat16()
     ref = reference_linear(x.float(), w.float())
-    for cfg in (None, GemvConfig(64, 256, 4), GemvConfig(32, 128, 1, num_stages=4)):
+    for cfg in (None, GemvConfig(64, 256, 4), GemvConfig(32, 128, 1, num_stages=4),
+                GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(128, 128, 2, swap=True)):
         _close(triton_linear(x, w, config=cfg), ref, torch.bfloat16)
 
 
@@ -73,7 +77,7 @@ def test_gpu_split_k_is_deterministic():
     """Split-K partials are summed in a fixed order: no atomics, bitwise-equal reruns."""
     x = torch.randn(8, 4096, device="cuda").bfloat16()
     w = torch.randn(4096, 4096, device="cuda").bfloat16()
-    cfg = GemvConfig(32, 128, 8)
-    a = triton_linear(x, w, config=cfg)
-    b = triton_linear(x, w, config=cfg)
-    assert torch.equal(a, b)
+    for cfg in (GemvConfig(32, 128, 8), GemvConfig(64, 128, 4, swap=True)):
+        a = triton_linear(x, w, config=cfg)
+        b = triton_linear(x, w, config=cfg)
+        assert torch.equal(a, b)

@@ -49,12 +49,34 @@ class GemvConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 3
+    swap: bool = False
+    """Multiply `w_tile @ x.T` (the weight tile as the dot's left operand: warp-group MMA on Hopper,
+    fed from shared memory) instead of `x @ w_tile.T`."""
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
             value = getattr(self, name)
             require(value >= 16 and value & (value - 1) == 0, f"GemvConfig.{name} must be a power of two >= 16, got {value}")
         require(self.split_k >= 1, f"GemvConfig.split_k must be >= 1, got {self.split_k}")
+
+
+@triton.jit
+def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr):
+    """`acc + x @ w.T` (`(BLOCK_M, BLOCK_N)`), or with SWAP its transpose `acc + w @ x.T`."""
+    if DOT_F32:
+        x = x.to(tl.float32)
+        w = w.to(tl.float32)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        x = x.to(w.dtype)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    return acc
 
 
 @triton.jit
@@ -66,7 +88,8 @@ def _gemv_kernel(
     part_ptr,  # (SPLIT_K, M, N) float32 partial sums (output, SPLIT_K > 1)
     M, N, K, s_xm, s_wn, s_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
+    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -80,7 +103,10 @@ def _gemv_kernel(
     k1 = tl.minimum(k0 + k_len, K)
     x_rows = x_ptr + rm[:, None].to(tl.int64) * s_xm
     w_rows = w_ptr + rn[:, None].to(tl.int64) * s_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SWAP:  # acc.T: the weight tile is the dot's left operand
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = k0
     if PDL:
         # Programmatic dependent launch: fetch the first weight tile (weights are never written)
@@ -95,10 +121,7 @@ def _gemv_kernel(
         gdc_wait()
         gdc_launch_dependents()
         x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k1)[None, :], other=0.0)
-        if DOT_F32:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP)
         first = k0 + BLOCK_K
     for kk in range(first, k1, BLOCK_K):
         ks = kk + rk
@@ -109,10 +132,9 @@ def _gemv_kernel(
             k_ok = ks < k1
             x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if DOT_F32:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP)
+    if SWAP:
+        acc = tl.trans(acc)
     ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -156,7 +178,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     _gemv_kernel[(cdiv(n, cfg.block_n), split)](
         x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
-        EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32,
+        EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )
     if split > 1:
@@ -180,16 +202,22 @@ def heuristic_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig
     return GemvConfig(block_n, block_k, split, num_warps=4, num_stages=4 if block_n == 32 or block_k == 128 else 3)
 
 
+_TILES = ((32, 256, 4, False), (64, 128, 4, False), (64, 256, 3, False), (128, 128, 3, False), (16, 512, 3, False),
+          (64, 256, 4, True), (64, 128, 5, True), (128, 128, 3, True))
+"""(block_n, block_k, num_stages, swap) the tuner tries. The swapped tiles won 2-6 % on the 8B
+shapes in CUDA-graph chains on the H200 (`bench/results/explore/tma_sweep.json`)."""
+
+
 def _candidates(n: int, k: int, device: torch.device) -> list[GemvConfig]:
-    """About 20 configs: tile shapes that stream `w` in 16-byte rows, times K splits around the count
+    """About 35 configs: tile shapes that stream `w` in 16-byte rows, times K splits around the count
     that fills the device (none, half, full, double)."""
     out = []
-    for block_n, block_k, stages in ((32, 256, 4), (64, 128, 4), (64, 256, 3), (128, 128, 3), (16, 512, 3)):
+    for block_n, block_k, stages, swap in _TILES:
         fill = cdiv(2 * sm_count(device), cdiv(n, block_n))
         for split in sorted({1, max(1, fill // 2), fill, 2 * fill}):
             split = next_pow2(split)
             if split == 1 or k // split >= block_k:
-                out.append(GemvConfig(block_n, block_k, split, 4, stages))
+                out.append(GemvConfig(block_n, block_k, split, 4, stages, swap))
     return list(dict.fromkeys(out))
 
 
