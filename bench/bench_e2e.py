@@ -456,18 +456,22 @@ def run_spec(args: argparse.Namespace, algorithm: str, target, draft, results: R
                             ms_per_iter=r["ms_per_iter"], accept_len=r["accept_len"], iterations=r["iterations"],
                             prefill_s=r["prefill_s"], note=f"steps {steps}, topk {topk}, draft tokens {n}")
                 if measure is None and bs in args.ahead_ab:  # the same runtime with launch-ahead off
-                    rt.runner.ahead_enabled = False
-                    try:
-                        off = min((run_spec_once(engine, prompts, args.new_tokens, args.device)
-                                   for _ in range(args.repeat)), key=lambda x: x["decode_s"])
-                    finally:
-                        rt.runner.ahead_enabled = True
-                    off_ms = 1e3 * off["decode_s"] / max(1, off["iterations"])
-                    results.add(config=f"{algorithm} launch-ahead off", acceptance=acceptance, bs=bs,
-                                tok_s=off["tokens"] / off["decode_s"], ms_per_iter=off_ms,
-                                accept_len=off["accept_len"], iterations=off["iterations"], prefill_s=off["prefill_s"],
-                                note=f"same runtime and run, launch-ahead off: ms/iter off / on = "
-                                     f"{off_ms / r['ms_per_iter']:.2f}")
+                    for what, attr, value in (("launch-ahead off", "ahead_enabled", False),
+                                              ("launch before read off", "before_read_bs", 0)):
+                        kept = getattr(rt.runner, attr)
+                        setattr(rt.runner, attr, value)
+                        try:
+                            off = min((run_spec_once(engine, prompts, args.new_tokens, args.device)
+                                       for _ in range(args.repeat)), key=lambda x: x["decode_s"])
+                        finally:
+                            setattr(rt.runner, attr, kept)
+                        off_ms = 1e3 * off["decode_s"] / max(1, off["iterations"])
+                        results.add(config=f"{algorithm} {what}", acceptance=acceptance, bs=bs,
+                                    tok_s=off["tokens"] / off["decode_s"], ms_per_iter=off_ms,
+                                    accept_len=off["accept_len"], iterations=off["iterations"],
+                                    prefill_s=off["prefill_s"],
+                                    note=f"same runtime and run, {what}: ms/iter off / on = "
+                                         f"{off_ms / r['ms_per_iter']:.2f}")
                 if measure is None and bs in args.ahead_ab and length is not None:
                     pdl_ab(args, rt, engine, prompts, r, results, algorithm, acceptance)
             except Exception as err:  # noqa: BLE001

@@ -25,6 +25,7 @@ baseline).
 """
 
 import collections
+import contextlib
 import dataclasses
 import gc
 import time
@@ -141,6 +142,28 @@ class GraphSet:
         self.pool = None
 
 
+def _tensors(objs: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors in `objs`, looking into (nested) dataclasses, tuples, lists and dicts."""
+    out, todo = [], list(objs)
+    while todo:
+        o = todo.pop()
+        if isinstance(o, torch.Tensor):
+            out.append(o)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            todo += [getattr(o, f.name) for f in dataclasses.fields(o)]
+        elif isinstance(o, (tuple, list)):
+            todo += list(o)
+        elif isinstance(o, dict):
+            todo += list(o.values())
+    return out
+
+
+def _ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:
+    """Whether a verify's read allows the launched rest of the iteration: every request goes on and
+    stays inside its context next iteration (`room[b]` tokens)."""
+    return room is not None and not any(finished) and all(c <= r for c, r in zip(counts, room))
+
+
 def _slice(out: Any, bucket: int, bs: int) -> Any:
     """The live rows of a core output (each tensor has rows_per_request * bucket rows), cloned: a
     graph's outputs are overwritten by its next replay."""
@@ -222,7 +245,8 @@ class GraphRunner:
     """
 
     def __init__(self, rt: Runtime, executor: str, buckets: Optional[Sequence[int]] = None,
-                 fast: Any = None, capture_sampling: bool = False, ahead: bool = True) -> None:
+                 fast: Any = None, capture_sampling: bool = False, ahead: bool = True,
+                 before_read_bs: int = 1) -> None:
         self.rt = rt
         self.graphs = GraphSet(executor)
         self.executor = executor
@@ -241,10 +265,17 @@ class GraphRunner:
         self.bufs: Optional[_Buffers] = None
         self.ops: Optional[CoreOps] = None
         self.ahead_enabled = ahead
+        self.before_read_bs = before_read_bs
         self.ahead: Optional[_Ahead] = None
         self.ahead_stats = collections.Counter()
-        self._pinned: Optional[torch.Tensor] = None  # host copies of launched verifies' rows
+        self._pinned: list[torch.Tensor] = []  # host copies of verifies' rows (two, used in turn)
+        self._pinned_turn = 0
         self._prepared: Optional[_Prepared] = None
+        self._launched: Optional[_Prepared] = None  # a launch queued before verify's read, until settled
+        self._side: Optional[torch.cuda.Stream] = None  # bookkeeping stream (launch before read, CUDA)
+        self._after_draft: Optional[torch.cuda.Event] = None  # recorded behind the last launched draft
+        if before_read_bs > 0 and rt.device.type == "cuda":
+            rt.target_cache.track_order = rt.draft_cache.track_order = True
         self._vout_full: dict[tuple, VerifyCoreOut] = {}
         self.linear_log: list = []
         self.setup_seconds = 0.0
@@ -452,6 +483,7 @@ class GraphRunner:
         from . import faults
 
         self.cancel_ahead()
+        self._launched = None
         config = self.rt.spec_config
         width, n = config.num_steps + 1, config.num_draft_tokens
         # launch-ahead allocates before this verify's unused slots go back: both pools need room
@@ -474,6 +506,10 @@ class GraphRunner:
         self._prepared = _Prepared(bs, sim, ext_slots, slots, sim_state)
         return True
 
+    def prepared_tensors(self) -> tuple:
+        """The slot tensors `prepare_ahead` allocated (empty when nothing is prepared)."""
+        return () if self._prepared is None else (self._prepared.ext_slots, self._prepared.slots)
+
     def cancel_ahead(self) -> None:
         """Free what `prepare_ahead` allocated (the read found a request that stops)."""
         prepared, self._prepared = self._prepared, None
@@ -488,8 +524,94 @@ class GraphRunner:
                          room: Optional[Sequence[int]]) -> bool:
         """After the read: whether the prepared launch may go (every request goes on, none
         finished, and each stays inside its context next iteration: `room[b]` tokens)."""
-        return (self._prepared is not None and room is not None and not any(finished)
-                and all(c <= r for c, r in zip(counts, room)))
+        return self._prepared is not None and _ahead_allowed(finished, counts, room)
+
+    def may_launch_before_read(self, bs: int, budget: Sequence[int], room: Optional[Sequence[int]]) -> bool:
+        """Whether the prepared launch may be queued before verify's read, so that the device goes
+        from this verify straight into the next phases instead of waiting for the host to read it.
+        Only for batches of at most `before_read_bs` requests (a refused launch costs the batch one
+        iteration of device time), and only when no accept count (at most num_steps + 1) can stop
+        a request by its token budget or take it past its context: then only a stop token (EOS) can
+        make the read refuse the launch, and `revoke_ahead` undoes it."""
+        width = self.rt.spec_config.num_steps + 1
+        return (self._prepared is not None and 0 < bs <= self.before_read_bs and room is not None
+                and all(b > width for b in budget) and all(r >= width for r in room))
+
+    def settle_ahead(self, finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]],
+                     seq_lens: torch.Tensor, req_pool_indices: torch.Tensor) -> bool:
+        """After the read, for a launch queued before it: keep it (True) if the read allows it (as
+        `can_launch_ahead`), else revoke it (False). `seq_lens` and `req_pool_indices` are this
+        verify's (device)."""
+        if _ahead_allowed(finished, counts, room):
+            self._launched = None
+            return True
+        self.revoke_ahead(seq_lens, req_pool_indices)
+        return False
+
+    def revoke_ahead(self, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
+        """Undo a launch queued before verify's read. The launched phases still run on the device;
+        what they leave behind is undone in stream order after them: the slot-table entries the
+        launched draft-extend committed at this verify's positions (both caches, columns
+        `[seq_len, seq_len + num_steps + 1)` of each request, back to -1, which they held before;
+        the host path then commits its own), every slot the launch was given goes back to its pool
+        (whatever reuses one writes it after the launch did), the launched results are dropped, and
+        the simulated-acceptance draw is rewound."""
+        launched, self._launched = self._launched, None
+        if launched is None:
+            return
+        self.ahead, self._prepared = None, None
+        self.ahead_stats["revoked"] += 1
+        rt = self.rt
+        cols = torch.arange(rt.spec_config.num_steps + 1, device=seq_lens.device)
+        rows = req_pool_indices.long()[:, None].expand(-1, cols.shape[0]).reshape(-1)
+        at = (seq_lens.long()[:, None] + cols).reshape(-1)
+        for cache in (rt.target_cache, rt.draft_cache):
+            cache.req_to_token.index_put_((rows, at), torch.full_like(at, -1))
+        rt.draft_cache.free_slots(launched.ext_slots, check=False)
+        rt.target_cache.free_slots(launched.slots, check=False)
+        if launched.sim_state is not None:
+            rt.simulate_accept.set_state(rt.device, launched.sim_state)
+
+    @contextlib.contextmanager
+    def bookkeeping(self, on: bool, reads: Sequence[Any] = ()):
+        """Queue the enclosed host bookkeeping's device work on a side stream (CUDA, when `on`), so
+        that it runs beside the launched graphs instead of between two of them on the main stream.
+        The side stream first waits for the last launched draft graph (the last reader of the
+        staging buffers `prepare_ahead` writes) and for both caches' last slot operations (so the
+        pools' device state is ordered, as `KVCache.track_order` records it); the main stream then
+        waits for the side stream before anything queued after the block. Tensors in `reads` (main
+        stream's, read inside) and in what the block yields back through `escape` are marked used
+        by the other stream, so the allocator does not hand their memory out early."""
+        if not on or self.rt.device.type != "cuda":
+            yield lambda obj: obj
+            return
+        main = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side = self._side
+        for ev in (self._after_draft, self.rt.target_cache.last_op, self.rt.draft_cache.last_op):
+            if ev is not None:
+                side.wait_event(ev)
+        for t in _tensors(reads):
+            t.record_stream(side)
+
+        def escape(obj: Any) -> Any:
+            for t in _tensors([obj]):
+                t.record_stream(main)
+            return obj
+
+        try:
+            with torch.cuda.stream(side):
+                yield escape
+        finally:  # also when the block raised: nothing queued later may overtake it
+            done = torch.cuda.Event()
+            done.record(side)
+            main.wait_event(done)
+
+    def host_rows(self, out: VerifyCoreOut) -> "_HostRows":
+        """A verify's tokens and counts, copied to the host behind it (read with `.tolist()`)."""
+        bs = out.accept_tokens.shape[0]
+        return _HostRows(out.accept_tokens, out.num_correct, self._pinned_rows(bs, out.accept_tokens.shape[1] + 1))
 
     def launch_ahead(self) -> torch.Tensor:
         """After the greedy verify of `bs` requests (all going on), queue without a host read:
@@ -513,17 +635,19 @@ class GraphRunner:
             self.cancel_ahead()
             raise
         bs, sim, ext_slots, slots, _ = self._prepared
-        self._prepared = None
+        self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
         tag = "simulated" if sim else "real"
         ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))
         ext = _slice(ext, bucket, bs)
         dft = _slice(self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket)), bucket, bs)
+        if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
+            self._after_draft = torch.cuda.Event()
+            self._after_draft.record()
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
         vout = _slice(full, bucket, bs)
-        rows = _HostRows(vout.accept_tokens, vout.num_correct, self._pinned_rows(bs, vout.accept_tokens.shape[1] + 1))
-        self.ahead = _Ahead(bs, "extend", None, ext, dft, slots, vout, sim, rows)
+        self.ahead = _Ahead(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout))
         self.ahead_stats["launched"] += 1
         return ext_slots
 
@@ -552,13 +676,16 @@ class GraphRunner:
         return a.slots, a.verify, a.rows
 
     def _pinned_rows(self, bs: int, width: int) -> Optional[torch.Tensor]:
-        """A page-locked int64 buffer for `bs * width` values (CUDA only), grown as needed. One
-        launched verify is read at a time, and its read completes before the next launch."""
+        """A page-locked int64 buffer for `bs * width` values (CUDA only), grown as needed. Two are
+        used in turn: a verify's copy may be queued (launched before the read) while the host has yet
+        to read the one before it; that read completes before the launch after it."""
         if self.rt.device.type != "cuda":
             return None
-        if self._pinned is None or self._pinned.numel() < bs * width:
-            self._pinned = torch.empty(max(bs, self.max_bs) * width, dtype=torch.long, pin_memory=True)
-        return self._pinned
+        if not self._pinned or self._pinned[0].numel() < bs * width:
+            self._pinned = [torch.empty(max(bs, self.max_bs) * width, dtype=torch.long, pin_memory=True)
+                            for _ in range(2)]
+        self._pinned_turn ^= 1
+        return self._pinned[self._pinned_turn]
 
     def _check_hidden_buffers(self) -> None:
         """The hidden-state buffers the launched phases copy through on the device still have the

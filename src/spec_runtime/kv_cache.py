@@ -59,6 +59,11 @@ class KVCache:
         # Reversed so that a fresh cache hands out slots 0, 1, 2, ...
         self._free_stack = torch.arange(num_slots - 1, -1, -1, dtype=torch.int64, device=self.device)
         self._num_free = num_slots
+        # CUDA: when set, every alloc/free records `last_op`, an event on the stream it ran on, so
+        # that work on another stream can be ordered after the pool's device state (launch-ahead's
+        # side stream, `GraphRunner.bookkeeping`)
+        self.track_order = False
+        self.last_op: "torch.cuda.Event | None" = None
 
     @property
     def num_layers(self) -> int:
@@ -88,7 +93,13 @@ class KVCache:
         # index_fill_ with a Python scalar stays on the device; `in_use[slots] = True` copied a host
         # scalar and synchronized the stream on every call (measured on the H200 profile).
         self.in_use.index_fill_(0, slots, True)
+        self._note_op()
         return slots
+
+    def _note_op(self) -> None:
+        if self.track_order and self.device.type == "cuda":
+            self.last_op = torch.cuda.Event()
+            self.last_op.record()
 
     def free_slots(self, slots: torch.Tensor, check: bool = True) -> None:
         """Return `slots` (any shape, int) to the pool.
@@ -109,6 +120,7 @@ class KVCache:
         # Push in reverse so that the next alloc_slots(n) hands them out in the same order.
         self._free_stack[self._num_free:self._num_free + n] = slots.flip(0)
         self._num_free += n
+        self._note_op()
 
     def _check_freeable(self, slots: torch.Tensor) -> None:
         # One host read for the three checks (each `bool(...)` is a device sync).

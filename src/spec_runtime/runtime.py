@@ -302,6 +302,7 @@ class Runtime:
         fast: Optional[dict[str, Any]] = None,
         simulate_accept_len: Optional[float] = None,
         launch_ahead: bool = True,
+        launch_before_read: int = 1,
     ) -> "Runtime":
         """Size both KV caches for `max_batch_size` requests of `max_context` tokens plus drafts.
 
@@ -312,7 +313,10 @@ class Runtime:
         passes options to the fast model path (`gpu.models.FastOptions`). `simulate_accept_len`
         (benchmarks only) forces the accept length of every verify. `launch_ahead` (static path,
         greedy): when every request of a verify goes on, queue the rest of the iteration and the
-        next verify before the host bookkeeping (`GraphRunner.launch_ahead`)."""
+        next verify before the host bookkeeping (`GraphRunner.launch_ahead`); for batches of at most
+        `launch_before_read` requests, queue it before the host reads the verify, whenever no budget
+        or context can stop a request this iteration (a stop token then costs the batch one
+        discarded iteration; 0: after the read only)."""
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         config = build_spec_config(algorithm, target, draft, num_steps, topk, num_draft_tokens)
@@ -338,5 +342,6 @@ class Runtime:
         if executor != "eager":
             from .graphs import GraphRunner  # lazy: graphs imports the phase modules, which import this one
 
-            rt.runner = GraphRunner(rt, executor, buckets=buckets, fast=fast, ahead=launch_ahead)
+            rt.runner = GraphRunner(rt, executor, buckets=buckets, fast=fast, ahead=launch_ahead,
+                                    before_read_bs=launch_before_read)
         return rt

@@ -13,6 +13,7 @@ forward and the acceptance walk, no host reads: what a CUDA graph captures), the
 stops, KV commit and the draft-extend input.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -100,20 +101,37 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
     rt.counters.target_forwards += 1
     captured = out.captured
     rt.counters.add_hidden(captured)
-    prepared = rt.static and rt.runner.prepare_ahead(sampling.all_greedy, stops.room, bs, sim)
+    side = rt.static and 0 < bs <= rt.runner.before_read_bs  # bookkeeping beside the launched graphs
+    with rt.runner.bookkeeping(side) if rt.static else contextlib.nullcontext(None) as escape:
+        prepared = rt.static and rt.runner.prepare_ahead(sampling.all_greedy, stops.room, bs, sim)
+        if prepared:
+            escape(rt.runner.prepared_tensors())
+    # launch-ahead before the read (small batches that no budget or context can stop this
+    # iteration): the device goes on with the next phases while the host reads this verify
+    early = prepared and rt.runner.may_launch_before_read(bs, stops.budget, stops.room)
+    ext_slots = None
     try:
+        if early:
+            host_rows = host_rows if host_rows is not None else rt.runner.host_rows(out)
+            ext_slots = rt.runner.launch_ahead()
         counts_h, finished_h, rows_h = _stops_host(out.accept_tokens, out.num_correct, stops, rows=True,
                                                    host_rows=host_rows)  # the one sync
     except BaseException:
+        if early:  # whatever was launched (revoke) or only prepared (cancel)
+            rt.runner.revoke_ahead(inp.seq_lens, inp.req_pool_indices)
         if prepared:
             rt.runner.cancel_ahead()
         raise
-    if prepared and not rt.runner.can_launch_ahead(finished_h, counts_h, stops.room):
+    if early:  # a stop token refuses the launch: undo it and go the host way
+        prepared = rt.runner.settle_ahead(finished_h, counts_h, stops.room, inp.seq_lens, inp.req_pool_indices)
+    elif prepared and not rt.runner.can_launch_ahead(finished_h, counts_h, stops.room):
         rt.runner.cancel_ahead()
         prepared = False
     if prepared:
-        ext_slots = rt.runner.launch_ahead()
-        vout = _ahead_output(rt, inp, out, slots, ext_slots, counts_h)
+        ext_slots = ext_slots if ext_slots is not None else rt.runner.launch_ahead()
+        reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
+        with rt.runner.bookkeeping(early, reads) as escape:
+            vout = escape(_ahead_output(rt, inp, out, slots, ext_slots, counts_h))
         object.__setattr__(vout, "_host_emit", ([row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h))
         return vout
     host_counts = tuple(c for c, done in zip(counts_h, finished_h) if not done)

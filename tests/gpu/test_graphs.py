@@ -84,9 +84,11 @@ def test_cuda_graph_float32_matches_eager(gpu_models, algorithm: str, first: int
     target, draft = gpu_models("tiny", algorithm, torch.float32)
     prompts = _prompts(total, 128)
     outs = {}
-    for name in ("eager", "static", "cuda_graph", "cuda_graph, no launch-ahead"):
+    for name in ("eager", "static", "cuda_graph", "cuda_graph, no launch-ahead", "cuda_graph, before read at 8"):
         executor = name.split(",")[0]
         extra = {"launch_ahead": False} if "no launch-ahead" in name else {}
+        if "before read" in name:  # launched before verify's read at every batch size (side stream)
+            extra = {"launch_before_read": 8}
         rt = _runtime(target, draft, algorithm, executor, **extra)
         outs[name] = _drive(SpecEngine(rt), prompts, first)
         assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), name
@@ -94,11 +96,39 @@ def test_cuda_graph_float32_matches_eager(gpu_models, algorithm: str, first: int
             stats = rt.runner.stats()
             assert stats["graphs"] >= 3 * len(BUCKETS), stats
             print(algorithm, first, total, "PDL fallbacks:", stats["pdl_fallbacks"])
-            if not extra:  # the launched-ahead phases ran from their own graphs and were used
+            if "no launch-ahead" not in name:  # the launched-ahead phases ran from their own graphs and were used
                 assert stats["ahead"].get("used", 0) >= 3, stats
                 assert any(k.startswith("ahead_extend") for k in stats["calls"]), stats
     for name, out in outs.items():
         assert out == outs["eager"], name
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE3", "STANDALONE"])
+def test_launch_before_read_stop_tokens(gpu_models, algorithm: str) -> None:
+    """Launch-ahead queued before the read at every batch size, its bookkeeping on the side stream:
+    requests that end on a stop token revoke a queued launch; tokens equal eager's, pools end whole."""
+    target, draft = gpu_models("tiny", algorithm, torch.float32)
+    prompts = _prompts(3, 128, seed=13)
+    probe = SpecEngine(_runtime(target, draft, algorithm, "eager"))
+    rids = [probe.add_request(p, 30, ignore_eos=True) for p in prompts]
+    probe.run()
+    stops = []
+    for r in rids:
+        out = probe.requests[r].output
+        stops.append(next(t for j, t in enumerate(out) if j >= 2 and t not in out[:j]))
+    outs = {}
+    for executor, extra in (("eager", {}), ("cuda_graph", {"launch_before_read": 8})):
+        rt = _runtime(target, draft, algorithm, executor, **extra)
+        engine = SpecEngine(rt)
+        rids = [engine.add_request(p, 30, stop_token_ids=[s] if i != 1 else [], ignore_eos=True)
+                for i, (p, s) in enumerate(zip(prompts, stops))]
+        engine.run()
+        outs[executor] = [(engine.requests[r].output, engine.requests[r].finish_reason) for r in rids]
+        assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), executor
+        if executor == "cuda_graph":
+            ahead = rt.runner.ahead_stats
+            assert ahead["revoked"] >= 2 and ahead["used"] >= 5, ahead
+    assert outs["cuda_graph"] == outs["eager"]
 
 
 def test_decode_runner_graphs_match_target_only(gpu_models) -> None:

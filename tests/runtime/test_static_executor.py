@@ -172,6 +172,50 @@ def test_simulated_acceptance(request, load_pair, pair: str) -> None:
     assert runs["eager"] == runs["static"]
 
 
+def _first_seen_at(output: list[int], start: int) -> int:
+    """A token of `output` whose first occurrence is at index >= `start` (a stop token that ends the
+    request mid-run, inside a verify, not at the prefill)."""
+    for j in range(start, len(output)):
+        if output[j] not in output[:j]:
+            return output[j]
+    raise AssertionError(f"no token first seen at index >= {start} in {output}")
+
+
+@pytest.mark.parametrize("pair", ["eagle3", "aligned", "standalone"])
+def test_launch_before_read(request, load_pair, pair: str) -> None:
+    """Launch-ahead queued before verify's read (allowed at every batch size here): the same tokens
+    and events as eager. A stop token refuses a launch already queued; it is revoked (slot-table
+    entries reset, its slots back in the pools, its results dropped) and the host path goes on.
+    Budgets near their end keep the launch after the read. Both pools end whole."""
+    algorithm, target, draft = _models(request, load_pair, pair)
+    prompts = _prompts(3, seed=11)
+    probe = SpecEngine(_runtime(algorithm, target, draft, "eager"))
+    rids = [probe.add_request(p, 30, ignore_eos=True) for p in prompts]
+    probe.run()
+    stops = [_first_seen_at(probe.requests[r].output, 2) for r in rids]
+    runs = {}
+    for executor, extra in (("eager", {}), ("static", {"launch_before_read": 8})):
+        engine = SpecEngine(_runtime(algorithm, target, draft, executor, **extra))
+        log = []
+        rids = [engine.add_request(p, 30 if i != 2 else 45, stop_token_ids=[s] if i != 1 else [], ignore_eos=True)
+                for i, (p, s) in enumerate(zip(prompts, stops))]
+        while engine.has_work:
+            log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
+        reqs = [engine.requests[r] for r in rids]
+        runs[executor] = ([(r.output, r.finish_reason, r.accept_lengths) for r in reqs], log)
+        rt = engine.rt
+        assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), f"{executor} leaked KV slots"
+        for cache in (rt.target_cache, rt.draft_cache):
+            assert bool((cache.req_to_token[: rt.requests.max_reqs] == -1).all()), "slot-table entries left behind"
+        if executor == "static":
+            stats = rt.runner.ahead_stats
+            assert rt.runner.ahead is None and rt.runner._launched is None
+            assert stats["revoked"] >= 2 and stats["used"] >= 5, stats  # requests 0 and 2 stop on a token
+            assert stats["launched"] == stats["used"] + stats["discarded"] + stats["revoked"], stats
+    assert [r[1] for r in runs["eager"][0]] == ["stop", "length", "stop"]
+    assert runs["eager"] == runs["static"]
+
+
 # ---- buffers -----------------------------------------------------------------------------------------
 
 
