@@ -154,74 +154,6 @@ def kernel_profile(algorithm: str, target, draft, sim: float) -> dict:
     return out
 
 
-def gap_trace(algorithm: str, target, draft, sim: float, before_read: int = 1, iters: int = 6) -> dict:
-    """What happens between a verify graph's last kernel and the next graph's first one: every
-    device activity and host runtime call in that window (µs from the verify's end), for a few
-    iterations. Graph replays are marked by a short spin kernel before each (as `kernel_profile`)."""
-    import bench_e2e as E
-    from torch.profiler import ProfilerActivity, profile
-
-    from spec_runtime.graphs import GraphSet
-
-    rt, engine = _runtime(algorithm, target, draft, sim, before_read=before_read)
-    prompt = E.random_prompts(1, 128, target.vocab_size, seed=103)
-    E.run_spec_once(engine, prompt, 16, "cuda")
-    engine.add_request(prompt[0], 96, ignore_eos=True)
-    with torch.inference_mode():
-        engine._admit([])
-        engine.step()
-    order: list = []
-    original = GraphSet.run
-
-    def marked(self, key, fn):
-        torch.cuda._sleep(20)
-        order.append(key[0])
-        return original(self, key, fn)
-
-    torch.cuda.synchronize()
-    GraphSet.run = marked
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                engine.step()
-            torch.cuda.synchronize()
-    finally:
-        GraphSet.run = original
-    dev, host = [], []
-    for e in prof.events():
-        kind = "cuda" if "cuda" in str(getattr(e, "device_type", "")).lower() else "cpu"
-        (dev if kind == "cuda" else host).append((e.time_range.start, e.time_range.end, e.name))
-    dev.sort()
-    host.sort()
-    segs, graph, cur = [], "host", []
-    for ev in dev:
-        if "spin" in ev[2].lower() or "sleep" in ev[2].lower():
-            segs.append((graph, cur))
-            graph, cur = (order[len(segs) - 1] if len(segs) - 1 < len(order) else "?"), []
-            cur.append(ev)
-            continue
-        cur.append(ev)
-    segs.append((graph, cur))
-    windows = []
-    for i, (g, evs) in enumerate(segs):
-        if g != "verify" or i + 1 >= len(segs):
-            continue
-        graph_kernels = [e for e in evs if not e[2].startswith(("Memcpy", "Memset")) and "elementwise" not in e[2]
-                         and "Cat" not in e[2]]
-        end = max((e[1] for e in graph_kernels), default=evs[-1][1])
-        nxt = segs[i + 1]
-        start = nxt[1][0][0] if nxt[1] else end
-        after = [e for e in evs if e[0] >= end - 1] + [e for e in nxt[1][:2]]
-        win = {"next": nxt[0], "gap_us": start - end,
-               "device": [(round(a - end, 1), round(b - a, 1), n[:70]) for a, b, n in after],
-               "host": [(round(a - end, 1), round(b - a, 1), n[:70]) for a, b, n in host
-                        if end - 300 <= a <= start + 50 and not n.startswith(("aten::", "detach", "Optimizer"))][:60]}
-        windows.append(win)
-    engine.requests.clear()
-    rt.runner.close()
-    return {"algorithm": algorithm, "before_read": before_read, "stats": rt.runner.ahead_stats, "windows": windows[:4]}
-
-
 def main() -> int:
     import bench_e2e as E
 
@@ -230,7 +162,6 @@ def main() -> int:
     p.add_argument("--algorithms", default="EAGLE3,STANDALONE")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--before-read", default="1", help="launch-before-read batch limits to time in turn (0: off)")
-    p.add_argument("--gap-trace", action="store_true", help="only trace the verify -> next graph gap")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,12 +172,6 @@ def main() -> int:
     res = {"graph_times": [], "profiles": []}
     for alg in a.algorithms.split(","):
         draft = E.build_draft(alg, target, cfg, False, torch.bfloat16, "cuda")
-        if a.gap_trace:
-            for before_read in [int(v) for v in a.before_read.split(",")]:
-                res.setdefault("gap_trace", []).append(gap_trace(alg, target, draft, sims[alg], before_read))
-                (out / "gap_trace.json").write_text(json.dumps(res["gap_trace"], indent=1, default=str))
-                print(json.dumps(res["gap_trace"][-1], default=str)[:6000], flush=True)
-            continue
         for before_read in [int(v) for v in a.before_read.split(",")]:
             res["graph_times"].append(graph_times(alg, target, draft, sims[alg], before_read=before_read))
             print(json.dumps(res["graph_times"][-1], default=str)[:3000], f"t={time.time() - t0:.0f}s", flush=True)
