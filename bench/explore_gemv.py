@@ -130,33 +130,45 @@ def graph_time(fns, reps=20):
     return min(times)
 
 
+class ShapeBench:
+    """One weight shape and row count set up for CUDA-graph chains: `copies` bf16 weights (enough
+    that a chain of 16 launches finds none in L2), the input, the output, split-K partials, the
+    F.linear reference, and `chain(f)`: 16 calls of `f(w)` over the rotating copies."""
+
+    def __init__(self, dev, n: int, k: int, m: int, splits: int = 8) -> None:
+        self.nbytes = n * k * 2
+        copies = max(2, min(16, (400 << 20) // self.nbytes + 1))
+        self.ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        self.x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        self.out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        self.part = torch.empty(splits, m, n, device=dev, dtype=torch.float32)
+        self.ref = F.linear(self.x, self.ws[0]).float()
+
+    def chain(self, f, length: int = 16) -> list:
+        return [lambda i=i: f(self.ws[i % len(self.ws)]) for i in range(length)]
+
+    def ours_best(self, G, n: int, k: int, dev) -> tuple:
+        """(µs per launch, config) of the runtime's GEMV at its best tuner candidate."""
+        best = None
+        for cfg in G._candidates(n, k, dev):
+            try:
+                t = 1e3 * graph_time(self.chain(lambda w, c=cfg: G._launch(self.x, w, None, self.out, c)))
+            except Exception:  # noqa: BLE001
+                continue
+            if best is None or t < best[0]:
+                best = (t, str(cfg))
+        return best if best else (None, None)
+
+
 def _sweep_shape(G, dev, name: str, n: int, k: int, m: int) -> dict:
     """Every variant for one weight shape and row count (timed in CUDA graphs)."""
-    nbytes = n * k * 2
-    copies = max(2, min(16, (400 << 20) // nbytes + 1))
-    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    part = torch.empty(8, m, n, device=dev, dtype=torch.float32)
-    ref = F.linear(x, ws[0]).float()
-    L = 16
-
-    def chain(f):
-        return [lambda i=i: f(ws[i % copies]) for i in range(L)]
-
+    sb = ShapeBench(dev, n, k, m)
+    nbytes, ws, x, out, part, ref, chain = sb.nbytes, sb.ws, sb.x, sb.out, sb.part, sb.ref, sb.chain
     res = {"shape": name, "n": n, "k": k, "m": m, "mb": nbytes / 1e6}
     res["cublas_us"] = 1e3 * graph_time(chain(lambda w: torch.mm(x, w.t(), out=out)))
     heur = G.heuristic_config(m, n, k, dev)
     res["ours_heur_us"] = 1e3 * graph_time(chain(lambda w: G._launch(x, w, None, out, heur)))
-    best = None
-    for cfg in G._candidates(n, k, dev):
-        try:
-            t = 1e3 * graph_time(chain(lambda w, c=cfg: G._launch(x, w, None, out, c)))
-        except Exception:  # noqa: BLE001
-            continue
-        if best is None or t < best[0]:
-            best = (t, str(cfg))
-    res["ours_best_us"], res["ours_best_cfg"] = best if best else (None, None)
+    res["ours_best_us"], res["ours_best_cfg"] = sb.ours_best(G, n, k, dev)
     exp = {}
     dot = m > 1
     bns = (16, 32, 64) if dot else (8, 16, 32)

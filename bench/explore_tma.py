@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -136,29 +135,13 @@ def configs(quick: bool):
     return out
 
 
-def sweep_shape(G, graph_time, dev, name, n, k, m, cfgs) -> dict:
-    nbytes = n * k * 2
-    copies = max(2, min(16, (400 << 20) // nbytes + 1))
-    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    part = torch.empty(4, m, n, device=dev, dtype=torch.float32)
-    ref = F.linear(x, ws[0]).float()
-    L = 16
+def sweep_shape(G, dev, name, n, k, m, cfgs) -> dict:
+    from explore_gemv import ShapeBench, graph_time
 
-    def chain(f):
-        return [lambda i=i: f(ws[i % copies]) for i in range(L)]
-
+    sb = ShapeBench(dev, n, k, m, splits=4)
+    nbytes, ws, x, out, part, ref, chain = sb.nbytes, sb.ws, sb.x, sb.out, sb.part, sb.ref, sb.chain
     res = {"shape": name, "n": n, "k": k, "m": m, "mb": nbytes / 1e6}
-    best = None
-    for cfg in G._candidates(n, k, dev):
-        try:
-            t = 1e3 * graph_time(chain(lambda w, c=cfg: G._launch(x, w, None, out, c)))
-        except Exception:  # noqa: BLE001
-            continue
-        if best is None or t < best[0]:
-            best = (t, str(cfg))
-    res["ours_us"], res["ours_cfg"] = best if best else (None, None)
+    res["ours_us"], res["ours_cfg"] = sb.ours_best(G, n, k, dev)
     timed, errors = {}, {}
     for cfg in cfgs:
         kind, bn, bk, split = cfg[:4]
@@ -199,8 +182,6 @@ def main() -> int:
     a = p.parse_args()
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from explore_gemv import graph_time
-
     from spec_runtime.kernels import gemv as G
 
     dev = torch.device("cuda")
@@ -208,7 +189,7 @@ def main() -> int:
     rows, t0 = [], time.time()
     for name, m in itertools.product(a.shapes.split(","), [int(r) for r in a.rows.split(",")]):
         n, k = SHAPES[name]
-        rows.append(sweep_shape(G, graph_time, dev, name, n, k, m, cfgs))
+        rows.append(sweep_shape(G, dev, name, n, k, m, cfgs))
         (out_dir / "tma_sweep.json").write_text(json.dumps(rows, indent=1))
         torch.cuda.empty_cache()
     print(f"done in {time.time() - t0:.0f} s", flush=True)

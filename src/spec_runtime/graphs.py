@@ -559,7 +559,7 @@ class GraphRunner:
         launched, self._launched = self._launched, None
         if launched is None:
             return
-        self.ahead, self._prepared = None, None
+        self.ahead = None  # (launch_ahead moved what was prepared into `_launched`)
         self.ahead_stats["revoked"] += 1
         rt = self.rt
         cols = torch.arange(rt.spec_config.num_steps + 1, device=seq_lens.device)

@@ -29,6 +29,7 @@ from spec_runtime.graphs import DecodeRunner
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
+from tests.helpers import first_seen_at
 
 pytestmark = pytest.mark.gpu
 
@@ -112,10 +113,7 @@ def test_launch_before_read_stop_tokens(gpu_models, algorithm: str) -> None:
     probe = SpecEngine(_runtime(target, draft, algorithm, "eager"))
     rids = [probe.add_request(p, 30, ignore_eos=True) for p in prompts]
     probe.run()
-    stops = []
-    for r in rids:
-        out = probe.requests[r].output
-        stops.append(next(t for j, t in enumerate(out) if j >= 2 and t not in out[:j]))
+    stops = [first_seen_at(probe.requests[r].output, 2) for r in rids]
     outs = {}
     for executor, extra in (("eager", {}), ("cuda_graph", {"launch_before_read": 8})):
         rt = _runtime(target, draft, algorithm, executor, **extra)

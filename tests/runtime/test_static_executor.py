@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import first_seen_at
 
 import spec_schema
 from spec_runtime import buffers as B
@@ -172,15 +173,6 @@ def test_simulated_acceptance(request, load_pair, pair: str) -> None:
     assert runs["eager"] == runs["static"]
 
 
-def _first_seen_at(output: list[int], start: int) -> int:
-    """A token of `output` whose first occurrence is at index >= `start` (a stop token that ends the
-    request mid-run, inside a verify, not at the prefill)."""
-    for j in range(start, len(output)):
-        if output[j] not in output[:j]:
-            return output[j]
-    raise AssertionError(f"no token first seen at index >= {start} in {output}")
-
-
 @pytest.mark.parametrize("pair", ["eagle3", "aligned", "standalone"])
 def test_launch_before_read(request, load_pair, pair: str) -> None:
     """Launch-ahead queued before verify's read (allowed at every batch size here): the same tokens
@@ -192,7 +184,7 @@ def test_launch_before_read(request, load_pair, pair: str) -> None:
     probe = SpecEngine(_runtime(algorithm, target, draft, "eager"))
     rids = [probe.add_request(p, 30, ignore_eos=True) for p in prompts]
     probe.run()
-    stops = [_first_seen_at(probe.requests[r].output, 2) for r in rids]
+    stops = [first_seen_at(probe.requests[r].output, 2) for r in rids]
     runs = {}
     for executor, extra in (("eager", {}), ("static", {"launch_before_read": 8})):
         engine = SpecEngine(_runtime(algorithm, target, draft, executor, **extra))

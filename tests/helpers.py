@@ -1,0 +1,10 @@
+"""Small helpers shared by test modules of several folders."""
+
+
+def first_seen_at(output: list[int], start: int) -> int:
+    """A token of `output` whose first occurrence is at index >= `start`: as a stop token, it ends
+    the request mid-run, inside a verify, not at the prefill."""
+    for j in range(start, len(output)):
+        if output[j] not in output[:j]:
+            return output[j]
+    raise AssertionError(f"no token first seen at index >= {start} in {output}")
