@@ -143,14 +143,15 @@ def kernel_profile(algorithm: str, target, draft, sim: float) -> dict:
         d[0] += 1
         d[1] += end - start
     engine.requests.clear()
+    linear_log = list(rt.runner.linear_log)
     rt.runner.close()
     calls = collections.Counter(order)
-    out = {"algorithm": algorithm, "markers": seg + 1, "replays": len(order), "graphs": {}}
+    out = {"algorithm": algorithm, "markers": seg + 1, "replays": len(order), "graphs": {}, "linear_log": linear_log}
     for g, table in per.items():
         n = calls.get(g, iters)
         rows = sorted(((k, c / n, t / n / 1e3) for k, (c, t) in table.items()), key=lambda r: -r[2])
         out["graphs"][g] = {"calls": n, "kernels_per_call": sum(r[1] for r in rows),
-                            "kernel_ms_per_call": sum(r[2] for r in rows), "by_kernel": rows[:30]}
+                            "kernel_ms_per_call": sum(r[2] for r in rows), "by_kernel": rows[:60]}
     return out
 
 

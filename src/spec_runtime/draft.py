@@ -127,6 +127,8 @@ def _prepare(rt: Runtime, inp: DraftInput, sampling: BatchSampling) -> tuple[Dra
 def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     """The multi-step expansion and the tree layout: tensors in, tensors out, no host reads (when
     `ops` are the sync-free ones)."""
+    if ops.frontier is not None and c.draft_probs is None:
+        return _draft_core_kernels(ops, c)
     bs, k = c.topk_p.shape
     steps = ops.config.num_steps
     sampled = c.draft_probs is not None
@@ -147,6 +149,35 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
         hidden = None if hidden is None else gather_branches(h.view(bs, k, -1), parent)
         history = gather_branches(branch_slots, parent)
     return _tree(ops, c, records, probs)
+
+
+def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
+    """`draft_core` for trees with the expansion bookkeeping in `ops.frontier` (`kernels.frontier`):
+    one launch per step writes the step's candidates into the records, picks the next frontier and
+    lays out the next forward's slots and positions; one launch picks the tree from the records.
+    Same values as the torch path (`select_frontier`, `gather_branches`, `organize`)."""
+    f = ops.frontier
+    bs, k = c.topk_p.shape
+    steps = ops.config.num_steps
+    dev = c.topk_p.device
+    records = f.DraftRecords.empty(bs, k, steps, dev)
+    front = f.frontier_step(0, steps, records, c.topk_p, c.topk_index, c.temp_slots, c.seq_lens)
+    hidden = None if c.hidden_states is None else c.hidden_states[:, None].expand(bs, k, -1)
+    prefix = c.seq_lens.to(torch.int64)
+    qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=dev) * k
+    d2t = ops.draft.d2t  # the fast drafts' to_target_ids as a table (None: the same vocabulary)
+    for step in range(1, steps):
+        attn = AttnBatch(c.req_pool_indices, prefix, qo_indptr, front.out_slots, front.branch_slots.view(bs * k, step))
+        hidden_in = None if hidden is None else hidden.reshape(bs * k, -1)
+        h = ops.draft.forward(front.tokens.reshape(-1), hidden_in, front.positions, attn, ops.draft_cache,
+                              from_target=False)
+        logits = logits_into(ops.draft.compute_logits(h), c.draft_logits)
+        p, ids = (ops.softmax_topk or softmax_topk)(logits, k)
+        front = f.frontier_step(step, steps, records, p, ids, c.temp_slots, c.seq_lens, front.scores,
+                                front.branch_slots, d2t)
+        if hidden is not None and front.parent is not None:
+            hidden = gather_branches(h.view(bs, k, -1), front.parent)
+    return _layout(ops, c, *f.organize_records(records, ops.config.num_draft_tokens), [])
 
 
 def logits_into(logits: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
@@ -189,9 +220,13 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
 
 
 def _tree(ops: CoreOps, c: DraftCoreIn, records: list, probs: list) -> DraftCoreOut:
+    return _layout(ops, c, *organize(records, ops.config.num_draft_tokens), probs)
+
+
+def _layout(ops: CoreOps, c: DraftCoreIn, parent_list: torch.Tensor, selected: torch.Tensor,
+            draft_tokens: torch.Tensor, probs: list) -> DraftCoreOut:
     config = ops.config
     n = config.num_draft_tokens
-    parent_list, selected, draft_tokens = organize(records, n)
     mask, positions, r_index, r_next, r_sibling, draft_token = ops.build_tree(
         parent_list, selected, draft_tokens, c.bonus_tokens, c.seq_lens, config.topk, config.num_steps, n
     )

@@ -158,6 +158,23 @@ def _tensors(objs: Sequence[Any]) -> list[torch.Tensor]:
     return out
 
 
+def copy_all(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """`dst.copy_(src)` for every pair, as one multi-tensor copy per dtype pair on CUDA (a captured
+    graph then holds a kernel per dtype instead of a copy per tensor)."""
+    groups: dict[tuple, tuple[list, list]] = {}
+    for dst, src in pairs:
+        if dst.shape != src.shape:
+            raise ValueError(f"copy_all: destination {tuple(dst.shape)} and source {tuple(src.shape)} differ")
+        if dst.is_cuda:
+            dsts, srcs = groups.setdefault((dst.dtype, src.dtype, dst.device), ([], []))
+            dsts.append(dst)
+            srcs.append(src)
+        else:
+            dst.copy_(src)
+    for dsts, srcs in groups.values():
+        torch._foreach_copy_(dsts, srcs)
+
+
 def _ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:
     """Whether a verify's read allows the launched rest of the iteration: every request goes on and
     stays inside its context next iteration (`room[b]` tokens)."""
@@ -299,7 +316,7 @@ class GraphRunner:
             tree_fn, greedy_fn, sampling_fn = triton_build_tree, triton_verify_greedy, triton_verify_tree_sampling
         self.ops = CoreOps(config, ft, fd, rt.target_cache, rt.draft_cache, rt.aux_layer_ids, rt.capture,
                            tree_fn, probs_nosync, verify_greedy=greedy_fn, verify_tree_sampling=sampling_fn,
-                           softmax_topk=be.softmax_topk_fn, argmax=be.argmax_fn)
+                           softmax_topk=be.softmax_topk_fn, argmax=be.argmax_fn, frontier=be.frontier)
         device, chain = rt.device, rt.sampled_chain
         self.bufs = _Buffers(
             B.allocate_draft(config, self.max_bs, device, sampled_chain=chain),
@@ -719,6 +736,15 @@ class GraphRunner:
         self.ahead_stats["discarded"] += 1
         self.rt.target_cache.free_slots(a.slots, check=False)
 
+    def _live_requests(self, bucket: int) -> Optional[torch.Tensor]:
+        """`(bucket,)` bool: which requests of a launch-ahead bucket are live (`< _nlive`); None when
+        the bucket cannot hold padding: it serves batches larger than the bucket below it, so rows
+        below that size are always live (bucket 1: its one row)."""
+        below = max((b for b in self.buckets if b < bucket), default=0)
+        if below + 1 >= bucket:
+            return None
+        return torch.arange(bucket, device=self._nlive.device) < self._nlive
+
     def _ahead_extend_fn(self, bucket: int, sim: bool) -> ExtendCoreOut:
         """Verify outputs -> draft-extend buffers (+ target commit), draft-extend, draft commit,
         outputs -> draft buffers. Padded requests (>= `_nlive`) get copy_in's padding."""
@@ -727,10 +753,16 @@ class GraphRunner:
         rt, width = self.rt, eb.stride
         dev = vb.seq_lens.device
         pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
-        live_req = torch.arange(bucket, device=dev) < self._nlive
+        live_req = self._live_requests(bucket)
+
+        def req_where(value: torch.Tensor, pad: Any, mask: Optional[torch.Tensor] = live_req) -> torch.Tensor:
+            return value if mask is None else torch.where(mask, value, pad)
+
         counts = vo.num_correct.long() + 1
         cols = torch.arange(width, device=dev)
-        live = (cols[None, :] < counts[:, None]) & live_req[:, None]
+        live = cols[None, :] < counts[:, None]
+        if live_req is not None:
+            live = live & live_req[:, None]
         seq, req = vb.seq_lens[:bucket], vb.req_pool_indices[:bucket]
         acc = vo.accept_index.clamp(min=0)
         pos = seq[:, None] + cols
@@ -739,27 +771,34 @@ class GraphRunner:
         node_slots = torch.where(live, vb.slots[:bucket].reshape(-1)[acc], pad_t)
         rt.target_cache.req_to_token.index_put_((rows, at), node_slots.reshape(-1))
         n_rows = bucket * width
-        eb.input_ids[:n_rows].copy_(torch.where(live, vo.accept_tokens, 0).reshape(-1))
-        eb.positions[:n_rows].copy_(at)
         ext_slots = torch.where(live, self._ext_slots[:bucket], pad_d).reshape(-1)
-        eb.out_slots[:n_rows].copy_(ext_slots)
+        copies = [
+            (eb.input_ids[:n_rows], torch.where(live, vo.accept_tokens, 0).reshape(-1)),
+            (eb.positions[:n_rows], at),
+            (eb.out_slots[:n_rows], ext_slots),
+            (eb.num_accept_tokens[:bucket], req_where(counts, 1)),
+            (eb.seq_lens[:bucket], req_where(seq + counts, 1)),
+            (eb.req_pool_indices[:bucket], req_where(req, self.pad_row)),
+        ]
         if eb.hidden_states is not None:
-            eb.hidden_states[:n_rows].copy_(vo.captured[acc.reshape(-1)])
-        eb.num_accept_tokens[:bucket].copy_(torch.where(live_req, counts, 1))
-        eb.seq_lens[:bucket].copy_(torch.where(live_req, seq + counts, 1))
-        eb.req_pool_indices[:bucket].copy_(torch.where(live_req, req, self.pad_row))
+            copies.append((eb.hidden_states[:n_rows], vo.captured[acc.reshape(-1)]))
+        copy_all(copies)
         out = self._extend_fn(bucket)
         rt.draft_cache.req_to_token.index_put_((rows, at), ext_slots)
-        keep = live_req[:, None]
-        db.topk_p[:bucket].copy_(torch.where(keep, out.topk_p, 0.0))
-        db.topk_index[:bucket].copy_(torch.where(keep, out.topk_index, 0))
-        if db.hidden_states is not None:
-            db.hidden_states[:bucket].copy_(torch.where(keep, out.hidden_states, 0.0))
+        keep = None if live_req is None else live_req[:, None]
         bonus = vo.accept_tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
-        db.bonus_tokens[:bucket].copy_(torch.where(live_req, bonus, 0))
-        db.seq_lens[:bucket].copy_(torch.where(live_req, seq + counts, 0))
-        db.req_pool_indices[:bucket].copy_(torch.where(live_req, req, self.pad_row))
-        db.temp_slots[:bucket].copy_(torch.where(live_req[:, None, None], self._scratch[:bucket], pad_d))
+        copies = [
+            (db.topk_p[:bucket], req_where(out.topk_p, 0.0, keep)),
+            (db.topk_index[:bucket], req_where(out.topk_index, 0, keep)),
+            (db.bonus_tokens[:bucket], req_where(bonus, 0)),
+            (db.seq_lens[:bucket], req_where(seq + counts, 0)),
+            (db.req_pool_indices[:bucket], req_where(req, self.pad_row)),
+            (db.temp_slots[:bucket], req_where(self._scratch[:bucket], pad_d,
+                                               None if live_req is None else live_req[:, None, None])),
+        ]
+        if db.hidden_states is not None:
+            copies.append((db.hidden_states[:bucket], req_where(out.hidden_states, 0.0, keep)))
+        copy_all(copies)
         return out
 
     def _ahead_draft_fn(self, bucket: int) -> DraftCoreOut:
@@ -767,20 +806,28 @@ class GraphRunner:
         out = self._draft_fn(bucket)
         vb, db = self.bufs.verify, self.bufs.draft
         n = vb.draft_token.shape[1]
-        live_req = torch.arange(bucket, device=vb.seq_lens.device) < self._nlive
-        keep = live_req[:, None]
-        vb.draft_token[:bucket].copy_(torch.where(keep, out.draft_token, 0))
-        vb.positions[:bucket].copy_(torch.where(keep, out.positions, 0))
+        live_req = self._live_requests(bucket)
+        keep = None if live_req is None else live_req[:, None]
+
+        def req_where(value: torch.Tensor, pad: Any, mask: Optional[torch.Tensor] = keep) -> torch.Tensor:
+            return value if mask is None else torch.where(mask, value, pad)
+
         eye = torch.eye(n, dtype=torch.bool, device=vb.tree_mask.device)
-        vb.tree_mask[:bucket].copy_(torch.where(live_req[:, None, None], out.tree_mask, eye))
-        vb.retrieve_index[:bucket].copy_(torch.where(keep, out.retrieve_index, vb.retrieve_index[:bucket]))
-        vb.retrieve_next_token[:bucket].copy_(torch.where(keep, out.retrieve_next_token, -1))
-        vb.retrieve_next_sibling[:bucket].copy_(torch.where(keep, out.retrieve_next_sibling, -1))
-        vb.seq_lens[:bucket].copy_(torch.where(live_req, db.seq_lens[:bucket], 0))
-        vb.req_pool_indices[:bucket].copy_(torch.where(live_req, db.req_pool_indices[:bucket], self.pad_row))
-        vb.slots[:bucket].copy_(self._next_slots[:bucket])  # ahead_extend has read this verify's slots
+        copies = [
+            (vb.draft_token[:bucket], req_where(out.draft_token, 0)),
+            (vb.positions[:bucket], req_where(out.positions, 0)),
+            (vb.tree_mask[:bucket], req_where(out.tree_mask, eye,
+                                              None if live_req is None else live_req[:, None, None])),
+            (vb.retrieve_index[:bucket], req_where(out.retrieve_index, vb.retrieve_index[:bucket])),
+            (vb.retrieve_next_token[:bucket], req_where(out.retrieve_next_token, -1)),
+            (vb.retrieve_next_sibling[:bucket], req_where(out.retrieve_next_sibling, -1)),
+            (vb.seq_lens[:bucket], req_where(db.seq_lens[:bucket], 0, live_req)),
+            (vb.req_pool_indices[:bucket], req_where(db.req_pool_indices[:bucket], self.pad_row, live_req)),
+            (vb.slots[:bucket], self._next_slots[:bucket]),  # ahead_extend has read this verify's
+        ]
         if vb.sim_accept is not None:
-            vb.sim_accept[:bucket].copy_(self._next_sim[:bucket])
+            copies.append((vb.sim_accept[:bucket], self._next_sim[:bucket]))
+        copy_all(copies)
         return out
 
     def stats(self) -> dict[str, Any]:

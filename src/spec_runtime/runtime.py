@@ -108,6 +108,7 @@ class CoreOps:
     verify_tree_sampling: Optional[Callable[..., tuple]] = None  # None: verify.py's
     softmax_topk: Optional[Callable[..., tuple]] = None  # (logits, k) -> (probs, indices); None: torch's
     argmax: Optional[Callable[..., torch.Tensor]] = None  # (logits) -> last-axis argmax; None: torch's
+    frontier: Any = None  # kernels.frontier (the draft's expansion bookkeeping); None: tree.py's torch path
 
 
 @dataclass

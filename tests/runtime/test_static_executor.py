@@ -430,15 +430,17 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
     head = load_eagle3(h, target)
     outs = []
     # static with the torch tree functions, then with the Triton ones (tree build, verify, softmax
-    # top-k of the draft, argmax of the verify)
+    # top-k of the draft, argmax of the verify, the expansion bookkeeping with the d2t map)
     for executor, tree in (("eager", "torch"), ("static", "torch"), ("static", "triton")):
-        rt = Runtime.create(target, head, "EAGLE3", num_steps=2, topk=2, num_draft_tokens=4, max_batch_size=4,
+        rt = Runtime.create(target, head, "EAGLE3", num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
                             max_context=48, executor=executor, buckets=(1, 2, 4),
-                            fast=dict(elementwise="triton", fuse=True, attention="dense", tree=tree, topk=tree))
+                            fast=dict(elementwise="triton", fuse=True, attention="dense", tree=tree, topk=tree,
+                                      frontier=tree))
         reqs = SpecEngine(rt).generate([[1, 2, 3], [4, 5, 6, 7, 8], [9]], max_new_tokens=8)
-        outs.append([r.output for r in reqs])
+        outs.append([(r.output, r.accept_lengths) for r in reqs])
         if executor == "static":
             assert (rt.runner.ops.softmax_topk is not None) == (tree == "triton")
+            assert (rt.runner.ops.frontier is not None) == (tree == "triton")
     assert outs[0] == outs[1] == outs[2], outs
     print("OK")
     """

@@ -54,6 +54,9 @@ class FastOptions:
             sync-free torch versions) (auto: triton on CUDA).
         topk: "triton" (`kernels.topk`: the draft's softmax top-k and the argmax of verify and
             plain decode in two launches each) or "torch" (auto: triton on CUDA).
+        frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
+            step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
+            triton on CUDA).
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
             and row bucket); off by default: its heuristic configuration is used, unless the
@@ -66,6 +69,7 @@ class FastOptions:
     linear: str = "auto"
     tree: str = "auto"
     topk: str = "auto"
+    frontier: str = "auto"
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
 
@@ -75,6 +79,7 @@ class FastOptions:
         "linear": ("auto", "torch", "gemv"),
         "tree": ("auto", "triton", "torch"),
         "topk": ("auto", "triton", "torch"),
+        "frontier": ("auto", "triton", "torch"),
     }
 
     def __post_init__(self) -> None:
@@ -227,6 +232,12 @@ class FastBackend:
         self.attention_kind = att
         self.tree = options.tree if options.tree != "auto" else ("triton" if usable else "torch")
         self.topk = options.topk if options.topk != "auto" else ("triton" if usable else "torch")
+        kind = options.frontier if options.frontier != "auto" else ("triton" if usable else "torch")
+        self.frontier: Any = None  # the phase cores' CoreOps.frontier (None: the torch path)
+        if kind == "triton":
+            from spec_runtime.kernels import frontier
+
+            self.frontier = frontier
         # the phase cores' CoreOps.softmax_topk / .argmax (None: torch's)
         self.softmax_topk_fn: Optional[Callable] = None
         self.argmax_fn: Optional[Callable] = None
@@ -500,6 +511,8 @@ class FastTarget:
 class FastStandalone:
     """`StandaloneDraft` on the fast path."""
 
+    d2t: Optional[torch.Tensor] = None  # drafts in the target vocabulary (see FastEagle3.d2t)
+
     def __init__(self, draft: StandaloneDraft, be: FastBackend, max_positions: int) -> None:
         self.inner = FastTarget(draft.model, be, max_positions)
         self.dtype = draft.dtype
@@ -520,6 +533,8 @@ class FastStandalone:
 
 class FastEagle1:
     """`Eagle1Head` on the fast path: `fc(cat(embed, feature))`, one layer without input norm."""
+
+    d2t: Optional[torch.Tensor] = None  # drafts in the target vocabulary (see FastEagle3.d2t)
 
     def __init__(self, head: Eagle1Head, be: FastBackend, max_positions: int) -> None:
         self.head, self.be, self.dtype = head, be, head.dtype
@@ -567,7 +582,7 @@ class FastEagle3:
         self.mlp = _MLPBlock(mid.mlp, be)
         self.norm, self.norm_eps = head.norm.weight, head.norm.eps
         self.lm_head = _lin(head.lm_head)
-        self.d2t = head.d2t
+        self.d2t = head.d2t  # to_target_ids as a table: target_id = draft_id + d2t[draft_id]
         self.rope = RopeTable(head.rotary, max_positions, head.dtype, self.d2t.device)
 
     def linears(self) -> list[Linear]:
