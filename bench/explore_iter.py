@@ -89,6 +89,7 @@ def graph_times(algorithm: str, target, draft, sim: float, fast: dict | None = N
     res = {"algorithm": algorithm, "sim": sim, "before_read": before_read, "iterations": iters, "accept_len": r["accept_len"],
            "ms_per_iter": 1e3 * r["decode_s"] / iters, "tok_s": r["tokens"] / r["decode_s"], "graphs": per,
            "graph_ms_per_iter": sum(v["ms_per_iter"] for v in per.values()), "stats": rt.runner.stats(),
+           "linear_log": list(rt.runner.linear_log),
            "device_gaps_ms": {k: {"n": len(v), "mean": sum(v) / len(v), "max": max(v)} for k, v in gaps.items()},
            "host_read_to_replay_ms": {"n": len(host), "mean": sum(host) / max(1, len(host)),
                                       "median": sorted(host)[len(host) // 2] if host else None}}

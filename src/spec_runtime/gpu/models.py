@@ -329,24 +329,35 @@ class FastBackend:
             lin.gemv_upto = max(decided[key], default=0)
 
 
-_GEMV_DECISIONS: dict[tuple, bool] = {}
+_GEMV_DECISIONS: dict[tuple, tuple[bool, Any]] = {}
 
 
 def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
-    """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide)."""
+    """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
+    Registers the fastest GEMV configuration with `kernels.gemv` every time (a process that clears
+    `kernels.gemv._TUNED` gets the decision's configuration back)."""
+    from spec_runtime.kernels import gemv as G
+
     w = lin.weight
     key = (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
     if key not in _GEMV_DECISIONS:
         _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log)
-    return _GEMV_DECISIONS[key]
+    wins, best = _GEMV_DECISIONS[key]
+    if best is not None:
+        n, k = w.shape
+        G._TUNED[(G.next_pow2(rows), n, k, w.dtype, w.dtype, lin.bias is not None, w.device)] = best
+    return wins
 
 
-def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> bool:
+def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> tuple[bool, Any]:
     """Time F.linear against the Triton GEMV at `rows` rows (medians of CUDA-event timings, L2
     flushed by `do_bench`). The GEMV is timed at its heuristic configuration and at a short list of
-    candidate launch configurations; the fastest is registered with `kernels.gemv` (so later calls
-    of that shape and row bucket use it) and decides against cuBLAS. `SPEC_GEMV_SETUP_TUNE=0`: the
-    heuristic configuration only."""
+    candidate launch configurations; returns (whether the fastest beats cuBLAS, that configuration).
+    `SPEC_GEMV_SETUP_TUNE=0`: the heuristic configuration only.
+
+    Timing in chains of launches inside a CUDA graph instead was tried and is worse: it picks cuBLAS
+    for the 8B gate/up projection, which a captured verify then runs 0.45 ms slower
+    (`bench/results/explore/tuning.json`)."""
     import triton.testing
 
     from spec_runtime.kernels import gemv as G
@@ -375,10 +386,9 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> bool:
     if not timed:
         if log is not None:
             log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "error": errors[:1]})
-        return False
+        return False, None
     t_gemv, best = min(timed, key=lambda tc: tc[0])
     t_heur = next((t for t, c in timed if c == heuristic), None)
-    G._TUNED[(G.next_pow2(m), n, k, w.dtype, w.dtype, bias is not None, x.device)] = best
     # Timed alone, the two are often within noise of each other; in a CUDA graph the GEMV also
     # overlaps its neighbours' launch under PDL (cuBLAS does not), so near-ties go to the GEMV.
     margin = 1.03 if pdl(w.device) else 1.0
@@ -387,7 +397,7 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> bool:
         log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "gemv_ms": t_gemv,
                     "gemv_heuristic_ms": t_heur, "config": dataclasses.asdict(best), "configs_timed": len(timed),
                     "gemv": wins, "margin": margin})
-    return wins
+    return wins, best
 
 
 # ---- blocks --------------------------------------------------------------------------------------
