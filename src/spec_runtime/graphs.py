@@ -175,6 +175,14 @@ def copy_all(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         torch._foreach_copy_(dsts, srcs)
 
 
+def _live_or_pad(live: Optional[torch.Tensor], value: torch.Tensor, pad: Any) -> torch.Tensor:
+    """`value` for the live requests (`live (bucket,)` bool, broadcast along value's trailing axes),
+    `pad` for the others; `live` None (no padding possible): `value` as it is."""
+    if live is None:
+        return value
+    return torch.where(live.view(-1, *([1] * (value.dim() - 1))), value, pad)
+
+
 def _ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:
     """Whether a verify's read allows the launched rest of the iteration: every request goes on and
     stays inside its context next iteration (`room[b]` tokens)."""
@@ -754,10 +762,6 @@ class GraphRunner:
         dev = vb.seq_lens.device
         pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
         live_req = self._live_requests(bucket)
-
-        def req_where(value: torch.Tensor, pad: Any, mask: Optional[torch.Tensor] = live_req) -> torch.Tensor:
-            return value if mask is None else torch.where(mask, value, pad)
-
         counts = vo.num_correct.long() + 1
         cols = torch.arange(width, device=dev)
         live = cols[None, :] < counts[:, None]
@@ -776,28 +780,26 @@ class GraphRunner:
             (eb.input_ids[:n_rows], torch.where(live, vo.accept_tokens, 0).reshape(-1)),
             (eb.positions[:n_rows], at),
             (eb.out_slots[:n_rows], ext_slots),
-            (eb.num_accept_tokens[:bucket], req_where(counts, 1)),
-            (eb.seq_lens[:bucket], req_where(seq + counts, 1)),
-            (eb.req_pool_indices[:bucket], req_where(req, self.pad_row)),
+            (eb.num_accept_tokens[:bucket], _live_or_pad(live_req, counts, 1)),
+            (eb.seq_lens[:bucket], _live_or_pad(live_req, seq + counts, 1)),
+            (eb.req_pool_indices[:bucket], _live_or_pad(live_req, req, self.pad_row)),
         ]
         if eb.hidden_states is not None:
             copies.append((eb.hidden_states[:n_rows], vo.captured[acc.reshape(-1)]))
         copy_all(copies)
         out = self._extend_fn(bucket)
         rt.draft_cache.req_to_token.index_put_((rows, at), ext_slots)
-        keep = None if live_req is None else live_req[:, None]
         bonus = vo.accept_tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
         copies = [
-            (db.topk_p[:bucket], req_where(out.topk_p, 0.0, keep)),
-            (db.topk_index[:bucket], req_where(out.topk_index, 0, keep)),
-            (db.bonus_tokens[:bucket], req_where(bonus, 0)),
-            (db.seq_lens[:bucket], req_where(seq + counts, 0)),
-            (db.req_pool_indices[:bucket], req_where(req, self.pad_row)),
-            (db.temp_slots[:bucket], req_where(self._scratch[:bucket], pad_d,
-                                               None if live_req is None else live_req[:, None, None])),
+            (db.topk_p[:bucket], _live_or_pad(live_req, out.topk_p, 0.0)),
+            (db.topk_index[:bucket], _live_or_pad(live_req, out.topk_index, 0)),
+            (db.bonus_tokens[:bucket], _live_or_pad(live_req, bonus, 0)),
+            (db.seq_lens[:bucket], _live_or_pad(live_req, seq + counts, 0)),
+            (db.req_pool_indices[:bucket], _live_or_pad(live_req, req, self.pad_row)),
+            (db.temp_slots[:bucket], _live_or_pad(live_req, self._scratch[:bucket], pad_d)),
         ]
         if db.hidden_states is not None:
-            copies.append((db.hidden_states[:bucket], req_where(out.hidden_states, 0.0, keep)))
+            copies.append((db.hidden_states[:bucket], _live_or_pad(live_req, out.hidden_states, 0.0)))
         copy_all(copies)
         return out
 
@@ -806,23 +808,17 @@ class GraphRunner:
         out = self._draft_fn(bucket)
         vb, db = self.bufs.verify, self.bufs.draft
         n = vb.draft_token.shape[1]
-        live_req = self._live_requests(bucket)
-        keep = None if live_req is None else live_req[:, None]
-
-        def req_where(value: torch.Tensor, pad: Any, mask: Optional[torch.Tensor] = keep) -> torch.Tensor:
-            return value if mask is None else torch.where(mask, value, pad)
-
+        live = self._live_requests(bucket)
         eye = torch.eye(n, dtype=torch.bool, device=vb.tree_mask.device)
         copies = [
-            (vb.draft_token[:bucket], req_where(out.draft_token, 0)),
-            (vb.positions[:bucket], req_where(out.positions, 0)),
-            (vb.tree_mask[:bucket], req_where(out.tree_mask, eye,
-                                              None if live_req is None else live_req[:, None, None])),
-            (vb.retrieve_index[:bucket], req_where(out.retrieve_index, vb.retrieve_index[:bucket])),
-            (vb.retrieve_next_token[:bucket], req_where(out.retrieve_next_token, -1)),
-            (vb.retrieve_next_sibling[:bucket], req_where(out.retrieve_next_sibling, -1)),
-            (vb.seq_lens[:bucket], req_where(db.seq_lens[:bucket], 0, live_req)),
-            (vb.req_pool_indices[:bucket], req_where(db.req_pool_indices[:bucket], self.pad_row, live_req)),
+            (vb.draft_token[:bucket], _live_or_pad(live, out.draft_token, 0)),
+            (vb.positions[:bucket], _live_or_pad(live, out.positions, 0)),
+            (vb.tree_mask[:bucket], _live_or_pad(live, out.tree_mask, eye)),
+            (vb.retrieve_index[:bucket], _live_or_pad(live, out.retrieve_index, vb.retrieve_index[:bucket])),
+            (vb.retrieve_next_token[:bucket], _live_or_pad(live, out.retrieve_next_token, -1)),
+            (vb.retrieve_next_sibling[:bucket], _live_or_pad(live, out.retrieve_next_sibling, -1)),
+            (vb.seq_lens[:bucket], _live_or_pad(live, db.seq_lens[:bucket], 0)),
+            (vb.req_pool_indices[:bucket], _live_or_pad(live, db.req_pool_indices[:bucket], self.pad_row)),
             (vb.slots[:bucket], self._next_slots[:bucket]),  # ahead_extend has read this verify's
         ]
         if vb.sim_accept is not None:
