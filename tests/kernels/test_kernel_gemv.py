@@ -33,20 +33,6 @@ def test_matches_linear(m, n, k, config):
     _close(got, reference_linear(x.float(), w.float(), None if b is None else b.float()), dtype)
 
 
-@pytest.mark.parametrize("config", [GemvConfig(16, 16, 3), GemvConfig(16, 32, 2, swap=True), GemvConfig(32, 16, 4)])
-def test_fused_split_k_reduce_equals_the_reduce_kernel(config):
-    """The last program of each tile sums the split-K partials in the order the second kernel does:
-    bitwise the same output, bias included, and the arrival counters are back to zero."""
-    from spec_runtime.kernels import gemv as G
-
-    torch.manual_seed(3)
-    x, w, b = torch.randn(5, 96, device=DEVICE), torch.randn(70, 96, device=DEVICE), torch.randn(70, device=DEVICE)
-    fused = triton_linear(x, w, b, config=config)
-    assert torch.equal(fused, triton_linear(x, w, b, config=config, fused_reduce=False))
-    assert int(G._COUNTERS[x.device].abs().sum()) == 0
-    _close(fused, reference_linear(x, w, b), torch.float32)
-
-
 def test_bfloat16_and_leading_dims():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 64, device=DEVICE).bfloat16()
@@ -88,26 +74,10 @@ def test_gpu_llama_shapes(m, n, monkeypatch):
 @gpu
 @needs_cuda
 def test_gpu_split_k_is_deterministic():
-    """Split-K partials are summed in a fixed order, whichever program arrives last: reruns (200
-    back to back, in a CUDA graph too) equal the two-kernel reduction bitwise, and the arrival
-    counters end at zero."""
-    from spec_runtime.kernels import gemv as G
-
+    """Split-K partials are summed in a fixed order: no atomics, bitwise-equal reruns."""
     x = torch.randn(8, 4096, device="cuda").bfloat16()
     w = torch.randn(4096, 4096, device="cuda").bfloat16()
-    b = torch.randn(4096, device="cuda").bfloat16()
-    for cfg in (GemvConfig(32, 128, 8), GemvConfig(64, 128, 4, swap=True), GemvConfig(16, 256, 16)):
-        want = triton_linear(x, w, b, config=cfg, fused_reduce=False)
-        runs = [triton_linear(x, w, b, config=cfg) for _ in range(200)]
-        assert all(torch.equal(r, want) for r in runs)
-        out = torch.empty_like(want)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(8):
-                G._launch(x, w, b, out, cfg)
-        for _ in range(20):
-            out.zero_()
-            graph.replay()
-            assert torch.equal(out, want)
-        torch.cuda.synchronize()
-        assert int(G._COUNTERS[x.device].abs().sum()) == 0
+    for cfg in (GemvConfig(32, 128, 8), GemvConfig(64, 128, 4, swap=True)):
+        a = triton_linear(x, w, config=cfg)
+        b = triton_linear(x, w, config=cfg)
+        assert torch.equal(a, b)

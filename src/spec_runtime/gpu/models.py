@@ -61,8 +61,6 @@ class FastOptions:
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
             and row bucket); off by default: its heuristic configuration is used, unless the
             environment sets SPEC_GEMV_TUNE.
-        split_k_reduce: where the Triton GEMV sums its split-K partials: "fused" (the last program
-            of each output tile, one launch) or "kernel" (a second kernel).
     """
 
     fuse: Optional[bool] = None
@@ -74,7 +72,6 @@ class FastOptions:
     frontier: str = "auto"
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
-    split_k_reduce: str = "fused"
 
     _CHOICES = {
         "attention": ("auto", "triton", "dense", "reference"),
@@ -83,7 +80,6 @@ class FastOptions:
         "tree": ("auto", "triton", "torch"),
         "topk": ("auto", "triton", "torch"),
         "frontier": ("auto", "triton", "torch"),
-        "split_k_reduce": ("fused", "kernel"),
     }
 
     def __post_init__(self) -> None:
@@ -180,15 +176,13 @@ class Linear:
     bias: Optional[torch.Tensor] = None
     gemv_upto: int = 0  # use the Triton GEMV for at most this many rows (0: never)
     gemv_buckets: frozenset = field(default_factory=frozenset)
-    fused_reduce: bool = True  # the GEMV's split-K sum in its last program (FastOptions.split_k_reduce)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if rows and rows <= self.gemv_upto and _pow2(rows) in self.gemv_buckets:
             from spec_runtime.kernels.gemv import triton_linear
 
-            return triton_linear(x if x.stride(-1) == 1 else x.contiguous(), self.weight, self.bias,
-                                 fused_reduce=self.fused_reduce)
+            return triton_linear(x if x.stride(-1) == 1 else x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -322,8 +316,6 @@ class FastBackend:
         from spec_runtime.kernels.gemv import MAX_M
 
         rows = [m for m in self.options.gemv_rows if m <= MAX_M]
-        for lin in linears:
-            lin.fused_reduce = self.options.split_k_reduce == "fused"
         if self.linear == "gemv":
             for lin in linears:
                 lin.gemv_upto, lin.gemv_buckets = MAX_M, frozenset(_pow2(m) for m in range(1, MAX_M + 1))
@@ -347,7 +339,7 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     from spec_runtime.kernels import gemv as G
 
     w = lin.weight
-    key = (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device), lin.fused_reduce)
+    key = (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
     if key not in _GEMV_DECISIONS:
         _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log)
     wins, best = _GEMV_DECISIONS[key]
@@ -387,7 +379,7 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> tuple[bool, Any]:
     errors = []
     for cfg in configs:
         try:
-            timed.append((bench(lambda cfg=cfg: G._launch(x, w, bias, out, cfg, lin.fused_reduce)), cfg))
+            timed.append((bench(lambda cfg=cfg: G._launch(x, w, bias, out, cfg)), cfg))
         except Exception as err:  # noqa: BLE001 - a config the compiler rejects: skip it
             errors.append(str(err)[:120])
     t_blas = bench(lambda: F.linear(x, w, bias))

@@ -4,9 +4,8 @@ At decode the projections read the whole weight for a handful of rows, so the op
 memory: one pass over `w` at full bandwidth is the goal. Each program streams a `(BLOCK_N, K /
 SPLIT_K)` slab of `w` in `(BLOCK_N, BLOCK_K)` tiles (16-byte loads along K, software-pipelined)
 and multiplies it with the `M` rows of `x` (padded to 16 for `tl.dot`), accumulating in float32.
-With `SPLIT_K > 1` the programs write float32 partials that are summed in a fixed order
-(deterministic) and cast: by the last of a tile's `SPLIT_K` programs to finish (an arrival counter
-per tile, reset by that program; one launch), or by a second kernel (`fused_reduce=False`). Block sizes and `SPLIT_K` are tuned per
+With `SPLIT_K > 1` the programs write float32 partials that a second pass sums in a fixed order
+(deterministic, no atomics) and casts. Block sizes and `SPLIT_K` are tuned per
 `(M bucket, N, K, dtype)` on first use by timing the whole op (both passes) on the device;
 `SPEC_GEMV_TUNE=0`, a CUDA-graph capture, or the interpreter use a heuristic config instead.
 """
@@ -87,11 +86,10 @@ def _gemv_kernel(
     bias_ptr,  # (N,) bias (ignored unless HAS_BIAS)
     out_ptr,  # (M, N) result in x's dtype (output, SPLIT_K == 1)
     part_ptr,  # (SPLIT_K, M, N) float32 partial sums (output, SPLIT_K > 1)
-    count_ptr,  # (cdiv(N, BLOCK_N),) int32 arrival counters, zero between launches (FUSED_REDUCE)
     M, N, K, s_xm, s_wn, s_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
-    PDL: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -145,20 +143,6 @@ def _gemv_kernel(
     else:
         part = part_ptr + (pid_k * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
         tl.store(part, acc, mask=ok)
-        if FUSED_REDUCE:
-            # The counter's acquire-release add orders every program's partial store before the
-            # last arrival's loads (from L2: `.cg`); the last one sums in split order and resets.
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for s in tl.static_range(SPLIT_K):  # fixed order: deterministic
-                    total += tl.load(part_ptr + (s * M + rm[:, None]).to(tl.int64) * N + rn[None, :], mask=ok,
-                                     other=0.0, cache_modifier=".cg")
-                if HAS_BIAS:
-                    total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rn[None, :], total.to(out_ptr.dtype.element_ty),
-                         mask=ok)
-                tl.atomic_xchg(count_ptr + pid_n, 0)
 
 
 @triton.jit
@@ -183,22 +167,7 @@ def _split_k_reduce_kernel(
     tl.store(out_ptr + m.to(tl.int64) * s_om + rn, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """The device's arrival counters for the fused split-K reduction: int32 zeros, at least `n`
-    (every launch leaves them zero). Launches that use them must not run concurrently: the
-    runtime's GEMVs run in stream order on one stream."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 8192), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
-
-
-def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig,
-            fused_reduce: bool = True) -> None:
+def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig) -> None:
     m, k = x.shape
     n = w.shape[0]
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
@@ -206,16 +175,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     b = bias if bias is not None else out
     dot_f32 = interpreting() or x.dtype == torch.float32 or w.dtype == torch.float32
     pdl = pdl_options(x.device)
-    tiles = cdiv(n, cfg.block_n)
-    fused = fused_reduce and split > 1
-    counts = _counters(x.device, tiles) if fused else out
-    _gemv_kernel[(tiles, split)](
-        x, w, b, out, part, counts, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+    _gemv_kernel[(cdiv(n, cfg.block_n), split)](
+        x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
-        FUSED_REDUCE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )
-    if split > 1 and not fused:
+    if split > 1:
         block = min(1024, next_pow2(n))
         _split_k_reduce_kernel[(cdiv(n, block), m)](
             part, b, out, m, n, out.stride(0), SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4,
@@ -281,14 +247,11 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
 
 
 def triton_linear(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None,
-    fused_reduce: bool = True,
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
 ) -> torch.Tensor:
     """`x (M, K) @ w (N, K).T (+ bias (N,))` -> `(M, N)` in x's dtype, float32 accumulation, `M <= 16`.
 
     `config` fixes the launch configuration (default: tuned on first use per shape).
-    `fused_reduce=False` sums split-K partials in a second kernel instead of in the last program
-    of each tile (same order, same result).
     """
     require(x.dim() == 2, f"x must be (M, K), got shape {tuple(x.shape)}")
     require(w.dim() == 2, f"w must be (N, K), got shape {tuple(w.shape)}")
@@ -309,7 +272,7 @@ def triton_linear(
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
-    _launch(x, w, bias, out, config or _tuned_config(x, w, bias), fused_reduce)
+    _launch(x, w, bias, out, config or _tuned_config(x, w, bias))
     return out
 
 
