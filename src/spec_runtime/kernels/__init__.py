@@ -9,6 +9,8 @@ Modules (one per kernel family; each Triton kernel sits above its launcher):
 - `bookkeeping`: `commit_accepted`, `extend_after_decode` (slot-table writes after verify).
 - `gemv`: `linear`, a split-K GEMV for linear layers at small batch.
 - `topk`: `softmax_topk` (the draft's `softmax(logits).topk(k)`) and `row_argmax`.
+- `frontier`: `frontier_step`, `organize_records` (the draft's expansion bookkeeping:
+  `tree.select_frontier`, `tree.gather_branches`, `tree.organize`), one launch per draft step.
 
 Importing this package never imports triton; `select("triton")` does. `KERNELS_AVAILABLE` says
 whether the Triton backend can run here: triton importable, and CUDA present or
