@@ -254,20 +254,23 @@ def verify_core(ops: CoreOps, c: VerifyCoreIn) -> VerifyCoreOut:
         c.hidden_states.copy_(captured)
         captured = c.hidden_states
     logits = ops.target.compute_logits(hidden).view(bs, n, -1)
-    accept_index, accept_tokens, num_correct = _accept(ops, c, logits)
+    # the target's argmax per node: the greedy walk's and the simulated override's (computed once)
+    predict = _argmax(ops, logits) if c.greedy or c.sim_accept is not None else None
+    accept_index, accept_tokens, num_correct = _accept(ops, c, logits, predict)
     if c.sim_accept is not None:
-        accept_index, accept_tokens, num_correct = _simulated(c, _argmax(ops, logits), accept_index.shape[1])
+        accept_index, accept_tokens, num_correct = _simulated(c, predict, accept_index.shape[1])
     return VerifyCoreOut(accept_index, accept_tokens, num_correct, captured)
 
 
-def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor):
-    """Accept a path per request. Returns (accept_index, accept_tokens, num_correct_drafts)."""
+def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor, predict: Optional[torch.Tensor]):
+    """Accept a path per request (`predict`: the argmax of `logits`, for greedy walks). Returns
+    (accept_index, accept_tokens, num_correct_drafts)."""
     steps = ops.config.num_steps
     trees = (c.draft_token, c.retrieve_index, c.retrieve_next_token, c.retrieve_next_sibling)
     bs, n, _ = logits.shape
     if c.greedy:
         greedy = ops.verify_greedy or verify_greedy
-        predicts, accept_index, num_correct = greedy(*trees, _argmax(ops, logits), steps)
+        predicts, accept_index, num_correct = greedy(*trees, predict, steps)
         return accept_index, _tokens_at(predicts, accept_index), num_correct
     probs = ops.probs(logits, c.temperature, c.top_k, c.top_p)
     if c.draft_probs is not None:

@@ -222,19 +222,22 @@ class FastBackend:
         self.options = options
         self.device = device
         self.fuse = cuda if options.fuse is None else options.fuse
-        ew = options.elementwise if options.elementwise != "auto" else ("triton" if usable else "torch")
+
+        def kernels_or(choice: str, fallback: str) -> str:  # "auto": the Triton kernels where they run
+            return choice if choice != "auto" else ("triton" if usable else fallback)
+
+        ew = kernels_or(options.elementwise, "torch")
         self.elementwise = ew
         if ew == "triton":
             from spec_runtime.gpu import elementwise as kernels_ew
 
             self._ew = kernels_ew
-        att = options.attention if options.attention != "auto" else ("triton" if usable else "dense")
+        att = kernels_or(options.attention, "dense")
         self.attention_kind = att
-        self.tree = options.tree if options.tree != "auto" else ("triton" if usable else "torch")
-        self.topk = options.topk if options.topk != "auto" else ("triton" if usable else "torch")
-        kind = options.frontier if options.frontier != "auto" else ("triton" if usable else "torch")
+        self.tree = kernels_or(options.tree, "torch")
+        self.topk = kernels_or(options.topk, "torch")
         self.frontier: Any = None  # the phase cores' CoreOps.frontier (None: the torch path)
-        if kind == "triton":
+        if kernels_or(options.frontier, "torch") == "triton":
             from spec_runtime.kernels import frontier
 
             self.frontier = frontier
