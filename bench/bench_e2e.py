@@ -736,8 +736,9 @@ def export_linear_cache(path: Path) -> bool:
         from spec_runtime.kernels import gemv as G
     except ImportError:
         return False
-    decisions = [[list(k[0]), str(k[1]), k[2], k[3], k[4], wins, None if cfg is None else dataclasses.asdict(cfg)]
-                 for k, (wins, cfg) in M._GEMV_DECISIONS.items()]
+    decisions = [[list(k[0]), str(k[1]), k[2], k[3], k[4], d.gemv_ms, d.cublas_ms,
+                  None if d.config is None else dataclasses.asdict(d.config)]
+                 for k, d in M._GEMV_DECISIONS.items()]
     tuned = [[k[0], k[1], k[2], str(k[3]), str(k[4]), k[5], str(k[6]), dataclasses.asdict(v)]
              for k, v in G._TUNED.items()]
     if not decisions and not tuned:
@@ -756,9 +757,9 @@ def load_linear_cache(path: Optional[str]) -> None:
         return getattr(torch, name.split(".")[-1])
 
     data = json.loads(Path(path).read_text())
-    for shape, dtype, bias, rows, dev, wins, cfg in data["decisions"]:
-        M._GEMV_DECISIONS[(tuple(shape), dt(dtype), bias, rows, dev)] = (
-            wins, None if cfg is None else G.GemvConfig(**cfg))
+    for shape, dtype, bias, rows, dev, gemv_ms, cublas_ms, cfg in data["decisions"]:
+        M._GEMV_DECISIONS[(tuple(shape), dt(dtype), bias, rows, dev)] = M.GemvDecision(
+            gemv_ms, cublas_ms, None if cfg is None else G.GemvConfig(**cfg))
     for m, n, k, xd, wd, bias, dev, cfg in data["tuned"]:
         G._TUNED[(m, n, k, dt(xd), dt(wd), bias, torch.device(dev))] = G.GemvConfig(**cfg)
 

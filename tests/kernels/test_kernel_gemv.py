@@ -4,7 +4,20 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, gpu, needs_cuda
 
-from spec_runtime.kernels.gemv import GemvConfig, linear, reference_linear, triton_linear
+from spec_runtime.gpu import elementwise as ew
+from spec_runtime.kernels.gemv import (
+    GemvConfig,
+    RopeStore,
+    SplitKParts,
+    linear,
+    reference_linear,
+    reference_linear_rope_store,
+    reference_linear_silu_mul,
+    triton_linear,
+    triton_linear_parts,
+    triton_linear_rope_store,
+    triton_linear_silu_mul,
+)
 
 # (M, N, K): ragged N and K (tails), M from 1 to 16.
 SHAPES = [(1, 40, 96), (5, 33, 64), (16, 64, 128), (3, 17, 48)]
@@ -81,3 +94,127 @@ def test_gpu_split_k_is_deterministic():
         a = triton_linear(x, w, config=cfg)
         b = triton_linear(x, w, config=cfg)
         assert torch.equal(a, b)
+
+
+# ---- epilogues: the elementwise step after the GEMV, in the GEMV --------------------------------
+
+EPI_CONFIGS = [GemvConfig(16, 16, 1), GemvConfig(16, 32, 2), GemvConfig(32, 16, 3, swap=True)]
+
+
+def _rope_case(gen, m, dtype, nh=4, nkv=2, hd=12, k=64, device=DEVICE):
+    """x, a fused QKV weight and two identical RopeStores over separate (7-filled) caches."""
+    x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    w = torch.randn((nh + 2 * nkv) * hd, k, generator=gen).to(dtype).to(device)
+    cos, sin = torch.randn(20, hd, generator=gen).to(device), torch.randn(20, hd, generator=gen).to(device)
+    pos = torch.randperm(20, generator=gen)[:m].to(device)
+    slots = torch.randperm(10, generator=gen)[:m].to(device)
+
+    def store():
+        kc, vc = (torch.full((10, nkv, hd), 7.0, dtype=dtype, device=device) for _ in range(2))
+        return RopeStore(cos, sin, pos, slots, kc, vc, nh, nkv, hd)
+
+    return x, w, store(), store()
+
+
+@pytest.mark.parametrize("config", EPI_CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_epilogue_is_the_separate_kernel(config, dtype):
+    """GEMV + SiLU-and-multiply in the epilogue == the GEMV then `elementwise.silu_mul`, bit for bit
+    (same float32 sums, same roundings), and close to the torch reference."""
+    gen = torch.Generator().manual_seed(3)
+    for m in (1, 3):
+        x = torch.randn(m, 64, generator=gen).to(dtype).to(DEVICE)
+        w = torch.randn(80, 64, generator=gen).to(dtype).to(DEVICE)
+        got = triton_linear_silu_mul(x, w, config=config)
+        assert got.shape == (m, 40) and got.dtype == dtype
+        assert torch.equal(got, ew.silu_mul(triton_linear(x, w, config=config)))
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, reference_linear_silu_mul(x, w), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("config", EPI_CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_epilogue_is_the_separate_kernel(config, dtype):
+    """QKV GEMV + RoPE + KV store in the epilogue == the GEMV then `elementwise.rope_store`, bit for
+    bit: rotated q, and the k and v cache rows (others untouched)."""
+    gen = torch.Generator().manual_seed(4)
+    for m in (1, 3):
+        x, w, fused, separate = _rope_case(gen, m, dtype)
+        q = triton_linear_rope_store(x, w, fused, config=config)
+        assert q.shape == (m, 4, 12) and q.dtype == dtype
+        qs, ks, vs = triton_linear(x, w, config=config).split([48, 24, 24], dim=-1)
+        want = ew.rope_store(qs, ks, vs, separate.cos, separate.sin, separate.positions, separate.k_cache,
+                             separate.v_cache, separate.slots, 4, 2, 12)
+        assert torch.equal(q, want)
+        assert torch.equal(fused.k_cache, separate.k_cache) and torch.equal(fused.v_cache, separate.v_cache)
+        assert int((fused.k_cache != 7).any(-1).any(-1).sum()) == m  # exactly the m slots written
+        if dtype == torch.float32:
+            _, _, _, ref = _rope_case(torch.Generator().manual_seed(0), m, dtype)
+            ref = RopeStore(separate.cos, separate.sin, separate.positions, separate.slots, ref.k_cache,
+                            ref.v_cache, 4, 2, 12)
+            torch.testing.assert_close(q, reference_linear_rope_store(x, w, ref), rtol=1e-4, atol=1e-3)
+            torch.testing.assert_close(fused.k_cache, ref.k_cache, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("config", EPI_CONFIGS)
+def test_split_k_parts_feed_add_rmsnorm(config):
+    """Unreduced split-K partials summed by `add_rmsnorm` == the GEMV's own reduce, then the add."""
+    gen = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(3, 64, generator=gen).to(dtype).to(DEVICE)
+        w = torch.randn(48, 64, generator=gen).to(dtype).to(DEVICE)
+        resid = torch.randn(3, 48, generator=gen).to(dtype).to(DEVICE)
+        norm = (1 + 0.1 * torch.randn(48, generator=gen)).to(dtype).to(DEVICE)
+        parts = triton_linear_parts(x, w, config=config)
+        assert isinstance(parts, SplitKParts) == (config.split_k > 1)
+        if isinstance(parts, SplitKParts):
+            assert parts.parts.shape == (config.split_k, 3, 48) and parts.parts.dtype == torch.float32
+            assert parts.shape == (3, 48)
+        got = ew.add_rmsnorm(resid, parts, norm, 1e-6)
+        want = ew.add_rmsnorm(resid, triton_linear(x, w, config=config), norm, 1e-6)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+def test_epilogue_errors_name_the_problem():
+    x = torch.randn(2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="gate/up weight needs an even row count"):
+        triton_linear_silu_mul(x, torch.randn(7, 32, device=DEVICE))
+    _, w, store, _ = _rope_case(torch.Generator().manual_seed(0), 2, torch.float32, k=32)
+    with pytest.raises(ValueError, match=r"QKV weight has 95 rows, expected \(4 \+ 2 \* 2\) \* 12 = 96"):
+        triton_linear_rope_store(x, w[:95], store)
+    bad = RopeStore(store.cos, store.sin, store.positions[:1], store.slots, store.k_cache, store.v_cache, 4, 2, 12)
+    with pytest.raises(ValueError, match=r"RopeStore.positions must be contiguous integers of shape \(2,\)"):
+        triton_linear_rope_store(x, w, bad)
+    bad = RopeStore(store.cos.double(), store.sin, store.positions, store.slots, store.k_cache, store.v_cache, 4, 2, 12)
+    with pytest.raises(ValueError, match="cos/sin must be float32"):
+        triton_linear_rope_store(x, w, bad)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 2, 8])
+def test_gpu_epilogues_llama_shapes(m, monkeypatch):
+    """Llama-3.1-8B QKV (32/8 heads of 128), gate/up and o in bfloat16: each epilogue is bit for
+    bit its separate kernel, at tiles with and without a K split."""
+    monkeypatch.setenv("SPEC_GEMV_TUNE", "0")
+    gen = torch.Generator().manual_seed(m)
+    cfgs = (None, GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(32, 256, 2), GemvConfig(128, 128, 4, swap=True))
+    x = torch.randn(m, 4096, generator=gen).bfloat16().cuda()
+    w_gu = (torch.randn(2 * 14336, 4096, generator=gen) * 0.02).bfloat16().cuda()
+    for cfg in cfgs:
+        assert torch.equal(triton_linear_silu_mul(x, w_gu, config=cfg), ew.silu_mul(triton_linear(x, w_gu, config=cfg)))
+    for cfg in cfgs:
+        x_, w, fused, separate = _rope_case(gen, m, torch.bfloat16, nh=32, nkv=8, hd=128, k=4096, device="cuda")
+        q = triton_linear_rope_store(x_, w, fused, config=cfg)
+        qs, ks, vs = triton_linear(x_, w, config=cfg).split([4096, 1024, 1024], dim=-1)
+        want = ew.rope_store(qs, ks, vs, separate.cos, separate.sin, separate.positions, separate.k_cache,
+                             separate.v_cache, separate.slots, 32, 8, 128)
+        assert torch.equal(q, want)
+        assert torch.equal(fused.k_cache, separate.k_cache) and torch.equal(fused.v_cache, separate.v_cache)
+    w_o = (torch.randn(4096, 4096, generator=gen) * 0.02).bfloat16().cuda()
+    resid, norm = torch.randn(m, 4096, device="cuda").bfloat16(), torch.rand(4096, device="cuda").bfloat16()
+    for cfg in cfgs:
+        got = ew.add_rmsnorm(resid, triton_linear_parts(x, w_o, config=cfg), norm, 1e-5)
+        want = ew.add_rmsnorm(resid, triton_linear(x, w_o, config=cfg), norm, 1e-5)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))

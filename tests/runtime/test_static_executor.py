@@ -428,20 +428,30 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
                           intermediate_size=48)
     target = load_target(t)
     head = load_eagle3(h, target)
+    from spec_runtime.kernels import gemv as G
+    calls = {}
+    for name in ("triton_linear_rope_store", "triton_linear_silu_mul", "triton_linear_parts"):
+        def counted(*a, _f=getattr(G, name), _n=name, **k):
+            calls[_n] = calls.get(_n, 0) + 1
+            return _f(*a, **k)
+        setattr(G, name, counted)
     outs = []
     # static with the torch tree functions, then with the Triton ones (tree build, verify, softmax
     # top-k of the draft, argmax of the verify, the expansion bookkeeping with the d2t map)
-    for executor, tree in (("eager", "torch"), ("static", "torch"), ("static", "triton")):
+    # and last with every linear layer on the Triton GEMV, the elementwise steps in its epilogues
+    for executor, tree, linear in (("eager", "torch", "torch"), ("static", "torch", "torch"),
+                                   ("static", "triton", "torch"), ("static", "triton", "gemv")):
         rt = Runtime.create(target, head, "EAGLE3", num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
                             max_context=48, executor=executor, buckets=(1, 2, 4),
                             fast=dict(elementwise="triton", fuse=True, attention="dense", tree=tree, topk=tree,
-                                      frontier=tree))
+                                      frontier=tree, linear=linear, epilogues="fused"))
         reqs = SpecEngine(rt).generate([[1, 2, 3], [4, 5, 6, 7, 8], [9]], max_new_tokens=8)
         outs.append([(r.output, r.accept_lengths) for r in reqs])
         if executor == "static":
             assert (rt.runner.ops.softmax_topk is not None) == (tree == "triton")
             assert (rt.runner.ops.frontier is not None) == (tree == "triton")
-    assert outs[0] == outs[1] == outs[2], outs
+    assert rt.runner.backend.epilogues and min(calls.values()) > 0 and len(calls) == 3, calls
+    assert outs[0] == outs[1] == outs[2] == outs[3], outs
     print("OK")
     """
 )

@@ -4,7 +4,8 @@ At decode a layer is a handful of weight-streaming GEMVs and a swarm of tiny ele
 CUDA graph each tiny op still costs a few microseconds, so these fuse them:
 
 - `rmsnorm` / `add_rmsnorm`: (residual add +) RMSNorm, float32 statistics, `weight * normed.to(dtype)`
-  (the rounding steps of `models.llama.RMSNorm`), one program per row;
+  (the rounding steps of `models.llama.RMSNorm`), one program per row; the added delta may be a
+  GEMV's unreduced split-K partials (`kernels.gemv.SplitKParts`), summed here instead;
 - `rope_store`: RoPE on q and k from a float32 cos/sin table indexed by position, k and v stored
   into the KV cache at their slots, one program per (row, head);
 - `silu_mul`: `silu(gate) * up` of a fused gate/up output.
@@ -19,6 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from spec_runtime.kernels._common import pdl_options
+from spec_runtime.kernels.gemv import SplitKParts
 
 __all__ = [
     "add_rmsnorm",
@@ -66,7 +68,8 @@ def _rmsnorm_kernel(
     sum_ptr,  # (T, H) x + delta (output, when HAS_DELTA)
     out_ptr,  # (T, H) normed rows (output)
     H, s_x, s_d, s_s, s_o, eps,
-    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+    s_part,  # stride between the delta's split-K partials (NPARTS > 0)
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, NPARTS: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
         gdc_wait()
@@ -76,7 +79,13 @@ def _rmsnorm_kernel(
     mask = cols < H
     x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0)
     if HAS_DELTA:
-        d = tl.load(d_ptr + row * s_d + cols, mask=mask, other=0.0)
+        if NPARTS > 0:  # float32 split-K partials of a GEMV: summed in split order, rounded as its reduce
+            acc = tl.zeros([BLOCK], tl.float32)
+            for p in tl.static_range(NPARTS):
+                acc += tl.load(d_ptr + p * s_part + row * s_d + cols, mask=mask, other=0.0)
+            d = acc.to(x_ptr.dtype.element_ty)
+        else:
+            d = tl.load(d_ptr + row * s_d + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + d.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # rounded like torch's add
         tl.store(sum_ptr + row * s_s + cols, x, mask=mask)
     xf = x.to(tl.float32)
@@ -93,7 +102,18 @@ def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
     t, h = x.shape
     x = _rows(x)
     out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    if delta is not None:
+    nparts, s_part = 0, 0
+    if isinstance(delta, SplitKParts):
+        if delta.dtype != x.dtype or delta.parts.stride(-1) != 1:
+            delta = delta.sum()
+        else:
+            nparts, s_part, delta = delta.parts.shape[0], delta.parts.stride(0), delta
+    if nparts:
+        if tuple(delta.shape) != tuple(x.shape):
+            raise ValueError(f"add_rmsnorm: delta has shape {tuple(delta.shape)}, expected {tuple(x.shape)}")
+        total = torch.empty((t, h), dtype=x.dtype, device=x.device)
+        delta = delta.parts[0]  # the first partial; the kernel steps s_part to the others
+    elif delta is not None:
         if delta.shape != x.shape:
             raise ValueError(f"add_rmsnorm: delta has shape {tuple(delta.shape)}, expected {tuple(x.shape)}")
         delta = _rows(delta)
@@ -104,7 +124,7 @@ def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
         block = _pow2(h)
         _rmsnorm_kernel[(t,)](
             x, delta, weight, total, out, h, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), eps,
-            HAS_DELTA=total is not x, BLOCK=block, num_warps=8 if block >= 4096 else 4, **pdl_options(x.device),
+            s_part, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts, num_warps=8 if block >= 4096 else 4, **pdl_options(x.device),
         )
     return total, out
 
@@ -114,9 +134,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _norm_launch(x, None, weight, eps)[1]
 
 
-def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+def add_rmsnorm(x: torch.Tensor, delta: "torch.Tensor | SplitKParts", weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(x + delta, rmsnorm(x + delta))` in one pass (`reference_add_rmsnorm`)."""
+    """`(x + delta, rmsnorm(x + delta))` in one pass (`reference_add_rmsnorm`). `delta` may be a
+    GEMV's unreduced `SplitKParts` (of x's dtype): summed here as the GEMV's reduce would, which
+    saves that kernel."""
     return _norm_launch(x, delta, weight, eps)
 
 

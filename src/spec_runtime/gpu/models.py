@@ -15,7 +15,10 @@ pieces a CUDA graph needs and a GPU likes:
   dim a power of two >= 16), else `dense_attention`, a sync-free torch attention for fixed
   rows-per-request layouts (what the static buffers give); never the host-reading reference;
 - linear layers through cuBLAS or the Triton split-K GEMV (`spec_runtime.kernels.gemv`), chosen per
-  weight shape and row count at setup by timing both (`FastOptions.linear`).
+  weight shape and row count at setup by timing both (`FastOptions.linear`);
+- where the GEMV runs, the step after it in its epilogue (`FastOptions.epilogues`): RoPE + KV store
+  after QKV, SiLU-and-multiply after gate/up, and the o / down split-K partials summed by the next
+  add + RMSNorm, so a decoder layer launches four kernels fewer.
 
 Nothing here reads a tensor value on the host, so every forward can be captured in a CUDA graph.
 """
@@ -57,6 +60,11 @@ class FastOptions:
         frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
             step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
             triton on CUDA).
+        epilogues: "fused" (the elementwise step after a GEMV done in its epilogue: RoPE + KV store
+            after the QKV projection, SiLU-and-multiply after gate/up; and the split-K reduce of
+            the o and down projections left to the next residual add + RMSNorm) or "separate"
+            (auto: fused with the Triton elementwise kernels on CUDA). Applies where the GEMV runs
+            (not cuBLAS) and the weight has no bias.
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
             and row bucket); off by default: its heuristic configuration is used, unless the
@@ -70,6 +78,7 @@ class FastOptions:
     tree: str = "auto"
     topk: str = "auto"
     frontier: str = "auto"
+    epilogues: str = "auto"
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
 
@@ -80,6 +89,7 @@ class FastOptions:
         "tree": ("auto", "triton", "torch"),
         "topk": ("auto", "triton", "torch"),
         "frontier": ("auto", "triton", "torch"),
+        "epilogues": ("auto", "fused", "separate"),
     }
 
     def __post_init__(self) -> None:
@@ -176,14 +186,27 @@ class Linear:
     bias: Optional[torch.Tensor] = None
     gemv_upto: int = 0  # use the Triton GEMV for at most this many rows (0: never)
     gemv_buckets: frozenset = field(default_factory=frozenset)
+    epilogue: bool = False  # the GEMV would also do the next elementwise step (credit at setup)
+
+    def gemv_for(self, rows: int) -> bool:
+        """Whether `rows` rows go to the Triton GEMV."""
+        return bool(rows) and rows <= self.gemv_upto and _pow2(rows) in self.gemv_buckets
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        if rows and rows <= self.gemv_upto and _pow2(rows) in self.gemv_buckets:
+        if self.gemv_for(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear
 
             return triton_linear(x if x.stride(-1) == 1 else x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def parts(self, x: torch.Tensor) -> Any:
+        """`self(x)`, except that a split-K GEMV's partials come back unreduced (`SplitKParts`,
+        for `add_rmsnorm` to sum)."""
+        if self.bias is None and self.gemv_for(x.shape[0]):
+            from spec_runtime.kernels.gemv import triton_linear_parts
+
+            return triton_linear_parts(x if x.stride(-1) == 1 else x.contiguous(), self.weight)
+        return self(x)
 
 
 def _pow2(n: int) -> int:
@@ -251,6 +274,9 @@ class FastBackend:
         self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
         if self.linear != "torch" and "SPEC_GEMV_TUNE" not in os.environ:
             os.environ["SPEC_GEMV_TUNE"] = "1" if options.gemv_tune else "0"  # read per call by kernels.gemv
+        # the GEMV epilogues: they hand over to the Triton add + RMSNorm, so they need those kernels
+        self.epilogues = (self.linear != "torch" and ew == "triton"
+                          and (options.epilogues == "fused" or (options.epilogues == "auto" and usable)))
         self._triton_attention: Optional[Callable] = None
         if att == "triton":
             from spec_runtime.kernels.attention import triton_attention
@@ -279,13 +305,16 @@ class FastBackend:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(x.dtype)
 
-    def add_rmsnorm(self, x: torch.Tensor, delta: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+    def add_rmsnorm(self, x: torch.Tensor, delta: Any, weight: Optional[torch.Tensor],
                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(x + delta, rmsnorm(x + delta))` (delta None: no add)."""
+        """`(x + delta, rmsnorm(x + delta))` (delta None: no add; `SplitKParts`: a GEMV's
+        unreduced output, summed by the Triton kernel)."""
         if delta is None:
             return x, self.rmsnorm(x, weight, eps)
         if self.elementwise == "triton" and weight is not None:
             return self._ew.add_rmsnorm(x, delta, weight, eps)
+        if not isinstance(delta, torch.Tensor):
+            delta = delta.sum()
         x = x + delta
         return x, self.rmsnorm(x, weight, eps)
 
@@ -325,37 +354,60 @@ class FastBackend:
             return
         decided: dict[tuple, frozenset] = {}
         for lin in linears:
-            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None)
+            credit = EPILOGUE_CREDIT_MS if lin.epilogue and self.epilogues else 0.0
+            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None, credit)
             if key not in decided:
-                decided[key] = frozenset(m for m in rows if _gemv_wins(lin, m, log))
+                decided[key] = frozenset(m for m in rows if _gemv_wins(lin, m, log, credit))
             lin.gemv_buckets = decided[key]
             lin.gemv_upto = max(decided[key], default=0)
 
 
-_GEMV_DECISIONS: dict[tuple, tuple[bool, Any]] = {}
+EPILOGUE_CREDIT_MS = 0.002
+"""What a GEMV with a fused epilogue is credited against cuBLAS at setup: the separate elementwise
+kernel it saves (RoPE + store, SiLU-and-multiply; a few µs each in a CUDA graph under PDL)."""
 
 
-def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
-    """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
-    Registers the fastest GEMV configuration with `kernels.gemv` every time (a process that clears
-    `kernels.gemv._TUNED` gets the decision's configuration back)."""
+@dataclass(frozen=True)
+class GemvDecision:
+    """One setup-time timing: the GEMV's best time and configuration against cuBLAS's time (with
+    the near-tie margin applied), per weight shape and row count."""
+
+    gemv_ms: Optional[float]  # None: no configuration compiled
+    cublas_ms: float
+    config: Any
+
+    def wins(self, credit_ms: float = 0.0) -> bool:
+        return self.gemv_ms is not None and self.gemv_ms < self.cublas_ms + credit_ms
+
+
+_GEMV_DECISIONS: dict[tuple, GemvDecision] = {}
+
+
+def _gemv_wins(lin: Linear, rows: int, log: Optional[list], credit_ms: float = 0.0) -> bool:
+    """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide),
+    with `credit_ms` for what its epilogue saves. Registers the fastest GEMV configuration with
+    `kernels.gemv` every time (a process that clears `kernels.gemv._TUNED` gets the decision's
+    configuration back)."""
     from spec_runtime.kernels import gemv as G
 
     w = lin.weight
     key = (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
     if key not in _GEMV_DECISIONS:
         _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log)
-    wins, best = _GEMV_DECISIONS[key]
-    if best is not None:
+    decision = _GEMV_DECISIONS[key]
+    if decision.config is not None:
         n, k = w.shape
-        G._TUNED[(G.next_pow2(rows), n, k, w.dtype, w.dtype, lin.bias is not None, w.device)] = best
+        G._TUNED[(G.next_pow2(rows), n, k, w.dtype, w.dtype, lin.bias is not None, w.device)] = decision.config
+    wins = decision.wins(credit_ms)
+    if log is not None and credit_ms and wins != decision.wins():
+        log.append({"shape": list(w.shape), "rows": rows, "gemv_by_epilogue_credit": credit_ms})
     return wins
 
 
-def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> tuple[bool, Any]:
+def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
     """Time F.linear against the Triton GEMV at `rows` rows (medians of CUDA-event timings, L2
     flushed by `do_bench`). The GEMV is timed at its heuristic configuration and at a short list of
-    candidate launch configurations; returns (whether the fastest beats cuBLAS, that configuration).
+    candidate launch configurations; returns both times and the fastest configuration.
     `SPEC_GEMV_SETUP_TUNE=0`: the heuristic configuration only.
 
     Timing in chains of launches inside a CUDA graph instead was tried and is worse: it picks cuBLAS
@@ -389,7 +441,7 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> tuple[bool, Any]:
     if not timed:
         if log is not None:
             log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "error": errors[:1]})
-        return False, None
+        return GemvDecision(None, t_blas, None)
     t_gemv, best = min(timed, key=lambda tc: tc[0])
     t_heur = next((t for t, c in timed if c == heuristic), None)
     # Timed alone, the two are often within noise of each other; in a CUDA graph the GEMV also
@@ -400,7 +452,7 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> tuple[bool, Any]:
         log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "gemv_ms": t_gemv,
                     "gemv_heuristic_ms": t_heur, "config": dataclasses.asdict(best), "configs_timed": len(timed),
                     "gemv": wins, "margin": margin})
-    return wins, best
+    return GemvDecision(t_gemv, t_blas * margin, best)
 
 
 # ---- blocks --------------------------------------------------------------------------------------
@@ -415,6 +467,7 @@ class _AttnBlock:
         self.split = (sa.num_heads * sa.head_dim, sa.num_kv_heads * sa.head_dim, sa.num_kv_heads * sa.head_dim)
         if be.fuse:
             self.qkv: Optional[Linear] = _fuse([sa.q_proj, sa.k_proj, sa.v_proj])
+            self.qkv.epilogue = self.qkv.bias is None and sa.head_dim % 2 == 0
         else:
             self.qkv = None
             self.q, self.k, self.v = _lin(sa.q_proj), _lin(sa.k_proj), _lin(sa.v_proj)
@@ -425,16 +478,25 @@ class _AttnBlock:
         return ([self.qkv] if self.qkv is not None else [self.q, self.k, self.v]) + [self.o]
 
     def __call__(self, x: torch.Tensor, rope: RopeTable, positions: torch.Tensor, attn: AttnBatch,
-                 cache: KVCache, layer: int) -> torch.Tensor:
+                 cache: KVCache, layer: int, defer: bool = False) -> Any:
+        """The block's output `(T, H)`; `defer`: as `Linear.parts` (possibly `SplitKParts`) when
+        the GEMV epilogues are on, for the caller's add + RMSNorm to reduce."""
         t = x.shape[0]
-        if self.qkv is not None:
-            q, k, v = self.qkv(x).split(self.split, dim=-1)
+        nh, nkv, hd = self.heads
+        if self.qkv is not None and self.be.epilogues and self.qkv.epilogue and self.qkv.gemv_for(t):
+            from spec_runtime.kernels.gemv import RopeStore, triton_linear_rope_store
+
+            store = RopeStore(rope.cos_f32, rope.sin_f32, positions.contiguous(), attn.out_slots.contiguous(),
+                              cache.k[layer], cache.v[layer], nh, nkv, hd)
+            q = triton_linear_rope_store(x if x.stride(-1) == 1 else x.contiguous(), self.qkv.weight, store)
         else:
-            q, k, v = self.q(x), self.k(x), self.v(x)
-        q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
-        nh, _, hd = self.heads
-        out = self.attention(q, cache, layer, attn, hd ** -0.5)
-        return self.o(out.reshape(t, nh * hd))
+            if self.qkv is not None:
+                q, k, v = self.qkv(x).split(self.split, dim=-1)
+            else:
+                q, k, v = self.q(x), self.k(x), self.v(x)
+            q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
+        out = self.attention(q, cache, layer, attn, hd ** -0.5).reshape(t, nh * hd)
+        return self.o.parts(out) if defer and self.be.epilogues else self.o(out)
 
 
 class _MLPBlock:
@@ -444,6 +506,7 @@ class _MLPBlock:
         self.be = be
         if be.fuse:
             self.gate_up: Optional[Linear] = _fuse([mlp.gate_proj, mlp.up_proj])
+            self.gate_up.epilogue = self.gate_up.bias is None
         else:
             self.gate_up = None
             self.gate, self.up = _lin(mlp.gate_proj), _lin(mlp.up_proj)
@@ -452,10 +515,18 @@ class _MLPBlock:
     def linears(self) -> list[Linear]:
         return ([self.gate_up] if self.gate_up is not None else [self.gate, self.up]) + [self.down]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:
-            return self.down(self.be.silu_mul(self.gate_up(x)))
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+    def __call__(self, x: torch.Tensor, defer: bool = False) -> Any:
+        """The block's output `(T, H)`; `defer`: as `_AttnBlock`'s."""
+        gu = self.gate_up
+        if gu is None:
+            h = F.silu(self.gate(x)) * self.up(x)
+        elif self.be.epilogues and gu.epilogue and gu.gemv_for(x.shape[0]):
+            from spec_runtime.kernels.gemv import triton_linear_silu_mul
+
+            h = triton_linear_silu_mul(x if x.stride(-1) == 1 else x.contiguous(), gu.weight)
+        else:
+            h = self.be.silu_mul(gu(x))
+        return self.down.parts(h) if defer and self.be.epilogues else self.down(h)
 
 
 @dataclass
@@ -506,9 +577,9 @@ class FastTarget:
             x, normed = be.add_rmsnorm(x, pending, layer.in_norm, layer.eps)
             if i in wanted:
                 captured[i] = x
-            a = layer.attn(normed, self.rope, positions, attn, cache, i)
+            a = layer.attn(normed, self.rope, positions, attn, cache, i, defer=True)
             x, normed = be.add_rmsnorm(x, a, layer.post_norm, layer.eps)
-            pending = layer.mlp(normed)
+            pending = layer.mlp(normed, defer=True)
         x, hidden = be.add_rmsnorm(x, pending, self.norm, self.eps)
         if aux_layer_ids is None:
             return hidden, None
@@ -569,7 +640,7 @@ class FastEagle1:
         emb = F.embedding(input_ids, self.embed).to(self.dtype)
         h = self.fc(torch.cat([emb, hidden_in.to(self.dtype)], dim=-1))
         layer, be = self.layer, self.be
-        a = layer.attn(h, self.rope, positions, attn, cache, 0)
+        a = layer.attn(h, self.rope, positions, attn, cache, 0, defer=True)
         x, normed = be.add_rmsnorm(h, a, layer.post_norm, layer.eps)
         return x + layer.mlp(normed)
 
@@ -613,7 +684,7 @@ class FastEagle3:
         be = self.be
         emb = F.embedding(input_ids, self.embed).to(self.dtype)
         x = torch.cat([be.rmsnorm(emb, self.in_norm, self.eps), be.rmsnorm(h, self.hidden_norm, self.eps)], dim=-1)
-        a = self.attn(x, self.rope, positions, attn, cache, 0)
+        a = self.attn(x, self.rope, positions, attn, cache, 0, defer=True)
         h, normed = be.add_rmsnorm(h, a, self.post_norm, self.eps)
         return h + self.mlp(normed)
 

@@ -29,7 +29,20 @@ from spec_runtime.kernels._common import (
     sm_count,
 )
 
-__all__ = ["GemvConfig", "MAX_M", "linear", "reference_linear", "triton_linear"]
+__all__ = [
+    "GemvConfig",
+    "MAX_M",
+    "RopeStore",
+    "SplitKParts",
+    "linear",
+    "reference_linear",
+    "reference_linear_rope_store",
+    "reference_linear_silu_mul",
+    "triton_linear",
+    "triton_linear_parts",
+    "triton_linear_rope_store",
+    "triton_linear_silu_mul",
+]
 
 MAX_M = 16
 """Rows handled by the Triton kernel; `linear` sends larger inputs to `torch.nn.functional.linear`."""
@@ -79,6 +92,63 @@ def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr):
     return acc
 
 
+EPI_NONE: tl.constexpr = tl.constexpr(0)
+EPI_SILU: tl.constexpr = tl.constexpr(1)
+EPI_ROPE: tl.constexpr = tl.constexpr(2)
+"""Epilogues of the GEMV (`_gemv_kernel`'s EPI). With one, output column `2p + h` is half `h` of
+pair `p`, computed from weight row `_pair_row(p, h)`, and the epilogue turns each pair into its
+outputs: SILU `out[:, p] = silu(gate_p) * up_p` (gate/up weight `(2I, K)`, gate rows first); ROPE
+RoPE on the q and k heads of a fused QKV weight (pair p: element d and d + D/2 of one head), q
+written to `out` `(M, Hq, D)`, k and v stored into the KV cache at the rows' slots."""
+
+
+@triton.jit
+def _pair_row(pair, half, NUM_PAIRS, EPI: tl.constexpr, HD2: tl.constexpr):
+    """The weight row of half `half` of pair `pair`."""
+    if EPI == EPI_SILU:
+        return pair + half * NUM_PAIRS
+    return (pair // HD2) * (2 * HD2) + pair % HD2 + half * HD2
+
+
+@triton.jit
+def _pair_epilogue(a0, a1, rows, row_ok, pairs, pair_ok, out_ptr, s_om,
+                   pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh,
+                   EPI: tl.constexpr, HD2: tl.constexpr):
+    """Pairs' float32 sums `a0`, `a1` (rows x pairs) -> the epilogue's outputs. Each projection
+    output is rounded to the output dtype first, exactly as the separate elementwise kernels
+    (`gpu/elementwise.py`) see it, and they do the same float32 arithmetic after."""
+    ok = row_ok & pair_ok
+    x0 = a0.to(out_ptr.dtype.element_ty).to(tl.float32)
+    x1 = a1.to(out_ptr.dtype.element_ty).to(tl.float32)
+    if EPI == EPI_SILU:
+        act = (x0 / (1.0 + tl.exp(-x0))).to(out_ptr.dtype.element_ty)  # F.silu rounds to the dtype
+        y = act.to(tl.float32) * x1
+        tl.store(out_ptr + rows.to(tl.int64) * s_om + pairs, y.to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        head = pairs // HD2
+        d = pairs % HD2
+        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        c0 = tl.load(cos_ptr + pos * s_tab + d, mask=ok, other=0.0)
+        s0 = tl.load(sin_ptr + pos * s_tab + d, mask=ok, other=0.0)
+        c1 = tl.load(cos_ptr + pos * s_tab + d + HD2, mask=ok, other=0.0)
+        s1 = tl.load(sin_ptr + pos * s_tab + d + HD2, mask=ok, other=0.0)
+        y0 = x0 * c0 + (-1.0 * x1) * s0  # rotate-half, as `_rope_store_kernel` writes it
+        y1 = x1 * c1 + (1.0 * x0) * s1
+        is_q = head < NQ
+        is_k = (head >= NQ) & (head < NQ + NKV)
+        is_v = head >= NQ + NKV
+        q_at = out_ptr + rows.to(tl.int64) * s_om + head * s_oh + d
+        tl.store(q_at, y0.to(out_ptr.dtype.element_ty), mask=ok & is_q)
+        tl.store(q_at + HD2, y1.to(out_ptr.dtype.element_ty), mask=ok & is_q)
+        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        kv_head = tl.where(is_v, head - NQ - NKV, head - NQ)
+        at = slot * s_cs + kv_head * s_ch + d
+        tl.store(kc_ptr + at, y0.to(kc_ptr.dtype.element_ty), mask=ok & is_k)
+        tl.store(kc_ptr + at + HD2, y1.to(kc_ptr.dtype.element_ty), mask=ok & is_k)
+        tl.store(vc_ptr + at, x0.to(vc_ptr.dtype.element_ty), mask=ok & is_v)
+        tl.store(vc_ptr + at + HD2, x1.to(vc_ptr.dtype.element_ty), mask=ok & is_v)
+
+
 @triton.jit
 def _gemv_kernel(
     x_ptr,  # (M, K) activations
@@ -87,22 +157,30 @@ def _gemv_kernel(
     out_ptr,  # (M, N) result in x's dtype (output, SPLIT_K == 1)
     part_ptr,  # (SPLIT_K, M, N) float32 partial sums (output, SPLIT_K > 1)
     M, N, K, s_xm, s_wn, s_om,
+    # the EPI_ROPE epilogue: positions, KV slots, float32 cos/sin tables, this layer's K and V cache,
+    # q and KV head counts, table row stride, cache slot and head strides, q output head stride
+    pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output (or partial) columns of this tile
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
+    if EPI == EPI_NONE:
+        w_row = rn
+    else:  # column 2p + h is pair p's half h: the weight rows the epilogue combines sit side by side
+        pair = rn // 2
+        w_row = _pair_row(pair, rn % 2, N // 2, EPI, HD2)
     n_ok = rn < N
     k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k0 = pid_k * k_len
     k1 = tl.minimum(k0 + k_len, K)
     x_rows = x_ptr + rm[:, None].to(tl.int64) * s_xm
-    w_rows = w_ptr + rn[:, None].to(tl.int64) * s_wn
+    w_rows = w_ptr + w_row[:, None].to(tl.int64) * s_wn
     if SWAP:  # acc.T: the weight tile is the dot's left operand
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
@@ -136,7 +214,12 @@ def _gemv_kernel(
     if SWAP:
         acc = tl.trans(acc)
     ok = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
+    if SPLIT_K == 1 and EPI != EPI_NONE:
+        a0, a1 = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
+        pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        _pair_epilogue(a0, a1, rm[:, None], m_ok[:, None], pairs[None, :], (pairs < N // 2)[None, :], out_ptr, s_om,
+                       pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh, EPI, HD2)
+    elif SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=ok)
@@ -151,7 +234,11 @@ def _split_k_reduce_kernel(
     bias_ptr,  # (N,) bias (ignored unless HAS_BIAS)
     out_ptr,  # (M, N) result in x's dtype (output)
     M, N, s_om,
-    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False,
+    # the EPI_ROPE epilogue: positions, KV slots, float32 cos/sin tables, this layer's K and V cache,
+    # q and KV head counts, table row stride, cache slot and head strides, q output head stride
+    pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh,
+    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr = 0,
+    HD2: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     m = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -162,12 +249,59 @@ def _split_k_reduce_kernel(
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT_K):  # fixed order: deterministic
         acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + rn, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m.to(tl.int64) * s_om + rn, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    if EPI != EPI_NONE:
+        a0, a1 = tl.split(tl.reshape(acc, [BLOCK // 2, 2]))
+        pairs = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
+        _pair_epilogue(a0, a1, m, m < M, pairs, pairs < N // 2, out_ptr, s_om,
+                       pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh, EPI, HD2)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m.to(tl.int64) * s_om + rn, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig) -> None:
+@dataclass(frozen=True)
+class RopeStore:
+    """What the QKV GEMV's RoPE epilogue needs (`triton_linear_rope_store`): float32 cos/sin tables
+    `(P, D)` indexed by `positions` `(M,)`, and this layer's K and V cache `(num_slots, Hkv, D)`
+    into which row `i`'s k and v go at `slots[i]`."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class SplitKParts:
+    """A split-K GEMV's float32 partial sums `(S, M, N)`, left for the consumer to add (in split
+    order) and round to `dtype`: `gpu.elementwise.add_rmsnorm` does it in its own pass, which saves
+    the reduce kernel."""
+
+    parts: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    def sum(self) -> torch.Tensor:
+        """The `(M, N)` result the reduce kernel would have written."""
+        acc = self.parts[0].clone()
+        for s in range(1, self.parts.shape[0]):
+            acc += self.parts[s]
+        return acc.to(self.dtype)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig,
+            epi: int = 0, rope: RopeStore | None = None, reduce: bool = True) -> torch.Tensor | None:
+    """Launch the GEMV (and the split-K reduce). `epi`: `EPI_*` (bias must be None with one);
+    `reduce=False`: return the float32 partials instead of reducing them (None without a K split)."""
     m, k = x.shape
     n = w.shape[0]
     split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
@@ -175,18 +309,29 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     b = bias if bias is not None else out
     dot_f32 = interpreting() or x.dtype == torch.float32 or w.dtype == torch.float32
     pdl = pdl_options(x.device)
+    if rope is not None:
+        r = rope
+        rope_args = (r.positions, r.slots, r.cos, r.sin, r.k_cache, r.v_cache, r.num_heads, r.num_kv_heads,
+                     r.cos.stride(0), r.k_cache.stride(0), r.k_cache.stride(1), r.head_dim)  # out: (M, Hq * D)
+        hd2 = r.head_dim // 2
+    else:
+        rope_args, hd2 = (out, out, out, out, out, out, 0, 0, 0, 0, 0, 0), 1
     _gemv_kernel[(cdiv(n, cfg.block_n), split)](
-        x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0), *rope_args,
         BLOCK_M=max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        EPI=epi, HD2=hd2, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )
-    if split > 1:
-        block = min(1024, next_pow2(n))
-        _split_k_reduce_kernel[(cdiv(n, block), m)](
-            part, b, out, m, n, out.stride(0), SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, num_warps=4,
-            **pdl,
-        )
+    if split == 1:
+        return None
+    if not reduce:
+        return part
+    block = min(1024, max(16, next_pow2(n)))
+    _split_k_reduce_kernel[(cdiv(n, block), m)](
+        part, b, out, m, n, out.stride(0), *rope_args, SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None,
+        EPI=epi, HD2=hd2, num_warps=4, **pdl,
+    )
+    return None
 
 
 def heuristic_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
@@ -246,13 +391,8 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
     return _TUNED[key]
 
 
-def triton_linear(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
-) -> torch.Tensor:
-    """`x (M, K) @ w (N, K).T (+ bias (N,))` -> `(M, N)` in x's dtype, float32 accumulation, `M <= 16`.
-
-    `config` fixes the launch configuration (default: tuned on first use per shape).
-    """
+def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Validate `triton_linear`'s arguments; x with a unit last stride and a contiguous bias."""
     require(x.dim() == 2, f"x must be (M, K), got shape {tuple(x.shape)}")
     require(w.dim() == 2, f"w must be (N, K), got shape {tuple(w.shape)}")
     m, k = x.shape
@@ -266,13 +406,105 @@ def triton_linear(
         require(tuple(bias.shape) == (n,), f"bias has shape {tuple(bias.shape)}, expected ({n},)")
         require(bias.device == x.device, f"bias is on {bias.device}, x on {x.device}")
         bias = bias.contiguous()
-    x = x if x.stride(1) == 1 else x.contiguous()
+    return (x if x.stride(1) == 1 else x.contiguous()), bias
+
+
+def triton_linear(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+) -> torch.Tensor:
+    """`x (M, K) @ w (N, K).T (+ bias (N,))` -> `(M, N)` in x's dtype, float32 accumulation, `M <= 16`.
+
+    `config` fixes the launch configuration (default: tuned on first use per shape).
+    """
+    x, bias = _check(x, w, bias)
+    m, k = x.shape
+    n = w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
     _launch(x, w, bias, out, config or _tuned_config(x, w, bias))
+    return out
+
+
+def triton_linear_parts(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None
+                        ) -> torch.Tensor | SplitKParts:
+    """`triton_linear(x, w)` without the split-K reduce: `SplitKParts` when the configuration splits
+    K, else the `(M, N)` result itself."""
+    x, _ = _check(x, w, None)
+    m, k = x.shape
+    cfg = config or _tuned_config(x, w, None)
+    if m == 0 or k == 0 or max(1, min(cfg.split_k, cdiv(k, cfg.block_k))) == 1:
+        return triton_linear(x, w, config=cfg)
+    out = torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
+    return SplitKParts(_launch(x, w, None, out, cfg, reduce=False), x.dtype)
+
+
+def reference_linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` of `F.linear(x, w)`, whose first half of columns is gate, second up."""
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def triton_linear_silu_mul(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None) -> torch.Tensor:
+    """`reference_linear_silu_mul` in one GEMV (plus the split-K reduce, if any), the SiLU and the
+    product in its epilogue: `(M, K)` @ a fused gate/up weight `(2I, K)` -> `(M, I)`."""
+    x, _ = _check(x, w, None)
+    m, k = x.shape
+    n = w.shape[0]
+    require(n % 2 == 0, f"the gate/up weight needs an even row count (gate rows, then up rows), got {n}")
+    out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    _launch(x, w, None, out, config or _tuned_config(x, w, None), epi=EPI_SILU.value)
+    return out
+
+
+def _check_rope(x: torch.Tensor, w: torch.Tensor, r: RopeStore) -> None:
+    nh, nkv, d = r.num_heads, r.num_kv_heads, r.head_dim
+    require(d % 2 == 0, f"RoPE needs an even head_dim, got {d}")
+    require(w.shape[0] == (nh + 2 * nkv) * d,
+            f"the QKV weight has {w.shape[0]} rows, expected ({nh} + 2 * {nkv}) * {d} = {(nh + 2 * nkv) * d}")
+    m = x.shape[0]
+    for name, t in (("positions", r.positions), ("slots", r.slots)):
+        require(t.shape == (m,) and t.stride(0) == 1 and not t.dtype.is_floating_point,
+                f"RopeStore.{name} must be contiguous integers of shape ({m},), got {t.dtype} {tuple(t.shape)}")
+    require(r.k_cache.shape[1:] == (nkv, d) and r.k_cache.stride(2) == 1 and r.v_cache.shape == r.k_cache.shape
+            and r.v_cache.stride() == r.k_cache.stride(),
+            f"RopeStore caches must be (num_slots, {nkv}, {d}) with the same strides and a unit last stride")
+    require(r.cos.dtype == torch.float32 and r.cos.dim() == 2 and r.cos.shape[1] == d and r.cos.stride(1) == 1
+            and r.sin.shape == r.cos.shape and r.sin.stride() == r.cos.stride() and r.sin.dtype == torch.float32,
+            f"RopeStore cos/sin must be float32 (P, {d}) tables with the same strides")
+    for name, t in (("positions", r.positions), ("slots", r.slots), ("k_cache", r.k_cache), ("cos", r.cos)):
+        require(t.device == x.device, f"RopeStore.{name} is on {t.device}, x on {x.device}")
+
+
+def reference_linear_rope_store(x: torch.Tensor, w: torch.Tensor, r: RopeStore) -> torch.Tensor:
+    """`F.linear(x, w)` split into q, k, v; RoPE on q and k (rotate-half, float32); k, v stored at
+    `r.slots`; returns q `(M, Hq, D)` (`gpu.elementwise.reference_rope_store` after the projection)."""
+    from spec_runtime.gpu.elementwise import reference_rope_store
+
+    nh, nkv, d = r.num_heads, r.num_kv_heads, r.head_dim
+    q, k, v = F.linear(x, w).split([nh * d, nkv * d, nkv * d], dim=-1)
+    return reference_rope_store(q, k, v, r.cos, r.sin, r.positions, r.k_cache, r.v_cache, r.slots, nh, nkv, d)
+
+
+def triton_linear_rope_store(x: torch.Tensor, w: torch.Tensor, rope: RopeStore, *,
+                             config: GemvConfig | None = None) -> torch.Tensor:
+    """`reference_linear_rope_store` in one GEMV (plus the split-K reduce, if any): the QKV
+    projection with RoPE and the KV store in its epilogue. Returns the rotated q `(M, Hq, D)`."""
+    x, _ = _check(x, w, None)
+    _check_rope(x, w, rope)
+    m, k = x.shape
+    out = torch.empty((m, rope.num_heads, rope.head_dim), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if k == 0:
+        return reference_linear_rope_store(x, w, rope)
+    _launch(x, w, None, out.view(m, -1), config or _tuned_config(x, w, None), epi=EPI_ROPE.value, rope=rope)
     return out
 
 
