@@ -80,6 +80,8 @@ def main() -> int:
     for r in range(a.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for name, fast in order:
+            for model in (target, *drafts.values()):  # one variant's fused weights at a time in memory
+                model.__dict__.pop("_spec_fast_models", None)
             row: dict = {"round": r, "variant": name}
             for alg in algorithms:
                 if alg == "plain":
@@ -89,6 +91,7 @@ def main() -> int:
                     row[alg] = {k: g[k] for k in ("ms_per_iter", "tok_s", "accept_len", "graph_ms_per_iter")}
                     row[alg]["graphs_ms_per_call"] = {k: v["ms_per_call"] for k, v in g["graphs"].items()}
                     row[alg]["pdl_fallbacks"] = g["stats"].get("pdl_fallbacks")
+                    row[alg]["credit_flips"] = [e for e in g["linear_log"] if "gemv_by_epilogue_credit" in e]
                 torch.cuda.empty_cache()
             res["rounds"].append(row)
             print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)

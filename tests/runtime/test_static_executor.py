@@ -475,3 +475,21 @@ def test_fast_options_reject_unknown_choices() -> None:
         FastOptions.of({"topk": "cuda"})
     with pytest.raises(ValueError, match="FastOptions.linear must be one of"):
         FastOptions(linear="cublas")
+    assert FastOptions.of({"epilogues": "rope,parts"}).epilogues == "rope,parts"
+    with pytest.raises(ValueError, match="FastOptions.epilogues must be one of 'auto', 'fused', 'separate'"):
+        FastOptions(epilogues="rope,gelu")
+
+
+def test_epilogue_choice_per_backend() -> None:
+    """`epilogues` names what the GEMV fuses; nothing without the Triton elementwise kernels (they
+    sum the deferred partials) or with cuBLAS only."""
+    from spec_runtime.gpu.models import FastBackend, FastOptions
+
+    def fused(**kw):
+        return FastBackend(FastOptions(**kw), torch.device("cpu")).epilogues
+
+    assert fused(epilogues="fused", elementwise="triton", linear="gemv") == {"rope", "silu", "parts"}
+    assert fused(epilogues="silu,parts", elementwise="triton", linear="gemv") == {"silu", "parts"}
+    assert fused(epilogues="fused", elementwise="torch", linear="gemv") == frozenset()
+    assert fused(epilogues="fused", elementwise="triton", linear="torch") == frozenset()
+    assert fused(elementwise="triton", linear="gemv") == frozenset()  # auto on CPU: separate

@@ -63,8 +63,12 @@ class FastOptions:
         epilogues: "fused" (the elementwise step after a GEMV done in its epilogue: RoPE + KV store
             after the QKV projection, SiLU-and-multiply after gate/up; and the split-K reduce of
             the o and down projections left to the next residual add + RMSNorm) or "separate"
-            (auto: fused with the Triton elementwise kernels on CUDA). Applies where the GEMV runs
-            (not cuBLAS) and the weight has no bias.
+            (auto: fused with the Triton elementwise kernels on CUDA, except in a STANDALONE
+            draft model, where they measured slower: see `build_fast_models`), or a comma list of
+            the ones to fuse ("rope", "silu", "parts"). Applies where the GEMV runs (not cuBLAS) and the
+            weight has no bias.
+        epilogue_credit_ms: what a GEMV whose epilogue saves a kernel (rope, silu) is credited
+            against cuBLAS when the setup times the two.
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
             and row bucket); off by default: its heuristic configuration is used, unless the
@@ -79,6 +83,7 @@ class FastOptions:
     topk: str = "auto"
     frontier: str = "auto"
     epilogues: str = "auto"
+    epilogue_credit_ms: float = 0.002
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
 
@@ -91,10 +96,13 @@ class FastOptions:
         "frontier": ("auto", "triton", "torch"),
         "epilogues": ("auto", "fused", "separate"),
     }
+    EPILOGUES = ("rope", "silu", "parts")
 
     def __post_init__(self) -> None:
         for name, allowed in self._CHOICES.items():
             value = getattr(self, name)
+            if name == "epilogues" and value not in allowed and set(value.split(",")) <= set(self.EPILOGUES):
+                continue
             if value not in allowed:
                 raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
 
@@ -186,7 +194,7 @@ class Linear:
     bias: Optional[torch.Tensor] = None
     gemv_upto: int = 0  # use the Triton GEMV for at most this many rows (0: never)
     gemv_buckets: frozenset = field(default_factory=frozenset)
-    epilogue: bool = False  # the GEMV would also do the next elementwise step (credit at setup)
+    epilogue: str = ""  # the elementwise step the GEMV can do in its epilogue ("rope", "silu")
 
     def gemv_for(self, rows: int) -> bool:
         """Whether `rows` rows go to the Triton GEMV."""
@@ -275,8 +283,11 @@ class FastBackend:
         if self.linear != "torch" and "SPEC_GEMV_TUNE" not in os.environ:
             os.environ["SPEC_GEMV_TUNE"] = "1" if options.gemv_tune else "0"  # read per call by kernels.gemv
         # the GEMV epilogues: they hand over to the Triton add + RMSNorm, so they need those kernels
-        self.epilogues = (self.linear != "torch" and ew == "triton"
-                          and (options.epilogues == "fused" or (options.epilogues == "auto" and usable)))
+        epi = options.epilogues
+        if epi == "auto":
+            epi = "fused" if usable else "separate"
+        named = {"fused": FastOptions.EPILOGUES, "separate": ()}.get(epi, tuple(epi.split(",")))
+        self.epilogues = frozenset(named if self.linear != "torch" and ew == "triton" else ())
         self._triton_attention: Optional[Callable] = None
         if att == "triton":
             from spec_runtime.kernels.attention import triton_attention
@@ -354,17 +365,12 @@ class FastBackend:
             return
         decided: dict[tuple, frozenset] = {}
         for lin in linears:
-            credit = EPILOGUE_CREDIT_MS if lin.epilogue and self.epilogues else 0.0
+            credit = self.options.epilogue_credit_ms if lin.epilogue and lin.epilogue in self.epilogues else 0.0
             key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None, credit)
             if key not in decided:
                 decided[key] = frozenset(m for m in rows if _gemv_wins(lin, m, log, credit))
             lin.gemv_buckets = decided[key]
             lin.gemv_upto = max(decided[key], default=0)
-
-
-EPILOGUE_CREDIT_MS = 0.002
-"""What a GEMV with a fused epilogue is credited against cuBLAS at setup: the separate elementwise
-kernel it saves (RoPE + store, SiLU-and-multiply; a few µs each in a CUDA graph under PDL)."""
 
 
 @dataclass(frozen=True)
@@ -467,7 +473,7 @@ class _AttnBlock:
         self.split = (sa.num_heads * sa.head_dim, sa.num_kv_heads * sa.head_dim, sa.num_kv_heads * sa.head_dim)
         if be.fuse:
             self.qkv: Optional[Linear] = _fuse([sa.q_proj, sa.k_proj, sa.v_proj])
-            self.qkv.epilogue = self.qkv.bias is None and sa.head_dim % 2 == 0
+            self.qkv.epilogue = "rope" if self.qkv.bias is None and sa.head_dim % 2 == 0 else ""
         else:
             self.qkv = None
             self.q, self.k, self.v = _lin(sa.q_proj), _lin(sa.k_proj), _lin(sa.v_proj)
@@ -483,7 +489,7 @@ class _AttnBlock:
         the GEMV epilogues are on, for the caller's add + RMSNorm to reduce."""
         t = x.shape[0]
         nh, nkv, hd = self.heads
-        if self.qkv is not None and self.be.epilogues and self.qkv.epilogue and self.qkv.gemv_for(t):
+        if self.qkv is not None and self.qkv.epilogue in self.be.epilogues and self.qkv.gemv_for(t):
             from spec_runtime.kernels.gemv import RopeStore, triton_linear_rope_store
 
             store = RopeStore(rope.cos_f32, rope.sin_f32, positions.contiguous(), attn.out_slots.contiguous(),
@@ -496,7 +502,7 @@ class _AttnBlock:
                 q, k, v = self.q(x), self.k(x), self.v(x)
             q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
         out = self.attention(q, cache, layer, attn, hd ** -0.5).reshape(t, nh * hd)
-        return self.o.parts(out) if defer and self.be.epilogues else self.o(out)
+        return self.o.parts(out) if defer and "parts" in self.be.epilogues else self.o(out)
 
 
 class _MLPBlock:
@@ -506,7 +512,7 @@ class _MLPBlock:
         self.be = be
         if be.fuse:
             self.gate_up: Optional[Linear] = _fuse([mlp.gate_proj, mlp.up_proj])
-            self.gate_up.epilogue = self.gate_up.bias is None
+            self.gate_up.epilogue = "silu" if self.gate_up.bias is None else ""
         else:
             self.gate_up = None
             self.gate, self.up = _lin(mlp.gate_proj), _lin(mlp.up_proj)
@@ -520,13 +526,13 @@ class _MLPBlock:
         gu = self.gate_up
         if gu is None:
             h = F.silu(self.gate(x)) * self.up(x)
-        elif self.be.epilogues and gu.epilogue and gu.gemv_for(x.shape[0]):
+        elif gu.epilogue in self.be.epilogues and gu.gemv_for(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_silu_mul
 
             h = triton_linear_silu_mul(x if x.stride(-1) == 1 else x.contiguous(), gu.weight)
         else:
             h = self.be.silu_mul(gu(x))
-        return self.down.parts(h) if defer and self.be.epilogues else self.down(h)
+        return self.down.parts(h) if defer and "parts" in self.be.epilogues else self.down(h)
 
 
 @dataclass
@@ -735,6 +741,12 @@ def build_fast_models(target: LlamaForCausal, draft: Any, options: FastOptions, 
     """The backend and the (cached) fast target and draft, linear implementations chosen."""
     size = _table_size(max_positions)
     ft = fast_target(target, options, size, linear_log)
-    fd = _cached(draft, (options, size), lambda: fast_draft(draft, ft.be, size))
-    ft.be.choose_linears(fd.linears(), linear_log)
+    dbe = ft.be
+    if options.epilogues == "auto" and isinstance(draft, StandaloneDraft):
+        # A 1B STANDALONE draft ran slower with the epilogues (H200, draft graph at 1-2 rows: SiLU
+        # +3 µs per gate/up, parts +0.4 µs per o/down; `bench/results/explore/epilogue_ab.json`),
+        # while the 8B target and the EAGLE heads gain: each model gets what measured faster.
+        dbe = FastBackend(dataclasses.replace(options, epilogues="separate"), ft.be.device)
+    fd = _cached(draft, (options, size), lambda: fast_draft(draft, dbe, size))
+    dbe.choose_linears(fd.linears(), linear_log)
     return ft.be, ft, fd
