@@ -60,15 +60,13 @@ class FastOptions:
         frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
             step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
             triton on CUDA).
-        epilogues: "fused" (the elementwise step after a GEMV done in its epilogue: RoPE + KV store
-            after the QKV projection, SiLU-and-multiply after gate/up; and the split-K reduce of
-            the o and down projections left to the next residual add + RMSNorm) or "separate"
-            (auto: fused with the Triton elementwise kernels on CUDA, except in a STANDALONE
-            draft model, where they measured slower: see `build_fast_models`), or a comma list of
-            the ones to fuse ("rope", "silu", "parts"). Applies where the GEMV runs (not cuBLAS) and the
-            weight has no bias.
-        epilogue_credit_ms: what a GEMV whose epilogue saves a kernel (rope, silu) is credited
-            against cuBLAS when the setup times the two.
+        epilogues: the elementwise step after a GEMV done in its epilogue: "rope" (RoPE + KV store
+            after the QKV projection), "silu" (SiLU-and-multiply after gate/up), "parts" (the o and
+            down projections' split-K partials summed by the next residual add + RMSNorm instead
+            of a reduce kernel). "fused" (all three) or a comma list of them: wherever the GEMV
+            runs; "separate": none; "auto" (default): on CUDA, each where it measured faster at
+            setup, per weight shape and row bucket (`_epilogue_wins`), none elsewhere. Only where
+            the GEMV runs (not cuBLAS), with the Triton elementwise kernels, for bias-free weights.
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
             and row bucket); off by default: its heuristic configuration is used, unless the
@@ -83,7 +81,6 @@ class FastOptions:
     topk: str = "auto"
     frontier: str = "auto"
     epilogues: str = "auto"
-    epilogue_credit_ms: float = 0.002
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
 
@@ -194,11 +191,17 @@ class Linear:
     bias: Optional[torch.Tensor] = None
     gemv_upto: int = 0  # use the Triton GEMV for at most this many rows (0: never)
     gemv_buckets: frozenset = field(default_factory=frozenset)
-    epilogue: str = ""  # the elementwise step the GEMV can do in its epilogue ("rope", "silu")
+    epilogue: str = ""  # what the GEMV can do in its epilogue: "rope", "silu", "parts" (or nothing)
+    heads: tuple[int, int, int] = (0, 0, 0)  # (q heads, kv heads, head dim) of a "rope" QKV weight
+    fused_buckets: frozenset = field(default_factory=frozenset)  # row buckets that use the epilogue
 
     def gemv_for(self, rows: int) -> bool:
         """Whether `rows` rows go to the Triton GEMV."""
         return bool(rows) and rows <= self.gemv_upto and _pow2(rows) in self.gemv_buckets
+
+    def fuses(self, rows: int) -> bool:
+        """Whether `rows` rows go to the GEMV with its epilogue."""
+        return self.gemv_for(rows) and _pow2(rows) in self.fused_buckets
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv_for(x.shape[0]):
@@ -208,9 +211,9 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
     def parts(self, x: torch.Tensor) -> Any:
-        """`self(x)`, except that a split-K GEMV's partials come back unreduced (`SplitKParts`,
-        for `add_rmsnorm` to sum)."""
-        if self.bias is None and self.gemv_for(x.shape[0]):
+        """`self(x)`, except that where the "parts" epilogue is on, a split-K GEMV's partials come
+        back unreduced (`SplitKParts`, for `add_rmsnorm` to sum)."""
+        if self.epilogue == "parts" and self.fuses(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_parts
 
             return triton_linear_parts(x if x.stride(-1) == 1 else x.contiguous(), self.weight)
@@ -288,6 +291,7 @@ class FastBackend:
             epi = "fused" if usable else "separate"
         named = {"fused": FastOptions.EPILOGUES, "separate": ()}.get(epi, tuple(epi.split(",")))
         self.epilogues = frozenset(named if self.linear != "torch" and ew == "triton" else ())
+        self.epilogues_timed = options.epilogues == "auto"
         self._triton_attention: Optional[Callable] = None
         if att == "triton":
             from spec_runtime.kernels.attention import triton_attention
@@ -362,15 +366,25 @@ class FastBackend:
         if self.linear == "gemv":
             for lin in linears:
                 lin.gemv_upto, lin.gemv_buckets = MAX_M, frozenset(_pow2(m) for m in range(1, MAX_M + 1))
+                self._choose_epilogue(lin, log)
             return
         decided: dict[tuple, frozenset] = {}
         for lin in linears:
-            credit = self.options.epilogue_credit_ms if lin.epilogue and lin.epilogue in self.epilogues else 0.0
-            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None, credit)
+            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None)
             if key not in decided:
-                decided[key] = frozenset(m for m in rows if _gemv_wins(lin, m, log, credit))
+                decided[key] = frozenset(m for m in rows if _gemv_wins(lin, m, log))
             lin.gemv_buckets = decided[key]
             lin.gemv_upto = max(decided[key], default=0)
+            self._choose_epilogue(lin, log)
+
+    def _choose_epilogue(self, lin: Linear, log: Optional[list]) -> None:
+        """The row buckets in which `lin`'s GEMV runs its epilogue (`FastOptions.epilogues`)."""
+        if not lin.epilogue or lin.epilogue not in self.epilogues or lin.bias is not None:
+            lin.fused_buckets = frozenset()
+        elif not self.epilogues_timed:
+            lin.fused_buckets = lin.gemv_buckets
+        else:
+            lin.fused_buckets = frozenset(m for m in lin.gemv_buckets if _epilogue_wins(lin, m, log))
 
 
 @dataclass(frozen=True)
@@ -382,16 +396,16 @@ class GemvDecision:
     cublas_ms: float
     config: Any
 
-    def wins(self, credit_ms: float = 0.0) -> bool:
-        return self.gemv_ms is not None and self.gemv_ms < self.cublas_ms + credit_ms
+    def wins(self) -> bool:
+        return self.gemv_ms is not None and self.gemv_ms < self.cublas_ms
 
 
 _GEMV_DECISIONS: dict[tuple, GemvDecision] = {}
 
 
-def _gemv_wins(lin: Linear, rows: int, log: Optional[list], credit_ms: float = 0.0) -> bool:
-    """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide),
-    with `credit_ms` for what its epilogue saves. Registers the fastest GEMV configuration with
+def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
+    """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
+    Registers the fastest GEMV configuration with
     `kernels.gemv` every time (a process that clears `kernels.gemv._TUNED` gets the decision's
     configuration back)."""
     from spec_runtime.kernels import gemv as G
@@ -404,10 +418,7 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list], credit_ms: float = 0
     if decision.config is not None:
         n, k = w.shape
         G._TUNED[(G.next_pow2(rows), n, k, w.dtype, w.dtype, lin.bias is not None, w.device)] = decision.config
-    wins = decision.wins(credit_ms)
-    if log is not None and credit_ms and wins != decision.wins():
-        log.append({"shape": list(w.shape), "rows": rows, "gemv_by_epilogue_credit": credit_ms})
-    return wins
+    return decision.wins()
 
 
 def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
@@ -461,6 +472,105 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
     return GemvDecision(t_gemv, t_blas * margin, best)
 
 
+_EPILOGUE_DECISIONS: dict[tuple, bool] = {}
+
+
+def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
+    """Whether `lin`'s GEMV with its epilogue beats the GEMV and the separate kernel at `rows` rows
+    (once per weight shape, heads and row bucket, process-wide), both at the GEMV's configuration.
+
+    Timed as a CUDA graph of 16 back-to-back calls over rotating weight copies (enough that L2 holds
+    none), PDL on, as the runtime's graphs run them. One-launch timing (`do_bench`) cannot see the
+    difference: on the H200 the SiLU epilogue on the 8B gate/up at one tile measured 68.2 against
+    69.2 µs there, and 77.2 against 57.8 µs in a graph, which a captured plain decode step confirmed
+    (4.29 -> 4.95 ms; `bench/results/explore/epilogue_chain.json`, `epilogue_ab.json`)."""
+    from spec_runtime.gpu import elementwise as ew
+    from spec_runtime.kernels import gemv as G
+
+    w = lin.weight
+    key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
+    if key in _EPILOGUE_DECISIONS:
+        return _EPILOGUE_DECISIONS[key]
+    n, k = w.shape
+    x = torch.randn(rows, k, device=w.device, dtype=w.dtype)
+    cfg = G._tuned_config(x, w, None)
+    if lin.epilogue == "parts" and max(1, min(cfg.split_k, -(-k // cfg.block_k))) == 1:
+        _EPILOGUE_DECISIONS[key] = False  # no K split: nothing to leave unreduced
+        return False
+    if lin.epilogue == "rope":
+        nh, nkv, hd = lin.heads
+        cos = torch.randn(rows, hd, device=w.device)
+        pos = torch.arange(rows, device=w.device)
+        kc, vc = (torch.zeros(rows, nkv, hd, device=w.device, dtype=w.dtype) for _ in range(2))
+        store = G.RopeStore(cos, cos, pos, pos, kc, vc, nh, nkv, hd)
+        sizes = [nh * hd, nkv * hd, nkv * hd]
+
+        def separate(wc: torch.Tensor) -> None:
+            q, kk, v = G.triton_linear(x, wc, config=cfg).split(sizes, dim=-1)
+            ew.rope_store(q, kk, v, cos, cos, pos, kc, vc, pos, nh, nkv, hd)
+
+        def fused(wc: torch.Tensor) -> None:
+            G.triton_linear_rope_store(x, wc, store, config=cfg)
+    elif lin.epilogue == "silu":
+        def separate(wc: torch.Tensor) -> None:
+            ew.silu_mul(G.triton_linear(x, wc, config=cfg))
+
+        def fused(wc: torch.Tensor) -> None:
+            G.triton_linear_silu_mul(x, wc, config=cfg)
+    else:
+        resid, norm = torch.randn(rows, n, device=w.device, dtype=w.dtype), torch.ones(n, device=w.device, dtype=w.dtype)
+
+        def separate(wc: torch.Tensor) -> None:
+            ew.add_rmsnorm(resid, G.triton_linear(x, wc, config=cfg), norm, 1e-5)
+
+        def fused(wc: torch.Tensor) -> None:
+            ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg), norm, 1e-5)
+    copies = [w] + [torch.empty_like(w).normal_(0, 0.02) for _ in range(max(1, min(15, (200 << 20) // (n * k * w.element_size()))))]
+    try:
+        times = {"separate": [], "fused": []}
+        for name in ("separate", "fused", "fused", "separate"):
+            times[name].append(_graph_chain_ms(separate if name == "separate" else fused, copies))
+        t_sep, t_fused = min(times["separate"]), min(times["fused"])
+        wins = t_fused < t_sep
+    except Exception as err:  # noqa: BLE001 - a capture that fails: keep the separate kernels
+        t_sep = t_fused = None
+        wins = False
+        if log is not None:
+            log.append({"shape": list(w.shape), "rows": rows, "epilogue": lin.epilogue, "error": str(err)[:160]})
+    del copies
+    if log is not None and t_sep is not None:
+        log.append({"shape": list(w.shape), "rows": rows, "epilogue": lin.epilogue, "separate_us": 1e3 * t_sep,
+                    "fused_us": 1e3 * t_fused, "fused": wins})
+    _EPILOGUE_DECISIONS[key] = wins
+    return wins
+
+
+def _graph_chain_ms(fn: Callable[[torch.Tensor], None], weights: Sequence[torch.Tensor], length: int = 16) -> float:
+    """ms per call of `fn(w)`, captured `length` times back to back over the rotating `weights`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        fn(weights[0])
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(length):
+            fn(weights[i % len(weights)])
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(10):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / (10 * length))
+    del graph
+    return best
+
+
 # ---- blocks --------------------------------------------------------------------------------------
 
 
@@ -474,10 +584,12 @@ class _AttnBlock:
         if be.fuse:
             self.qkv: Optional[Linear] = _fuse([sa.q_proj, sa.k_proj, sa.v_proj])
             self.qkv.epilogue = "rope" if self.qkv.bias is None and sa.head_dim % 2 == 0 else ""
+            self.qkv.heads = (sa.num_heads, sa.num_kv_heads, sa.head_dim)
         else:
             self.qkv = None
             self.q, self.k, self.v = _lin(sa.q_proj), _lin(sa.k_proj), _lin(sa.v_proj)
         self.o = _lin(sa.o_proj)
+        self.o.epilogue = "parts"
         self.attention = be.attention_for(sa.head_dim)
 
     def linears(self) -> list[Linear]:
@@ -489,7 +601,7 @@ class _AttnBlock:
         the GEMV epilogues are on, for the caller's add + RMSNorm to reduce."""
         t = x.shape[0]
         nh, nkv, hd = self.heads
-        if self.qkv is not None and self.qkv.epilogue in self.be.epilogues and self.qkv.gemv_for(t):
+        if self.qkv is not None and self.qkv.fuses(t):
             from spec_runtime.kernels.gemv import RopeStore, triton_linear_rope_store
 
             store = RopeStore(rope.cos_f32, rope.sin_f32, positions.contiguous(), attn.out_slots.contiguous(),
@@ -502,7 +614,7 @@ class _AttnBlock:
                 q, k, v = self.q(x), self.k(x), self.v(x)
             q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
         out = self.attention(q, cache, layer, attn, hd ** -0.5).reshape(t, nh * hd)
-        return self.o.parts(out) if defer and "parts" in self.be.epilogues else self.o(out)
+        return self.o.parts(out) if defer else self.o(out)
 
 
 class _MLPBlock:
@@ -517,6 +629,7 @@ class _MLPBlock:
             self.gate_up = None
             self.gate, self.up = _lin(mlp.gate_proj), _lin(mlp.up_proj)
         self.down = _lin(mlp.down_proj)
+        self.down.epilogue = "parts"
 
     def linears(self) -> list[Linear]:
         return ([self.gate_up] if self.gate_up is not None else [self.gate, self.up]) + [self.down]
@@ -526,13 +639,13 @@ class _MLPBlock:
         gu = self.gate_up
         if gu is None:
             h = F.silu(self.gate(x)) * self.up(x)
-        elif gu.epilogue in self.be.epilogues and gu.gemv_for(x.shape[0]):
+        elif gu.fuses(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_silu_mul
 
             h = triton_linear_silu_mul(x if x.stride(-1) == 1 else x.contiguous(), gu.weight)
         else:
             h = self.be.silu_mul(gu(x))
-        return self.down.parts(h) if defer and "parts" in self.be.epilogues else self.down(h)
+        return self.down.parts(h) if defer else self.down(h)
 
 
 @dataclass
@@ -741,12 +854,6 @@ def build_fast_models(target: LlamaForCausal, draft: Any, options: FastOptions, 
     """The backend and the (cached) fast target and draft, linear implementations chosen."""
     size = _table_size(max_positions)
     ft = fast_target(target, options, size, linear_log)
-    dbe = ft.be
-    if options.epilogues == "auto" and isinstance(draft, StandaloneDraft):
-        # A 1B STANDALONE draft ran slower with the epilogues (H200, draft graph at 1-2 rows: SiLU
-        # +3 µs per gate/up, parts +0.4 µs per o/down; `bench/results/explore/epilogue_ab.json`),
-        # while the 8B target and the EAGLE heads gain: each model gets what measured faster.
-        dbe = FastBackend(dataclasses.replace(options, epilogues="separate"), ft.be.device)
-    fd = _cached(draft, (options, size), lambda: fast_draft(draft, dbe, size))
-    dbe.choose_linears(fd.linears(), linear_log)
+    fd = _cached(draft, (options, size), lambda: fast_draft(draft, ft.be, size))
+    ft.be.choose_linears(fd.linears(), linear_log)
     return ft.be, ft, fd
