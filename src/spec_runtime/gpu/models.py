@@ -479,11 +479,12 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     """Whether `lin`'s GEMV with its epilogue beats the GEMV and the separate kernel at `rows` rows
     (once per weight shape, heads and row bucket, process-wide), both at the GEMV's configuration.
 
-    Timed as a CUDA graph of 16 back-to-back calls over rotating weight copies (enough that L2 holds
-    none), PDL on, as the runtime's graphs run them. One-launch timing (`do_bench`) cannot see the
-    difference: on the H200 the SiLU epilogue on the 8B gate/up at one tile measured 68.2 against
-    69.2 µs there, and 77.2 against 57.8 µs in a graph, which a captured plain decode step confirmed
-    (4.29 -> 4.95 ms; `bench/results/explore/epilogue_chain.json`, `epilogue_ab.json`)."""
+    Timed as a CUDA graph of 16 calls over rotating weight copies (enough that L2 holds none), each
+    followed by a small kernel, PDL on, as the runtime's graphs run them. On the H200 this agreed in
+    sign with the captured plain decode step for all five gate/up configurations tried
+    (`bench/results/explore/silu_cfg.json`). Without the small kernel (GEMV right after GEMV) it
+    did not: 77.7 against 57.8 µs for the tuned tile, where the decode step ran 0.09 ms *faster*
+    fused (`silu_cfg_nospacer.json`); one-launch timing (`do_bench`) cannot see launch overlap."""
     from spec_runtime.gpu import elementwise as ew
     from spec_runtime.kernels import gemv as G
 
@@ -526,10 +527,15 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
         def fused(wc: torch.Tensor) -> None:
             ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg), norm, 1e-5)
     copies = [w] + [torch.empty_like(w).normal_(0, 0.02) for _ in range(max(1, min(15, (200 << 20) // (n * k * w.element_size()))))]
+    spacer_x, spacer_w = torch.randn(1, 1024, device=w.device, dtype=w.dtype), torch.ones(1024, device=w.device, dtype=w.dtype)
+
+    def spacer() -> None:  # a small kernel after each call, as in a layer (no GEMV right after a GEMV)
+        ew.rmsnorm(spacer_x, spacer_w, 1e-5)
+
     try:
         times = {"separate": [], "fused": []}
         for name in ("separate", "fused", "fused", "separate"):
-            times[name].append(_graph_chain_ms(separate if name == "separate" else fused, copies))
+            times[name].append(_graph_chain_ms(separate if name == "separate" else fused, copies, spacer))
         t_sep, t_fused = min(times["separate"]), min(times["fused"])
         wins = t_fused < t_sep
     except Exception as err:  # noqa: BLE001 - a capture that fails: keep the separate kernels
@@ -545,18 +551,22 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     return wins
 
 
-def _graph_chain_ms(fn: Callable[[torch.Tensor], None], weights: Sequence[torch.Tensor], length: int = 16) -> float:
-    """ms per call of `fn(w)`, captured `length` times back to back over the rotating `weights`."""
+def _graph_chain_ms(fn: Callable[[torch.Tensor], None], weights: Sequence[torch.Tensor],
+                    spacer: Callable[[], None], length: int = 16) -> float:
+    """ms per call of `fn(w)` then `spacer()`, captured `length` times back to back over the
+    rotating `weights`."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile and warm up outside the capture
         fn(weights[0])
+        spacer()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(length):
             fn(weights[i % len(weights)])
+            spacer()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     best = float("inf")
