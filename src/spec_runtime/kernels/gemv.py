@@ -8,6 +8,11 @@ With `SPLIT_K > 1` the programs write float32 partials that a second pass sums i
 (deterministic, no atomics) and casts. Block sizes and `SPLIT_K` are tuned per
 `(M bucket, N, K, dtype)` on first use by timing the whole op (both passes) on the device;
 `SPEC_GEMV_TUNE=0`, a CUDA-graph capture, or the interpreter use a heuristic config instead.
+
+Epilogues fold the decode step after a projection into it (`EPI_*`): `triton_linear_silu_mul`
+(gate/up then SiLU-and-multiply), `triton_linear_rope_store` (QKV then RoPE and the KV store), and
+`triton_linear_parts`, which leaves the split-K partials for `gpu.elementwise.add_rmsnorm` to sum.
+Each gives bit for bit what the GEMV followed by the separate kernel gives.
 """
 
 import os
