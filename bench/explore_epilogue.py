@@ -5,9 +5,10 @@ and row count, on the benchmark's models (8B target, EAGLE-3 head, 1B STANDALONE
 
 The fast models are built as the runtime builds them (cuBLAS-or-GEMV decisions and GEMV launch
 configurations timed at setup); then, for the first layer's QKV (rope), gate/up (silu), o and down
-(parts) of each model and each row count the GEMV serves, it times "separate" (the GEMV, then
-`rope_store` / `silu_mul`; or the GEMV with its split-K reduce, then `add_rmsnorm`) against
-"fused" (the epilogue GEMV; or the unreduced partials into `add_rmsnorm`), both at the shape's
+(parts) of each model and each row count the GEMV serves, it times the pair the setup times
+(`gpu.models._epilogue_pair`): "separate" (the GEMV, then `rope_store` / `silu_mul`; or the GEMV
+with its split-K reduce, then `add_rmsnorm`) against "fused" (the epilogue GEMV; or the unreduced
+partials into `add_rmsnorm`; "parts" without a K split is skipped), both at the shape's
 configuration, two ways: a CUDA graph of 16 back-to-back pairs over rotating weight copies (PDL on,
 as in the runtime's graphs) and `triton.testing.do_bench` of one pair. Writes `epilogue.json`.
 """
@@ -25,52 +26,13 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def _pairs(kind: str, lin, m: int, block, be):
-    """(separate, fused) callables of one weight copy `w`, for `kind` at `m` rows."""
-    from spec_runtime.gpu import elementwise as ew
-    from spec_runtime.kernels import gemv as G
-
-    w0 = lin.weight
-    n, k = w0.shape
-    dev, dt = w0.device, w0.dtype
-    x = torch.randn(m, k, device=dev, dtype=dt)
-    cfg = G._tuned_config(x, w0, None)
-    if kind == "rope":
-        nh, nkv, hd = block.heads
-        cos, sin = torch.randn(64, hd, device=dev), torch.randn(64, hd, device=dev)
-        pos = torch.arange(m, device=dev)
-        kc, vc = (torch.zeros(m + 1, nkv, hd, device=dev, dtype=dt) for _ in range(2))
-        store = G.RopeStore(cos, sin, pos, pos, kc, vc, nh, nkv, hd)
-
-        def sep(w):
-            q, kk, v = G.triton_linear(x, w, config=cfg).split(block.split, dim=-1)
-            ew.rope_store(q, kk, v, cos, sin, pos, kc, vc, pos, nh, nkv, hd)
-
-        def fused(w):
-            G.triton_linear_rope_store(x, w, store, config=cfg)
-    elif kind == "silu":
-        def sep(w):
-            ew.silu_mul(G.triton_linear(x, w, config=cfg))
-
-        def fused(w):
-            G.triton_linear_silu_mul(x, w, config=cfg)
-    else:
-        resid, norm = torch.randn(m, n, device=dev, dtype=dt), torch.ones(n, device=dev, dtype=dt)
-
-        def sep(w):
-            ew.add_rmsnorm(resid, G.triton_linear(x, w, config=cfg), norm, 1e-5)
-
-        def fused(w):
-            ew.add_rmsnorm(resid, G.triton_linear_parts(x, w, config=cfg), norm, 1e-5)
-    return sep, fused, cfg
-
-
 def main() -> int:
     import bench_e2e as E
     import triton.testing
     from explore_gemv import graph_time
 
-    from spec_runtime.gpu.models import FastOptions, build_fast_models
+    from spec_runtime.gpu.models import FastOptions, _epilogue_pair, build_fast_models
+    from spec_runtime.kernels import gemv as G
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -86,24 +48,27 @@ def main() -> int:
     models = {}
     for alg in ("EAGLE3", "STANDALONE"):
         draft = E.build_draft(alg, target, cfg, False, torch.bfloat16, "cuda")
-        be, ft, fd = build_fast_models(target, draft, FastOptions(epilogues="separate"), 4096)
-        models["target"] = (ft.layers[0].attn, ft.layers[0].mlp, be)
+        _, ft, fd = build_fast_models(target, draft, FastOptions(epilogues="separate"), 4096)
+        models["target"] = (ft.layers[0].attn, ft.layers[0].mlp)
         if alg == "EAGLE3":
-            models["eagle3"] = (fd.attn, fd.mlp, be)
+            models["eagle3"] = (fd.attn, fd.mlp)
         else:
-            models["draft_1b"] = (fd.inner.layers[0].attn, fd.inner.layers[0].mlp, be)
-    for name, (attn, mlp, be) in models.items():
-        for kind, lin, block in (("rope", attn.qkv, attn), ("silu", mlp.gate_up, mlp), ("parts", attn.o, attn),
-                                 ("parts", mlp.down, mlp)):
+            models["draft_1b"] = (fd.inner.layers[0].attn, fd.inner.layers[0].mlp)
+    for name, (attn, mlp) in models.items():
+        for kind, lin in (("rope", attn.qkv), ("silu", mlp.gate_up), ("parts", attn.o), ("parts", mlp.down)):
             nbytes = lin.weight.numel() * lin.weight.element_size()
             copies = max(2, min(16, (400 << 20) // nbytes + 1))
             ws = [lin.weight] + [torch.randn_like(lin.weight) * 0.02 for _ in range(copies - 1)]
             for m in rows:
                 row = {"model": name, "kind": kind, "shape": list(lin.weight.shape), "rows": m,
                        "gemv": lin.gemv_for(m)}
+                pair = _epilogue_pair(lin, m) if lin.gemv_for(m) else None
                 if lin.gemv_for(m):
-                    sep, fused, gcfg = _pairs(kind, lin, m, block, be)
-                    row["config"] = str(gcfg)
+                    row["config"] = str(G._tuned_config(torch.empty(m, lin.weight.shape[1], device="cuda",
+                                                                    dtype=lin.weight.dtype), lin.weight, None))
+                    row["no_k_split"] = pair is None
+                if pair is not None:
+                    sep, fused = pair
                     for label, f in (("sep", sep), ("fused", fused), ("sep2", sep), ("fused2", fused)):
                         chain = [lambda i=i, f=f, ws=ws: f(ws[i % len(ws)]) for i in range(16)]
                         row[f"{label}_graph_us"] = 1e3 * graph_time(chain)

@@ -207,7 +207,7 @@ class Linear:
         if self.gemv_for(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear
 
-            return triton_linear(x if x.stride(-1) == 1 else x.contiguous(), self.weight, self.bias)
+            return triton_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def parts(self, x: torch.Tensor) -> Any:
@@ -216,7 +216,7 @@ class Linear:
         if self.epilogue == "parts" and self.fuses(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_parts
 
-            return triton_linear_parts(x if x.stride(-1) == 1 else x.contiguous(), self.weight)
+            return triton_linear_parts(x, self.weight)
         return self(x)
 
 
@@ -486,46 +486,17 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     did not: 77.7 against 57.8 µs for the tuned tile, where the decode step ran 0.09 ms *faster*
     fused (`silu_cfg_nospacer.json`); one-launch timing (`do_bench`) cannot see launch overlap."""
     from spec_runtime.gpu import elementwise as ew
-    from spec_runtime.kernels import gemv as G
 
     w = lin.weight
     key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
     if key in _EPILOGUE_DECISIONS:
         return _EPILOGUE_DECISIONS[key]
-    n, k = w.shape
-    x = torch.randn(rows, k, device=w.device, dtype=w.dtype)
-    cfg = G._tuned_config(x, w, None)
-    if lin.epilogue == "parts" and max(1, min(cfg.split_k, -(-k // cfg.block_k))) == 1:
+    pair = _epilogue_pair(lin, rows)
+    if pair is None:
         _EPILOGUE_DECISIONS[key] = False  # no K split: nothing to leave unreduced
         return False
-    if lin.epilogue == "rope":
-        nh, nkv, hd = lin.heads
-        cos = torch.randn(rows, hd, device=w.device)
-        pos = torch.arange(rows, device=w.device)
-        kc, vc = (torch.zeros(rows, nkv, hd, device=w.device, dtype=w.dtype) for _ in range(2))
-        store = G.RopeStore(cos, cos, pos, pos, kc, vc, nh, nkv, hd)
-        sizes = [nh * hd, nkv * hd, nkv * hd]
-
-        def separate(wc: torch.Tensor) -> None:
-            q, kk, v = G.triton_linear(x, wc, config=cfg).split(sizes, dim=-1)
-            ew.rope_store(q, kk, v, cos, cos, pos, kc, vc, pos, nh, nkv, hd)
-
-        def fused(wc: torch.Tensor) -> None:
-            G.triton_linear_rope_store(x, wc, store, config=cfg)
-    elif lin.epilogue == "silu":
-        def separate(wc: torch.Tensor) -> None:
-            ew.silu_mul(G.triton_linear(x, wc, config=cfg))
-
-        def fused(wc: torch.Tensor) -> None:
-            G.triton_linear_silu_mul(x, wc, config=cfg)
-    else:
-        resid, norm = torch.randn(rows, n, device=w.device, dtype=w.dtype), torch.ones(n, device=w.device, dtype=w.dtype)
-
-        def separate(wc: torch.Tensor) -> None:
-            ew.add_rmsnorm(resid, G.triton_linear(x, wc, config=cfg), norm, 1e-5)
-
-        def fused(wc: torch.Tensor) -> None:
-            ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg), norm, 1e-5)
+    separate, fused = pair
+    n, k = w.shape
     copies = [w] + [torch.empty_like(w).normal_(0, 0.02) for _ in range(max(1, min(15, (200 << 20) // (n * k * w.element_size()))))]
     spacer_x, spacer_w = torch.randn(1, 1024, device=w.device, dtype=w.dtype), torch.ones(1024, device=w.device, dtype=w.dtype)
 
@@ -549,6 +520,50 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
                     "fused_us": 1e3 * t_fused, "fused": wins})
     _EPILOGUE_DECISIONS[key] = wins
     return wins
+
+
+def _epilogue_pair(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable]]:
+    """`(separate, fused)`: one call each of `lin`'s GEMV followed by the separate kernel, and of
+    the GEMV with its epilogue, at `rows` rows and the GEMV's configuration for them, taking the
+    weight as argument (so a timing can rotate copies). None for "parts" without a K split."""
+    from spec_runtime.gpu import elementwise as ew
+    from spec_runtime.kernels import gemv as G
+
+    w = lin.weight
+    n, k = w.shape
+    x = torch.randn(rows, k, device=w.device, dtype=w.dtype)
+    cfg = G._tuned_config(x, w, None)
+    if lin.epilogue == "rope":
+        nh, nkv, hd = lin.heads
+        cos = torch.randn(rows, hd, device=w.device)
+        pos = torch.arange(rows, device=w.device)
+        kc, vc = (torch.zeros(rows, nkv, hd, device=w.device, dtype=w.dtype) for _ in range(2))
+        store = G.RopeStore(cos, cos, pos, pos, kc, vc, nh, nkv, hd)
+        sizes = [nh * hd, nkv * hd, nkv * hd]
+
+        def separate(wc: torch.Tensor) -> None:
+            q, kk, v = G.triton_linear(x, wc, config=cfg).split(sizes, dim=-1)
+            ew.rope_store(q, kk, v, cos, cos, pos, kc, vc, pos, nh, nkv, hd)
+
+        def fused(wc: torch.Tensor) -> None:
+            G.triton_linear_rope_store(x, wc, store, config=cfg)
+    elif lin.epilogue == "silu":
+        def separate(wc: torch.Tensor) -> None:
+            ew.silu_mul(G.triton_linear(x, wc, config=cfg))
+
+        def fused(wc: torch.Tensor) -> None:
+            G.triton_linear_silu_mul(x, wc, config=cfg)
+    elif cfg.splits(k) == 1:
+        return None
+    else:
+        resid, norm = torch.randn(rows, n, device=w.device, dtype=w.dtype), torch.ones(n, device=w.device, dtype=w.dtype)
+
+        def separate(wc: torch.Tensor) -> None:
+            ew.add_rmsnorm(resid, G.triton_linear(x, wc, config=cfg), norm, 1e-5)
+
+        def fused(wc: torch.Tensor) -> None:
+            ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg), norm, 1e-5)
+    return separate, fused
 
 
 def _graph_chain_ms(fn: Callable[[torch.Tensor], None], weights: Sequence[torch.Tensor],
@@ -616,7 +631,7 @@ class _AttnBlock:
 
             store = RopeStore(rope.cos_f32, rope.sin_f32, positions.contiguous(), attn.out_slots.contiguous(),
                               cache.k[layer], cache.v[layer], nh, nkv, hd)
-            q = triton_linear_rope_store(x if x.stride(-1) == 1 else x.contiguous(), self.qkv.weight, store)
+            q = triton_linear_rope_store(x, self.qkv.weight, store)
         else:
             if self.qkv is not None:
                 q, k, v = self.qkv(x).split(self.split, dim=-1)
@@ -652,7 +667,7 @@ class _MLPBlock:
         elif gu.fuses(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_silu_mul
 
-            h = triton_linear_silu_mul(x if x.stride(-1) == 1 else x.contiguous(), gu.weight)
+            h = triton_linear_silu_mul(x, gu.weight)
         else:
             h = self.be.silu_mul(gu(x))
         return self.down.parts(h) if defer else self.down(h)

@@ -77,6 +77,10 @@ class GemvConfig:
             require(value >= 16 and value & (value - 1) == 0, f"GemvConfig.{name} must be a power of two >= 16, got {value}")
         require(self.split_k >= 1, f"GemvConfig.split_k must be >= 1, got {self.split_k}")
 
+    def splits(self, k: int) -> int:
+        """The K splits a launch over `k` uses (`split_k`, at most one per `block_k` slab)."""
+        return max(1, min(self.split_k, cdiv(k, self.block_k)))
+
 
 @triton.jit
 def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr):
@@ -309,7 +313,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     `reduce=False`: return the float32 partials instead of reducing them (None without a K split)."""
     m, k = x.shape
     n = w.shape[0]
-    split = max(1, min(cfg.split_k, cdiv(k, cfg.block_k)))
+    split = cfg.splits(k)
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     b = bias if bias is not None else out
     dot_f32 = interpreting() or x.dtype == torch.float32 or w.dtype == torch.float32
@@ -440,7 +444,7 @@ def triton_linear_parts(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig 
     x, _ = _check(x, w, None)
     m, k = x.shape
     cfg = config or _tuned_config(x, w, None)
-    if m == 0 or k == 0 or max(1, min(cfg.split_k, cdiv(k, cfg.block_k))) == 1:
+    if m == 0 or k == 0 or cfg.splits(k) == 1:
         return triton_linear(x, w, config=cfg)
     out = torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
     return SplitKParts(_launch(x, w, None, out, cfg, reduce=False), x.dtype)
