@@ -7,10 +7,15 @@ decode step (a CUDA graph per step, 255 steps after a 128-token prompt), and EAG
 accept length 5.4) and STANDALONE (3.6) iterations with a CUDA event pair around every graph replay
 (`explore_iter.graph_times`). Rounds alternate the variants so slow drift of the machine shows.
 Writes `fusion.json` under --out.
+
+A variant may hold `"env": {NAME: VALUE}`: environment variables set for it alone (such as
+`SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
+kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed).
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,7 +59,24 @@ def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
         row = cache.req_to_token[0]
         cache.free_slots(row[row >= 0])
         row.fill_(-1)
-    return {"ms_per_step": min(times[1:]), "tok_s": 1e3 / min(times[1:])}
+    return {"ms_per_step": min(times[1:]), "tok_s": 1e3 / min(times[1:]), "linear_log": list(runner.linear_log)}
+
+
+def _set_env(env: dict | None, all_envs: list) -> None:
+    """Set this variant's environment (and unset what other variants set); clear the process-wide
+    setup decisions when any variant has an environment."""
+    if not any(all_envs):
+        return
+    from spec_runtime.gpu import models as M
+    from spec_runtime.kernels import gemv as G
+
+    for other in all_envs:
+        for key in other or {}:
+            os.environ.pop(key, None)
+    os.environ.update(env or {})
+    M._GEMV_DECISIONS.clear()
+    M._EPILOGUE_DECISIONS.clear()
+    G._TUNED.clear()
 
 
 def main() -> int:
@@ -79,7 +101,9 @@ def main() -> int:
     res: dict = {"variants": dict(variants), "command": " ".join(sys.argv), "rounds": []}
     for r in range(a.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
-        for name, fast in order:
+        for name, options in order:
+            fast = {k: v for k, v in options.items() if k != "env"}
+            _set_env(options.get("env"), [o.get("env") for _, o in variants])
             for model in (target, *drafts.values()):  # one variant's fused weights at a time in memory
                 model.__dict__.pop("_spec_fast_models", None)
             row: dict = {"round": r, "variant": name}
@@ -92,6 +116,7 @@ def main() -> int:
                     row[alg]["graphs_ms_per_call"] = {k: v["ms_per_call"] for k, v in g["graphs"].items()}
                     row[alg]["pdl_fallbacks"] = g["stats"].get("pdl_fallbacks")
                     row[alg]["credit_flips"] = [e for e in g["linear_log"] if "gemv_by_epilogue_credit" in e]
+                    row[alg]["linear_log"] = g["linear_log"]  # this variant's setup decisions (new ones only)
                 torch.cuda.empty_cache()
             res["rounds"].append(row)
             print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)

@@ -65,6 +65,32 @@ def test_large_m_falls_back_and_errors():
         triton_linear(x[:2], w[:, :31])
     with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 24"):
         GemvConfig(24, 32, 1)
+    with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 8"):
+        GemvConfig(8, 32, 1)
+    with pytest.raises(ValueError, match="block_n must be a power of two >= 2, got 1"):
+        GemvConfig(1, 32, 1, mulred=True)
+    with pytest.raises(ValueError, match="mulred and swap exclude each other"):
+        GemvConfig(16, 32, 1, swap=True, mulred=True)
+    with pytest.raises(ValueError, match="a mulred GemvConfig handles at most 4 rows, got 5"):
+        triton_linear(torch.randn(5, 32, device=DEVICE), w, config=GemvConfig(8, 16, 1, mulred=True))
+
+
+MULRED_CONFIGS = [GemvConfig(2, 16, 1, mulred=True), GemvConfig(8, 32, 2, mulred=True),
+                  GemvConfig(4, 16, 3, num_warps=8, mulred=True)]
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 40, 96), (3, 17, 48), (4, 33, 64), (2, 64, 128)])
+@pytest.mark.parametrize("config", MULRED_CONFIGS)
+def test_mulred_matches_linear(m, n, k, config):
+    """The multiply-and-reduce configs (no `tl.dot`, for at most 4 rows): ragged N and K, bias in
+    the single pass and through the split-K reduce."""
+    torch.manual_seed(m * n + k)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(n, k, device=DEVICE).to(dtype)
+        b = torch.randn(n, device=DEVICE).to(dtype)
+        got = triton_linear(x, w, b, config=config)
+        assert got.dtype == dtype and got.shape == (m, n)
+        _close(got, reference_linear(x.float(), w.float(), b.float()), dtype)
 
 
 @gpu
@@ -79,8 +105,12 @@ def test_gpu_llama_shapes(m, n, monkeypatch):
     x = torch.randn(m, 4096, device="cuda").bfloat16()
     w = (torch.randn(n, 4096, device="cuda") * 0.02).bfloat16()
     ref = reference_linear(x.float(), w.float())
-    for cfg in (None, GemvConfig(64, 256, 4), GemvConfig(32, 128, 1, num_stages=4),
-                GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(128, 128, 2, swap=True)):
+    cfgs = [None, GemvConfig(64, 256, 4), GemvConfig(32, 128, 1, num_stages=4),
+            GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(128, 128, 2, swap=True)]
+    if m <= 4:
+        cfgs += [GemvConfig(8, 512, 1, mulred=True), GemvConfig(16, 256, 2, num_warps=8, mulred=True),
+                 GemvConfig(4, 1024, 4, mulred=True)]
+    for cfg in cfgs:
         _close(triton_linear(x, w, config=cfg), ref, torch.bfloat16)
 
 
@@ -98,7 +128,8 @@ def test_gpu_split_k_is_deterministic():
 
 # ---- epilogues: the elementwise step after the GEMV, in the GEMV --------------------------------
 
-EPI_CONFIGS = [GemvConfig(16, 16, 1), GemvConfig(16, 32, 2), GemvConfig(32, 16, 3, swap=True)]
+EPI_CONFIGS = [GemvConfig(16, 16, 1), GemvConfig(16, 32, 2), GemvConfig(32, 16, 3, swap=True),
+               GemvConfig(4, 16, 2, mulred=True), GemvConfig(2, 32, 1, mulred=True)]
 
 
 def _rope_case(gen, m, dtype, nh=4, nkv=2, hd=12, k=64, device=DEVICE):
@@ -200,6 +231,8 @@ def test_gpu_epilogues_llama_shapes(m, monkeypatch):
     monkeypatch.setenv("SPEC_GEMV_TUNE", "0")
     gen = torch.Generator().manual_seed(m)
     cfgs = (None, GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(32, 256, 2), GemvConfig(128, 128, 4, swap=True))
+    if m <= 4:
+        cfgs += (GemvConfig(8, 512, 1, mulred=True), GemvConfig(16, 256, 2, mulred=True))
     x = torch.randn(m, 4096, generator=gen).bfloat16().cuda()
     w_gu = (torch.randn(2 * 14336, 4096, generator=gen) * 0.02).bfloat16().cuda()
     for cfg in cfgs:

@@ -424,11 +424,13 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
 def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
     """Time F.linear against the Triton GEMV at `rows` rows (medians of CUDA-event timings, L2
     flushed by `do_bench`). The GEMV is timed at its heuristic configuration and at a short list of
-    candidate launch configurations; returns both times and the fastest configuration.
-    `SPEC_GEMV_SETUP_TUNE=0`: the heuristic configuration only.
+    candidate launch configurations; the few fastest are then re-timed in graph chains
+    (`_rerank_in_chains`) and the fastest there is the GEMV's configuration. Returns both times
+    and that configuration. `SPEC_GEMV_SETUP_TUNE=0`: the heuristic configuration only.
 
-    Timing in chains of launches inside a CUDA graph instead was tried and is worse: it picks cuBLAS
-    for the 8B gate/up projection, which a captured verify then runs 0.45 ms slower
+    GEMV against cuBLAS stays a one-launch comparison: timing every configuration and cuBLAS in
+    chains without a kernel between the calls was tried and is worse: it picks cuBLAS for the 8B
+    gate/up projection, which a captured verify then runs 0.45 ms slower
     (`bench/results/explore/tuning.json`)."""
     import triton.testing
 
@@ -446,7 +448,7 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
     heuristic = G.heuristic_config(m, n, k, w.device)
     configs = [heuristic]
     if os.environ.get("SPEC_GEMV_SETUP_TUNE", "1") != "0":
-        configs += [c for c in G._candidates(n, k, w.device) if c != heuristic]
+        configs += [c for c in G._candidates(n, k, w.device, m) if c != heuristic]
     timed: list[tuple[float, Any]] = []
     errors = []
     for cfg in configs:
@@ -460,6 +462,11 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
             log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "error": errors[:1]})
         return GemvDecision(None, t_blas, None)
     t_gemv, best = min(timed, key=lambda tc: tc[0])
+    keep = int(os.environ.get(RERANK_ENV, _SHORTLIST))
+    shortlist = _rerank_in_chains(x, w, bias, out, sorted(timed, key=lambda tc: tc[0])[:keep])
+    if shortlist:
+        # The fastest in the chain; swapped tiles win near-ties (within _SWAP_PREFERENCE).
+        t_gemv, best, _ = min(shortlist, key=lambda tcc: tcc[2] * (1 - _SWAP_PREFERENCE * tcc[1].swap))
     t_heur = next((t for t, c in timed if c == heuristic), None)
     # Timed alone, the two are often within noise of each other; in a CUDA graph the GEMV also
     # overlaps its neighbours' launch under PDL (cuBLAS does not), so near-ties go to the GEMV.
@@ -468,8 +475,47 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
     if log is not None:
         log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "gemv_ms": t_gemv,
                     "gemv_heuristic_ms": t_heur, "config": dataclasses.asdict(best), "configs_timed": len(timed),
-                    "gemv": wins, "margin": margin})
+                    "gemv": wins, "margin": margin,
+                    "shortlist": [[dataclasses.asdict(c), t, 1e3 * ch] for t, c, ch in shortlist]})
     return GemvDecision(t_gemv, t_blas * margin, best)
+
+
+_SHORTLIST = 4
+"""Configurations of the one-launch timing's fastest that `_time_gemv` re-times in graph chains."""
+_SWAP_PREFERENCE = 0.02
+"""Chain times of swapped tiles count 2 % less. In the H200 decode graphs the non-swapped tile
+was the slow one of a near-tie twice: the 1B down projection at 2 rows, 64x128 with 4 splits,
+draft graph 3.13 ms against 2.87-2.90 swapped, where the chain timed the two 12.59 and 12.64 µs;
+and the 8B down projection at 8 rows (above). `bench/results/explore/rerank_ab.json`."""
+RERANK_ENV = "SPEC_GEMV_RERANK"
+"""`SPEC_GEMV_RERANK=N` re-times the N fastest configurations in graph chains (default 4; 0 or 1:
+keep the one-launch choice)."""
+
+
+def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
+                      fastest: list[tuple[float, Any]]) -> list[tuple[float, Any, float]]:
+    """`(one-launch ms, config, chain ms)` of each of the `fastest` configurations, timed as the
+    epilogue decisions are (`_graph_chain_ms`: a captured chain over rotating weight copies, a
+    small kernel after each call, PDL as the runtime launches). Empty when there is nothing to
+    choose or a capture fails.
+
+    Why: the one-launch timings of the best tiles are within noise of each other, and now and then
+    the fastest alone is slow in the decode graphs. On the H200 one process picked a 32x256 tile
+    without a K split for the 8B down projection at 8 rows, and its verify graph ran 5.15 ms
+    against 4.28-4.43 in processes that picked the swapped 64x128 tile with two splits
+    (`bench/results/explore/mulred_ab.json`)."""
+    from spec_runtime.kernels import gemv as G
+
+    if len(fastest) < 2 or not w.is_cuda:
+        return []
+    copies, spacer = _chain_setup(w)
+    try:
+        return [(t, cfg, _graph_chain_ms(lambda wc, cfg=cfg: G._launch(x, wc, bias, out, cfg), copies, spacer))
+                for t, cfg in fastest]
+    except Exception:  # noqa: BLE001 - a capture that fails: keep the one-launch choice
+        return []
+    finally:
+        del copies
 
 
 _EPILOGUE_DECISIONS: dict[tuple, bool] = {}
@@ -485,7 +531,6 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     (`bench/results/explore/silu_cfg.json`). Without the small kernel (GEMV right after GEMV) it
     did not: 77.7 against 57.8 µs for the tuned tile, where the decode step ran 0.09 ms *faster*
     fused (`silu_cfg_nospacer.json`); one-launch timing (`do_bench`) cannot see launch overlap."""
-    from spec_runtime.gpu import elementwise as ew
 
     w = lin.weight
     key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
@@ -496,13 +541,7 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
         _EPILOGUE_DECISIONS[key] = False  # no K split: nothing to leave unreduced
         return False
     separate, fused = pair
-    n, k = w.shape
-    copies = [w] + [torch.empty_like(w).normal_(0, 0.02) for _ in range(max(1, min(15, (200 << 20) // (n * k * w.element_size()))))]
-    spacer_x, spacer_w = torch.randn(1, 1024, device=w.device, dtype=w.dtype), torch.ones(1024, device=w.device, dtype=w.dtype)
-
-    def spacer() -> None:  # a small kernel after each call, as in a layer (no GEMV right after a GEMV)
-        ew.rmsnorm(spacer_x, spacer_w, 1e-5)
-
+    copies, spacer = _chain_setup(w)
     try:
         times = {"separate": [], "fused": []}
         for name in ("separate", "fused", "fused", "separate"):
@@ -564,6 +603,22 @@ def _epilogue_pair(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable]
         def fused(wc: torch.Tensor) -> None:
             ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg), norm, 1e-5)
     return separate, fused
+
+
+def _chain_setup(w: torch.Tensor) -> tuple[list[torch.Tensor], Callable[[], None]]:
+    """For `_graph_chain_ms`: `w` and random copies of it (about 200 MB in all, so L2 holds none
+    by the time a chain comes back to one), and the small kernel to run after each call (as in a
+    layer: no GEMV right after a GEMV)."""
+    from spec_runtime.gpu import elementwise as ew
+
+    n, k = w.shape
+    copies = [w] + [torch.empty_like(w).normal_(0, 0.02) for _ in range(max(1, min(15, (200 << 20) // (n * k * w.element_size()))))]
+    spacer_x, spacer_w = torch.randn(1, 1024, device=w.device, dtype=w.dtype), torch.ones(1024, device=w.device, dtype=w.dtype)
+
+    def spacer() -> None:
+        ew.rmsnorm(spacer_x, spacer_w, 1e-5)
+
+    return copies, spacer
 
 
 def _graph_chain_ms(fn: Callable[[torch.Tensor], None], weights: Sequence[torch.Tensor],

@@ -4,6 +4,9 @@ At decode the projections read the whole weight for a handful of rows, so the op
 memory: one pass over `w` at full bandwidth is the goal. Each program streams a `(BLOCK_N, K /
 SPLIT_K)` slab of `w` in `(BLOCK_N, BLOCK_K)` tiles (16-byte loads along K, software-pipelined)
 and multiplies it with the `M` rows of `x` (padded to 16 for `tl.dot`), accumulating in float32.
+For at most `MULRED_MAX_M` rows a configuration may instead multiply and reduce (`mulred`: no
+padding, no `tl.dot`, row tiles down to 2 weight rows), which streams the small projections faster
+at 1-2 rows.
 With `SPLIT_K > 1` the programs write float32 partials that a second pass sums in a fixed order
 (deterministic, no atomics) and casts. Block sizes and `SPLIT_K` are tuned per
 `(M bucket, N, K, dtype)` on first use by timing the whole op (both passes) on the device;
@@ -51,6 +54,10 @@ __all__ = [
 
 MAX_M = 16
 """Rows handled by the Triton kernel; `linear` sends larger inputs to `torch.nn.functional.linear`."""
+MULRED_MAX_M = 4
+"""Rows a `GemvConfig(mulred=True)` launch handles."""
+MULRED_ENV = "SPEC_GEMV_MULRED"
+"""`SPEC_GEMV_MULRED=0` leaves the multiply-and-reduce configs out of the tuner's candidates."""
 
 
 def reference_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -70,12 +77,19 @@ class GemvConfig:
     swap: bool = False
     """Multiply `w_tile @ x.T` (the weight tile as the dot's left operand: warp-group MMA on Hopper,
     fed from shared memory) instead of `x @ w_tile.T`."""
+    mulred: bool = False
+    """Multiply and reduce instead of `tl.dot`: `x` is not padded to 16 rows, each program keeps a
+    float32 `(M, BLOCK_N, BLOCK_K)` accumulator and sums it over K at the end. For at most
+    `MULRED_MAX_M` rows; `block_n` may then be as small as 2."""
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k"):
+        low = {"block_n": 2 if self.mulred else 16, "block_k": 16}
+        for name, least in low.items():
             value = getattr(self, name)
-            require(value >= 16 and value & (value - 1) == 0, f"GemvConfig.{name} must be a power of two >= 16, got {value}")
+            require(value >= least and value & (value - 1) == 0,
+                    f"GemvConfig.{name} must be a power of two >= {least}, got {value}")
         require(self.split_k >= 1, f"GemvConfig.split_k must be >= 1, got {self.split_k}")
+        require(not (self.mulred and self.swap), "GemvConfig: mulred and swap exclude each other")
 
     def splits(self, k: int) -> int:
         """The K splits a launch over `k` uses (`split_k`, at most one per `block_k` slab)."""
@@ -83,9 +97,12 @@ class GemvConfig:
 
 
 @triton.jit
-def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr):
-    """`acc + x @ w.T` (`(BLOCK_M, BLOCK_N)`), or with SWAP its transpose `acc + w @ x.T`."""
-    if DOT_F32:
+def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr, MULRED: tl.constexpr):
+    """`acc + x @ w.T` (`(BLOCK_M, BLOCK_N)`), or with SWAP its transpose `acc + w @ x.T`, or with
+    MULRED the products `x[m, k] * w[n, k]` added into `acc (BLOCK_M, BLOCK_N, BLOCK_K)`."""
+    if MULRED:
+        acc = acc + x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    elif DOT_F32:
         x = x.to(tl.float32)
         w = w.to(tl.float32)
         if SWAP:
@@ -171,7 +188,7 @@ def _gemv_kernel(
     pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
-    EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False,
+    EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False, MULRED: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -192,6 +209,8 @@ def _gemv_kernel(
     w_rows = w_ptr + w_row[:, None].to(tl.int64) * s_wn
     if SWAP:  # acc.T: the weight tile is the dot's left operand
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    elif MULRED:  # products, summed over K after the loop
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = k0
@@ -208,7 +227,7 @@ def _gemv_kernel(
         gdc_wait()
         gdc_launch_dependents()
         x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k1)[None, :], other=0.0)
-        acc = _tile_product(acc, x, w, DOT_F32, SWAP)
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED)
         first = k0 + BLOCK_K
     for kk in range(first, k1, BLOCK_K):
         ks = kk + rk
@@ -219,9 +238,11 @@ def _gemv_kernel(
             k_ok = ks < k1
             x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _tile_product(acc, x, w, DOT_F32, SWAP)
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED)
     if SWAP:
         acc = tl.trans(acc)
+    elif MULRED:
+        acc = tl.sum(acc, 2)
     ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1 and EPI != EPI_NONE:
         a0, a1 = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
@@ -313,6 +334,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     `reduce=False`: return the float32 partials instead of reducing them (None without a K split)."""
     m, k = x.shape
     n = w.shape[0]
+    require(not cfg.mulred or m <= MULRED_MAX_M, f"a mulred GemvConfig handles at most {MULRED_MAX_M} rows, got {m}")
     split = cfg.splits(k)
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     b = bias if bias is not None else out
@@ -327,9 +349,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
         rope_args, hd2 = (out, out, out, out, out, out, 0, 0, 0, 0, 0, 0), 1
     _gemv_kernel[(cdiv(n, cfg.block_n), split)](
         x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0), *rope_args,
-        BLOCK_M=max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+        BLOCK_M=next_pow2(m) if cfg.mulred else max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
-        EPI=epi, HD2=hd2, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        EPI=epi, HD2=hd2, MULRED=cfg.mulred, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )
     if split == 1:
         return None
@@ -360,18 +382,25 @@ _TILES = ((32, 256, 4, False), (64, 128, 4, False), (64, 256, 3, False), (128, 1
           (64, 256, 4, True), (64, 128, 5, True), (128, 128, 3, True))
 """(block_n, block_k, num_stages, swap) the tuner tries. The swapped tiles won 2-6 % on the 8B
 shapes in CUDA-graph chains on the H200 (`bench/results/explore/tma_sweep.json`)."""
+_MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4))
+"""(block_n, block_k, num_warps) of the multiply-and-reduce configs tried for at most 2 rows (the
+first two for 3-4 rows): at one row they streamed the small 8B and 1B projections 10-50 % faster
+than the `tl.dot` tiles in CUDA-graph chains (`bench/results/explore/gemv_sweep.json`)."""
 
 
-def _candidates(n: int, k: int, device: torch.device) -> list[GemvConfig]:
-    """About 35 configs: tile shapes that stream `w` in 16-byte rows, times K splits around the count
-    that fills the device (none, half, full, double)."""
+def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvConfig]:
+    """About 35 configs (50 for `m <= MULRED_MAX_M`): tile shapes that stream `w` in 16-byte rows,
+    times K splits around the count that fills the device (none, half, full, double)."""
+    tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES]
+    if m <= MULRED_MAX_M and os.environ.get(MULRED_ENV, "1") != "0":
+        tiles += [(bn, bk, warps, 3, False, True) for bn, bk, warps in _MULRED_TILES[:5 if m <= 2 else 2]]
     out = []
-    for block_n, block_k, stages, swap in _TILES:
+    for block_n, block_k, warps, stages, swap, mulred in tiles:
         fill = cdiv(2 * sm_count(device), cdiv(n, block_n))
         for split in sorted({1, max(1, fill // 2), fill, 2 * fill}):
             split = next_pow2(split)
             if split == 1 or k // split >= block_k:
-                out.append(GemvConfig(block_n, block_k, split, 4, stages, swap))
+                out.append(GemvConfig(block_n, block_k, split, warps, stages, swap, mulred))
     return list(dict.fromkeys(out))
 
 
@@ -389,7 +418,7 @@ def _tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
         return heuristic_config(m, n, k, x.device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     best, best_ms = None, float("inf")
-    for cfg in _candidates(n, k, x.device):
+    for cfg in _candidates(n, k, x.device, m):
         try:
             ms = triton.testing.do_bench(lambda cfg=cfg: _launch(x, w, bias, out, cfg), warmup=5, rep=20)
         except Exception:  # a config the compiler rejects (resources): skip it  # noqa: BLE001
