@@ -187,6 +187,20 @@ def test_rope_epilogue_is_the_separate_kernel(config, dtype):
             torch.testing.assert_close(fused.k_cache, ref.k_cache, rtol=1e-4, atol=1e-3)
 
 
+def test_rope_epilogue_one_row_strided_views():
+    """One row's positions and slots may be one-element views with any stride (a column of the
+    draft's branch slots, say): contiguous as far as torch is concerned, and read right."""
+    gen = torch.Generator().manual_seed(6)
+    x, w, fused, separate = _rope_case(gen, 1, torch.float32)
+    table = torch.stack([separate.positions, separate.slots, separate.slots], 1)  # (1, 3): stride 3
+    pos, slots = table[:, 0], table[:, 1]
+    assert pos.stride(0) == 3 and pos.is_contiguous()
+    strided = RopeStore(fused.cos, fused.sin, pos, slots, fused.k_cache, fused.v_cache, 4, 2, 12)
+    q = triton_linear_rope_store(x, w, strided)
+    want = triton_linear_rope_store(x, w, separate)
+    assert torch.equal(q, want) and torch.equal(fused.k_cache, separate.k_cache)
+
+
 @pytest.mark.parametrize("config", EPI_CONFIGS)
 def test_split_k_parts_feed_add_rmsnorm(config):
     """Unreduced split-K partials summed by `add_rmsnorm` == the GEMV's own reduce, then the add."""

@@ -508,7 +508,8 @@ def _check_rope(x: torch.Tensor, w: torch.Tensor, r: RopeStore) -> None:
             f"the QKV weight has {w.shape[0]} rows, expected ({nh} + 2 * {nkv}) * {d} = {(nh + 2 * nkv) * d}")
     m = x.shape[0]
     for name, t in (("positions", r.positions), ("slots", r.slots)):
-        require(t.shape == (m,) and t.stride(0) == 1 and not t.dtype.is_floating_point,
+        # is_contiguous: a one-element view counts whatever its stride (the kernel reads element 0 only)
+        require(t.shape == (m,) and t.is_contiguous() and not t.dtype.is_floating_point,
                 f"RopeStore.{name} must be contiguous integers of shape ({m},), got {t.dtype} {tuple(t.shape)}")
     require(r.k_cache.shape[1:] == (nkv, d) and r.k_cache.stride(2) == 1 and r.v_cache.shape == r.k_cache.shape
             and r.v_cache.stride() == r.k_cache.stride(),
