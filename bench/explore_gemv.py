@@ -150,7 +150,7 @@ class ShapeBench:
     def ours_best(self, G, n: int, k: int, dev) -> tuple:
         """(µs per launch, config) of the runtime's GEMV at its best tuner candidate."""
         best = None
-        for cfg in G._candidates(n, k, dev):
+        for cfg in G._candidates(n, k, dev, self.x.shape[0]):
             try:
                 t = 1e3 * graph_time(self.chain(lambda w, c=cfg: G._launch(self.x, w, None, self.out, c)))
             except Exception:  # noqa: BLE001

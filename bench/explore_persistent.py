@@ -29,6 +29,9 @@ import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from explore_gemv import graph_time  # noqa: E402  (bench/ on the path first)
 
 
 @triton.jit
@@ -147,31 +150,6 @@ def _persistent_layers(wq_ptr, wo_ptr, wg_ptr, wd_ptr, q_ptr, o_ptr, g_ptr, d_pt
         wd_ptr += H * NI
 
 
-def graph_ms(fn, reps: int = 20, rounds: int = 3) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(rounds):
-        e0.record()
-        for _ in range(reps):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        best = min(best, e0.elapsed_time(e1) / reps)
-    del g
-    return best
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -231,8 +209,8 @@ def main() -> int:
     result["gemv_configs"] = {str(k): str(v) for k, v in cfgs.items()}
     lin_ours = lambda a, w, out: G._launch(a, w, None, out, cfgs[tuple(w.shape)])  # noqa: E731
     lin_mm = lambda a, w, out: torch.mm(a, w.t(), out=out)  # noqa: E731
-    record("chain_cublas", graph_ms(chain(lin_mm)))
-    record("chain_ours", graph_ms(chain(lin_ours)))
+    record("chain_cublas", graph_time([chain(lin_mm)]))
+    record("chain_ours", graph_time([chain(lin_ours)]))
 
     want = ref()
     bar = torch.zeros(1, device=dev, dtype=torch.int32)
@@ -283,12 +261,12 @@ def main() -> int:
                 record(name, float("nan"), {"error": f"barrier spin limit hit {err.item()}x"})
                 continue
             diff = (d.float() - want.float()).abs().max().item()
-            ms = graph_ms(run)
+            ms = graph_time([run])
             record(name, ms, {"max_abs_diff": diff, "ref_max": want.float().abs().max().item(), "regs": regs,
                               "smem": smem, "first_s": time.time() - t0})
         except Exception as e:  # noqa: BLE001
             record(name, float("nan"), {"error": str(e)[:200]})
-    record("chain_cublas_again", graph_ms(chain(lin_mm)))
+    record("chain_cublas_again", graph_time([chain(lin_mm)]))
     (args.out / f"persistent_{args.shape}.json").write_text(json.dumps(result, indent=1))
     return 0
 

@@ -461,9 +461,9 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
         if log is not None:
             log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "error": errors[:1]})
         return GemvDecision(None, t_blas, None)
-    t_gemv, best = min(timed, key=lambda tc: tc[0])
-    keep = int(os.environ.get(RERANK_ENV, _SHORTLIST))
-    shortlist = _rerank_in_chains(x, w, bias, out, sorted(timed, key=lambda tc: tc[0])[:keep])
+    ranked = sorted(timed, key=lambda tc: tc[0])
+    t_gemv, best = ranked[0]
+    shortlist = _rerank_in_chains(x, w, bias, out, ranked[:int(os.environ.get(RERANK_ENV, _SHORTLIST))])
     if shortlist:
         # The fastest in the chain; swapped tiles win near-ties (within _SWAP_PREFERENCE).
         t_gemv, best, _ = min(shortlist, key=lambda tcc: tcc[2] * (1 - _SWAP_PREFERENCE * tcc[1].swap))
@@ -514,8 +514,6 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
                 for t, cfg in fastest]
     except Exception:  # noqa: BLE001 - a capture that fails: keep the one-launch choice
         return []
-    finally:
-        del copies
 
 
 _EPILOGUE_DECISIONS: dict[tuple, bool] = {}

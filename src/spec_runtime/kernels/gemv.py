@@ -393,7 +393,8 @@ def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvC
     times K splits around the count that fills the device (none, half, full, double)."""
     tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES]
     if m <= MULRED_MAX_M and os.environ.get(MULRED_ENV, "1") != "0":
-        tiles += [(bn, bk, warps, 3, False, True) for bn, bk, warps in _MULRED_TILES[:5 if m <= 2 else 2]]
+        mulred = _MULRED_TILES if m <= 2 else _MULRED_TILES[:2]
+        tiles += [(bn, bk, warps, 3, False, True) for bn, bk, warps in mulred]
     out = []
     for block_n, block_k, warps, stages, swap, mulred in tiles:
         fill = cdiv(2 * sm_count(device), cdiv(n, block_n))
