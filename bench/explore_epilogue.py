@@ -6,7 +6,7 @@ and row count, on the benchmark's models (8B target, EAGLE-3 head, 1B STANDALONE
 The fast models are built as the runtime builds them (cuBLAS-or-GEMV decisions and GEMV launch
 configurations timed at setup); then, for the first layer's QKV (rope), gate/up (silu), o and down
 (parts) of each model and each row count the GEMV serves, it times the pair the setup times
-(`gpu.models._epilogue_pair`): "separate" (the GEMV, then `rope_store` / `silu_mul`; or the GEMV
+(`gpu.models._epilogue_paths`): "separate" (the GEMV, then `rope_store` / `silu_mul`; or the GEMV
 with its split-K reduce, then `add_rmsnorm`) against "fused" (the epilogue GEMV; or the unreduced
 partials into `add_rmsnorm`; "parts" without a K split is skipped), both at the shape's
 configuration, two ways: a CUDA graph of 16 back-to-back pairs over rotating weight copies (PDL on,
@@ -31,7 +31,7 @@ def main() -> int:
     import triton.testing
     from explore_gemv import graph_time
 
-    from spec_runtime.gpu.models import FastOptions, _epilogue_pair, build_fast_models
+    from spec_runtime.gpu.models import FastOptions, _epilogue_paths, build_fast_models
     from spec_runtime.kernels import gemv as G
 
     p = argparse.ArgumentParser()
@@ -62,13 +62,13 @@ def main() -> int:
             for m in rows:
                 row = {"model": name, "kind": kind, "shape": list(lin.weight.shape), "rows": m,
                        "gemv": lin.gemv_for(m)}
-                pair = _epilogue_pair(lin, m) if lin.gemv_for(m) else None
+                pair = _epilogue_paths(lin, m) if lin.gemv_for(m) else None
                 if lin.gemv_for(m):
                     row["config"] = str(G._tuned_config(torch.empty(m, lin.weight.shape[1], device="cuda",
                                                                     dtype=lin.weight.dtype), lin.weight, None))
                     row["no_k_split"] = pair is None
                 if pair is not None:
-                    sep, fused = pair
+                    sep, fused, _ = pair
                     for label, f in (("sep", sep), ("fused", fused), ("sep2", sep), ("fused2", fused)):
                         chain = [lambda i=i, f=f, ws=ws: f(ws[i % len(ws)]) for i in range(16)]
                         row[f"{label}_graph_us"] = 1e3 * graph_time(chain)

@@ -10,7 +10,8 @@ Writes `fusion.json` under --out.
 
 A variant may hold `"env": {NAME: VALUE}`: environment variables set for it alone (such as
 `SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
-kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed).
+kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed),
+unless `--keep-decisions` (for variables the decisions do not depend on, such as `SPEC_ATTN_MERGE`).
 """
 
 import argparse
@@ -62,9 +63,10 @@ def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
     return {"ms_per_step": min(times[1:]), "tok_s": 1e3 / min(times[1:]), "linear_log": list(runner.linear_log)}
 
 
-def _set_env(env: dict | None, all_envs: list) -> None:
+def _set_env(env: dict | None, all_envs: list, keep_decisions: bool = False) -> None:
     """Set this variant's environment (and unset what other variants set); clear the process-wide
-    setup decisions when any variant has an environment."""
+    setup decisions when any variant has an environment, unless `keep_decisions` (for variables
+    that do not touch them: every variant then runs the same GEMV and epilogue choices)."""
     if not any(all_envs):
         return
     from spec_runtime.gpu import models as M
@@ -74,6 +76,8 @@ def _set_env(env: dict | None, all_envs: list) -> None:
         for key in other or {}:
             os.environ.pop(key, None)
     os.environ.update(env or {})
+    if keep_decisions:
+        return
     M._GEMV_DECISIONS.clear()
     M._EPILOGUE_DECISIONS.clear()
     G._TUNED.clear()
@@ -88,6 +92,8 @@ def main() -> int:
     p.add_argument("--variants", required=True, help="name:JSON pairs separated by ';' (FastOptions fields)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--algorithms", default="plain,EAGLE3,STANDALONE")
+    p.add_argument("--keep-decisions", action="store_true",
+                   help="variants' env does not clear the setup decisions (timed once, shared)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +109,7 @@ def main() -> int:
         order = variants if r % 2 == 0 else variants[::-1]
         for name, options in order:
             fast = {k: v for k, v in options.items() if k != "env"}
-            _set_env(options.get("env"), [o.get("env") for _, o in variants])
+            _set_env(options.get("env"), [o.get("env") for _, o in variants], a.keep_decisions)
             for model in (target, *drafts.values()):  # one variant's fused weights at a time in memory
                 model.__dict__.pop("_spec_fast_models", None)
             row: dict = {"round": r, "variant": name}

@@ -48,7 +48,7 @@ def main() -> int:
         lin = ft.layers[0].mlp.gate_up
         M._EPILOGUE_DECISIONS.clear()
         log: list = []
-        M._epilogue_wins(lin, 1, log)
+        M._epilogue_timing(lin, 1, log)
         row["chain"] = log
         res["rows"].append(row)
         print(json.dumps(row), flush=True)

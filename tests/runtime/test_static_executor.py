@@ -493,3 +493,29 @@ def test_epilogue_choice_per_backend() -> None:
     assert fused(epilogues="fused", elementwise="torch", linear="gemv") == frozenset()
     assert fused(epilogues="fused", elementwise="triton", linear="torch") == frozenset()
     assert fused(elementwise="triton", linear="gemv") == frozenset()  # auto on CPU: separate
+
+
+def test_linear_choice_times_whole_paths(monkeypatch) -> None:
+    """Setup's GEMV-or-cuBLAS choice (timings faked): where a linear has an epilogue and the
+    epilogues are timed, the GEMV runs if either of its paths (fused, or GEMV then the separate
+    kernel) beats cuBLAS then the separate kernel, even when cuBLAS wins alone; without a cuBLAS
+    path timing, or without an epilogue, the GEMV-alone comparison stands."""
+    from spec_runtime.gpu import models as M
+
+    alone = {1: False, 2: True, 4: False, 8: True}
+    paths = {1: M.EpilogueTiming(1.0, 0.9, 0.95), 2: M.EpilogueTiming(1.0, 1.1, 0.9),
+             4: M.EpilogueTiming(1.0, 1.1, None), 8: None}
+    monkeypatch.setattr(M, "_gemv_wins", lambda lin, rows, log: alone[rows])
+    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log: paths[rows])
+    be = M.FastBackend(M.FastOptions(elementwise="triton", gemv_rows=(1, 2, 4, 8)), torch.device("cpu"))
+    be.linear, be.epilogues, be.epilogues_timed = "auto", frozenset({"silu"}), True
+    silu, plain = M.Linear(torch.zeros(4, 2), epilogue="silu"), M.Linear(torch.zeros(4, 3))
+    be.choose_linears([silu, plain])
+    # 1: fused 0.9 < cuBLAS 0.95 (cuBLAS won alone); 2: cuBLAS path faster; 4: no cuBLAS path
+    # timed, alone says cuBLAS; 8: nothing to time, alone says GEMV (no epilogue)
+    assert silu.gemv_buckets == {1, 8} and silu.fused_buckets == {1} and silu.gemv_upto == 8
+    assert plain.gemv_buckets == {2, 8} and plain.fused_buckets == frozenset()
+    be.epilogues_timed = False  # "fused" named: the epilogue wherever the GEMV runs
+    untimed = M.Linear(torch.zeros(4, 4), epilogue="silu")
+    be.choose_linears([untimed])
+    assert untimed.gemv_buckets == {2, 8} and untimed.fused_buckets == {2, 8}

@@ -65,7 +65,7 @@ class FastOptions:
             down projections' split-K partials summed by the next residual add + RMSNorm instead
             of a reduce kernel). "fused" (all three) or a comma list of them: wherever the GEMV
             runs; "separate": none; "auto" (default): on CUDA, each where it measured faster at
-            setup, per weight shape and row bucket (`_epilogue_wins`), none elsewhere. Only where
+            setup, per weight shape and row bucket (`_epilogue_timing`), none elsewhere. Only where
             the GEMV runs (not cuBLAS), with the Triton elementwise kernels, for bias-free weights.
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
@@ -366,31 +366,59 @@ class FastBackend:
         if self.linear == "gemv":
             for lin in linears:
                 lin.gemv_upto, lin.gemv_buckets = MAX_M, frozenset(_pow2(m) for m in range(1, MAX_M + 1))
-                self._choose_epilogue(lin, log)
+                if not self._epilogue_on(lin):
+                    lin.fused_buckets = frozenset()
+                elif not self.epilogues_timed:
+                    lin.fused_buckets = lin.gemv_buckets
+                else:
+                    timed = {m: _epilogue_timing(lin, m, log) for m in lin.gemv_buckets}
+                    lin.fused_buckets = frozenset(m for m, t in timed.items() if t and t.fused_ms < t.separate_ms)
             return
-        decided: dict[tuple, frozenset] = {}
+        decided: dict[tuple, tuple[frozenset, frozenset]] = {}
         for lin in linears:
-            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None)
+            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None, lin.epilogue, lin.heads)
             if key not in decided:
-                decided[key] = frozenset(m for m in rows if _gemv_wins(lin, m, log))
-            lin.gemv_buckets = decided[key]
-            lin.gemv_upto = max(decided[key], default=0)
-            self._choose_epilogue(lin, log)
+                gemv, fused = set(), set()
+                for m in rows:
+                    g, f = self._decide(lin, m, log)
+                    gemv |= {m} if g else set()
+                    fused |= {m} if g and f else set()
+                decided[key] = (frozenset(gemv), frozenset(fused))
+            lin.gemv_buckets, lin.fused_buckets = decided[key]
+            lin.gemv_upto = max(lin.gemv_buckets, default=0)
 
-    def _choose_epilogue(self, lin: Linear, log: Optional[list]) -> None:
-        """The row buckets in which `lin`'s GEMV runs its epilogue (`FastOptions.epilogues`)."""
-        if not lin.epilogue or lin.epilogue not in self.epilogues or lin.bias is not None:
-            lin.fused_buckets = frozenset()
-        elif not self.epilogues_timed:
-            lin.fused_buckets = lin.gemv_buckets
-        else:
-            lin.fused_buckets = frozenset(m for m in lin.gemv_buckets if _epilogue_wins(lin, m, log))
+    def _epilogue_on(self, lin: Linear) -> bool:
+        """Whether `lin` has an epilogue this backend may run (`FastOptions.epilogues`)."""
+        return bool(lin.epilogue) and lin.epilogue in self.epilogues and lin.bias is None
+
+    def _decide(self, lin: Linear, rows: int, log: Optional[list]) -> tuple[bool, bool]:
+        """(GEMV rather than cuBLAS, epilogue fused) at `rows` rows.
+
+        The GEMV against cuBLAS alone first (`_gemv_wins`). Where `lin` has an epilogue and the
+        epilogues are timed, the whole paths are then timed against each other in graph chains
+        (`_epilogue_timing`): the GEMV with its epilogue, the GEMV then the separate kernel, and
+        cuBLAS then the separate kernel. The GEMV runs if either of its paths beats cuBLAS's. So a
+        GEMV a hair slower than cuBLAS alone still runs where its epilogue saves a kernel (on the
+        H200 the 8B gate/up chain timed 57.7 µs against cuBLAS's 57.1, and the plain decode step
+        with cuBLAS there ran 0.11 ms slower: `bench/results/explore/cublas_chain_ab.json`)."""
+        gemv = _gemv_wins(lin, rows, log)
+        if not self._epilogue_on(lin):
+            return gemv, False
+        if not self.epilogues_timed:
+            return gemv, True
+        timing = _epilogue_timing(lin, rows, log)
+        if timing is None:
+            return gemv, False
+        if timing.cublas_ms is not None:
+            gemv = min(timing.fused_ms, timing.separate_ms) < timing.cublas_ms
+        return gemv, timing.fused_ms < timing.separate_ms
 
 
 @dataclass(frozen=True)
 class GemvDecision:
-    """One setup-time timing: the GEMV's best time and configuration against cuBLAS's time (with
-    the near-tie margin applied), per weight shape and row count."""
+    """One setup-time timing: the GEMV's best time and configuration against cuBLAS's time, per
+    weight shape and row count: both chain times (`_rerank_in_chains`), or one-launch times with
+    the near-tie margin applied to cuBLAS's."""
 
     gemv_ms: Optional[float]  # None: no configuration compiled
     cublas_ms: float
@@ -428,9 +456,11 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
     (`_rerank_in_chains`) and the fastest there is the GEMV's configuration. Returns both times
     and that configuration. `SPEC_GEMV_SETUP_TUNE=0`: the heuristic configuration only.
 
-    GEMV against cuBLAS stays a one-launch comparison: timing every configuration and cuBLAS in
-    chains without a kernel between the calls was tried and is worse: it picks cuBLAS for the 8B
-    gate/up projection, which a captured verify then runs 0.45 ms slower
+    GEMV against cuBLAS: cuBLAS is timed in the same chain as the shortlist (a small kernel after
+    each call, PDL on for the GEMV and the small kernel, as a decode graph runs them), and the
+    chain times decide (`SPEC_GEMV_CUBLAS_CHAIN=0`: the one-launch times with a 3 % margin for the
+    GEMV, as before). Timing in chains *without* a kernel between the calls was tried and is worse:
+    it picked cuBLAS for the 8B gate/up projection, which a captured verify then ran 0.45 ms slower
     (`bench/results/explore/tuning.json`)."""
     import triton.testing
 
@@ -463,21 +493,30 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
         return GemvDecision(None, t_blas, None)
     ranked = sorted(timed, key=lambda tc: tc[0])
     t_gemv, best = ranked[0]
-    shortlist = _rerank_in_chains(x, w, bias, out, ranked[:int(os.environ.get(RERANK_ENV, _SHORTLIST))])
+    rival = (lambda wc: F.linear(x, wc, bias)) if os.environ.get(CUBLAS_CHAIN_ENV, "1") != "0" else None
+    shortlist, chain_blas = _rerank_in_chains(x, w, bias, out, ranked[:int(os.environ.get(RERANK_ENV, _SHORTLIST))],
+                                              rival)
+    chain_gemv = None
     if shortlist:
         # The fastest in the chain; swapped tiles win near-ties (within _SWAP_PREFERENCE).
-        t_gemv, best, _ = min(shortlist, key=lambda tcc: tcc[2] * (1 - _SWAP_PREFERENCE * tcc[1].swap))
+        t_gemv, best, chain_gemv = min(shortlist, key=lambda tcc: tcc[2] * (1 - _SWAP_PREFERENCE * tcc[1].swap))
     t_heur = next((t for t, c in timed if c == heuristic), None)
-    # Timed alone, the two are often within noise of each other; in a CUDA graph the GEMV also
-    # overlaps its neighbours' launch under PDL (cuBLAS does not), so near-ties go to the GEMV.
-    margin = 1.03 if pdl(w.device) else 1.0
-    wins = t_gemv < t_blas * margin
+    if chain_gemv is not None and chain_blas is not None:
+        margin, wins = 1.0, chain_gemv < chain_blas
+        decision = GemvDecision(chain_gemv, chain_blas, best)
+    else:
+        # Timed alone, the two are often within noise of each other; in a CUDA graph the GEMV also
+        # overlaps its neighbours' launch under PDL (cuBLAS does not), so near-ties go to the GEMV.
+        margin = 1.03 if pdl(w.device) else 1.0
+        wins = t_gemv < t_blas * margin
+        decision = GemvDecision(t_gemv, t_blas * margin, best)
     if log is not None:
         log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "gemv_ms": t_gemv,
                     "gemv_heuristic_ms": t_heur, "config": dataclasses.asdict(best), "configs_timed": len(timed),
                     "gemv": wins, "margin": margin,
-                    "shortlist": [[dataclasses.asdict(c), t, 1e3 * ch] for t, c, ch in shortlist]})
-    return GemvDecision(t_gemv, t_blas * margin, best)
+                    "shortlist": [[dataclasses.asdict(c), t, 1e3 * ch] for t, c, ch in shortlist],
+                    "chain_us": None if chain_blas is None else {"gemv": 1e3 * chain_gemv, "cublas": 1e3 * chain_blas}})
+    return decision
 
 
 _SHORTLIST = 4
@@ -490,14 +529,18 @@ and the 8B down projection at 8 rows (above). `bench/results/explore/rerank_ab.j
 RERANK_ENV = "SPEC_GEMV_RERANK"
 """`SPEC_GEMV_RERANK=N` re-times the N fastest configurations in graph chains (default 4; 0 or 1:
 keep the one-launch choice)."""
+CUBLAS_CHAIN_ENV = "SPEC_GEMV_CUBLAS_CHAIN"
+"""`SPEC_GEMV_CUBLAS_CHAIN=0`: GEMV against cuBLAS by one-launch times (3 % margin), not chains."""
 
 
 def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-                      fastest: list[tuple[float, Any]]) -> list[tuple[float, Any, float]]:
+                      fastest: list[tuple[float, Any]], rival: Optional[Callable[[torch.Tensor], Any]],
+                      ) -> tuple[list[tuple[float, Any, float]], Optional[float]]:
     """`(one-launch ms, config, chain ms)` of each of the `fastest` configurations, timed as the
     epilogue decisions are (`_graph_chain_ms`: a captured chain over rotating weight copies, a
-    small kernel after each call, PDL as the runtime launches). Empty when there is nothing to
-    choose or a capture fails.
+    small kernel after each call, PDL as the runtime launches), and the chain ms of `rival(w)`
+    (cuBLAS; None without a rival). Empty and None when there is nothing to choose or a capture
+    fails.
 
     Why: the one-launch timings of the best tiles are within noise of each other, and now and then
     the fastest alone is slow in the decode graphs. On the H200 one process picked a 32x256 tile
@@ -507,21 +550,40 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
     from spec_runtime.kernels import gemv as G
 
     if len(fastest) < 2 or not w.is_cuda:
-        return []
+        return [], None
     copies, spacer = _chain_setup(w)
     try:
-        return [(t, cfg, _graph_chain_ms(lambda wc, cfg=cfg: G._launch(x, wc, bias, out, cfg), copies, spacer))
-                for t, cfg in fastest]
+        shortlist = [(t, cfg, _graph_chain_ms(lambda wc, cfg=cfg: G._launch(x, wc, bias, out, cfg), copies, spacer))
+                     for t, cfg in fastest]
     except Exception:  # noqa: BLE001 - a capture that fails: keep the one-launch choice
-        return []
+        return [], None
+    if rival is None:
+        return shortlist, None
+    try:
+        return shortlist, _graph_chain_ms(rival, copies, spacer)
+    except Exception:  # noqa: BLE001 - as above: the one-launch comparison
+        return shortlist, None
 
 
-_EPILOGUE_DECISIONS: dict[tuple, bool] = {}
+@dataclass(frozen=True)
+class EpilogueTiming:
+    """Graph-chain ms per call of the paths of one linear with an epilogue, at one row count: the
+    GEMV then the separate kernel, the GEMV with its epilogue, and cuBLAS then the separate kernel
+    (None when `SPEC_GEMV_CUBLAS_CHAIN=0`)."""
+
+    separate_ms: float
+    fused_ms: float
+    cublas_ms: Optional[float]
 
 
-def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
-    """Whether `lin`'s GEMV with its epilogue beats the GEMV and the separate kernel at `rows` rows
-    (once per weight shape, heads and row bucket, process-wide), both at the GEMV's configuration.
+_EPILOGUE_DECISIONS: dict[tuple, Optional[EpilogueTiming]] = {}
+
+
+def _epilogue_timing(lin: Linear, rows: int, log: Optional[list]) -> Optional[EpilogueTiming]:
+    """`lin`'s paths at `rows` rows timed against each other (once per weight shape, heads and row
+    bucket, process-wide), the GEMV at its configuration for these rows (`_gemv_wins` registers
+    it). None where there is nothing to fuse ("parts" without a K split), no GEMV configuration,
+    or a capture fails.
 
     Timed as a CUDA graph of 16 calls over rotating weight copies (enough that L2 holds none), each
     followed by a small kernel, PDL on, as the runtime's graphs run them. On the H200 this agreed in
@@ -529,40 +591,44 @@ def _epilogue_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     (`bench/results/explore/silu_cfg.json`). Without the small kernel (GEMV right after GEMV) it
     did not: 77.7 against 57.8 µs for the tuned tile, where the decode step ran 0.09 ms *faster*
     fused (`silu_cfg_nospacer.json`); one-launch timing (`do_bench`) cannot see launch overlap."""
-
     w = lin.weight
     key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
     if key in _EPILOGUE_DECISIONS:
         return _EPILOGUE_DECISIONS[key]
-    pair = _epilogue_pair(lin, rows)
+    decision = _GEMV_DECISIONS.get((tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device)))
+    pair = None if decision is not None and decision.config is None else _epilogue_paths(lin, rows)
     if pair is None:
-        _EPILOGUE_DECISIONS[key] = False  # no K split: nothing to leave unreduced
-        return False
-    separate, fused = pair
+        _EPILOGUE_DECISIONS[key] = None
+        return None
+    paths = {"separate": pair[0], "fused": pair[1]}
+    if os.environ.get(CUBLAS_CHAIN_ENV, "1") != "0":
+        paths["cublas"] = pair[2]
     copies, spacer = _chain_setup(w)
     try:
-        times = {"separate": [], "fused": []}
-        for name in ("separate", "fused", "fused", "separate"):
-            times[name].append(_graph_chain_ms(separate if name == "separate" else fused, copies, spacer))
-        t_sep, t_fused = min(times["separate"]), min(times["fused"])
-        wins = t_fused < t_sep
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for name in list(paths) + list(paths)[::-1]:
+            times[name].append(_graph_chain_ms(paths[name], copies, spacer))
+        best = {name: min(t) for name, t in times.items()}
+        timing: Optional[EpilogueTiming] = EpilogueTiming(best["separate"], best["fused"], best.get("cublas"))
     except Exception as err:  # noqa: BLE001 - a capture that fails: keep the separate kernels
-        t_sep = t_fused = None
-        wins = False
+        timing = None
         if log is not None:
             log.append({"shape": list(w.shape), "rows": rows, "epilogue": lin.epilogue, "error": str(err)[:160]})
     del copies
-    if log is not None and t_sep is not None:
-        log.append({"shape": list(w.shape), "rows": rows, "epilogue": lin.epilogue, "separate_us": 1e3 * t_sep,
-                    "fused_us": 1e3 * t_fused, "fused": wins})
-    _EPILOGUE_DECISIONS[key] = wins
-    return wins
+    if log is not None and timing is not None:
+        log.append({"shape": list(w.shape), "rows": rows, "epilogue": lin.epilogue,
+                    "separate_us": 1e3 * timing.separate_ms, "fused_us": 1e3 * timing.fused_ms,
+                    "cublas_us": None if timing.cublas_ms is None else 1e3 * timing.cublas_ms,
+                    "fused": timing.fused_ms < timing.separate_ms})
+    _EPILOGUE_DECISIONS[key] = timing
+    return timing
 
 
-def _epilogue_pair(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable]]:
-    """`(separate, fused)`: one call each of `lin`'s GEMV followed by the separate kernel, and of
-    the GEMV with its epilogue, at `rows` rows and the GEMV's configuration for them, taking the
-    weight as argument (so a timing can rotate copies). None for "parts" without a K split."""
+def _epilogue_paths(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable, Callable]]:
+    """`(separate, fused, cublas)`: one call each of `lin`'s GEMV followed by the separate kernel,
+    of the GEMV with its epilogue, and of cuBLAS followed by the separate kernel, at `rows` rows and
+    the GEMV's configuration for them, taking the weight as argument (so a timing can rotate
+    copies). None for "parts" without a K split (both GEMV paths are the same)."""
     from spec_runtime.gpu import elementwise as ew
     from spec_runtime.kernels import gemv as G
 
@@ -570,6 +636,13 @@ def _epilogue_pair(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable]
     n, k = w.shape
     x = torch.randn(rows, k, device=w.device, dtype=w.dtype)
     cfg = G._tuned_config(x, w, None)
+
+    def gemv(wc: torch.Tensor) -> torch.Tensor:
+        return G.triton_linear(x, wc, config=cfg)
+
+    def cublas(wc: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, wc)
+
     if lin.epilogue == "rope":
         nh, nkv, hd = lin.heads
         cos = torch.randn(rows, hd, device=w.device)
@@ -578,15 +651,17 @@ def _epilogue_pair(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable]
         store = G.RopeStore(cos, cos, pos, pos, kc, vc, nh, nkv, hd)
         sizes = [nh * hd, nkv * hd, nkv * hd]
 
-        def separate(wc: torch.Tensor) -> None:
-            q, kk, v = G.triton_linear(x, wc, config=cfg).split(sizes, dim=-1)
-            ew.rope_store(q, kk, v, cos, cos, pos, kc, vc, pos, nh, nkv, hd)
+        def then_separate(mm: Callable) -> Callable:
+            def run(wc: torch.Tensor) -> None:
+                q, kk, v = mm(wc).split(sizes, dim=-1)
+                ew.rope_store(q, kk, v, cos, cos, pos, kc, vc, pos, nh, nkv, hd)
+            return run
 
         def fused(wc: torch.Tensor) -> None:
             G.triton_linear_rope_store(x, wc, store, config=cfg)
     elif lin.epilogue == "silu":
-        def separate(wc: torch.Tensor) -> None:
-            ew.silu_mul(G.triton_linear(x, wc, config=cfg))
+        def then_separate(mm: Callable) -> Callable:
+            return lambda wc: ew.silu_mul(mm(wc))
 
         def fused(wc: torch.Tensor) -> None:
             G.triton_linear_silu_mul(x, wc, config=cfg)
@@ -595,12 +670,12 @@ def _epilogue_pair(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable]
     else:
         resid, norm = torch.randn(rows, n, device=w.device, dtype=w.dtype), torch.ones(n, device=w.device, dtype=w.dtype)
 
-        def separate(wc: torch.Tensor) -> None:
-            ew.add_rmsnorm(resid, G.triton_linear(x, wc, config=cfg), norm, 1e-5)
+        def then_separate(mm: Callable) -> Callable:
+            return lambda wc: ew.add_rmsnorm(resid, mm(wc), norm, 1e-5)
 
         def fused(wc: torch.Tensor) -> None:
             ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg), norm, 1e-5)
-    return separate, fused
+    return then_separate(gemv), fused, then_separate(cublas)
 
 
 def _chain_setup(w: torch.Tensor) -> tuple[list[torch.Tensor], Callable[[], None]]:
