@@ -519,23 +519,3 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     untimed = M.Linear(torch.zeros(4, 4), epilogue="silu")
     be.choose_linears([untimed])
     assert untimed.gemv_buckets == {2, 8} and untimed.fused_buckets == {2, 8}
-
-
-def test_rerank_shortlist_keeps_each_kind_of_tile(monkeypatch) -> None:
-    """The chain re-rank's shortlist: the N fastest one-launch configurations plus the fastest of
-    each kind of tile (dot, swapped dot, multiply-and-reduce) ranked below them."""
-    from spec_runtime.gpu import models as M
-    from spec_runtime.kernels.gemv import GemvConfig
-
-    ranked = [(0.010, GemvConfig(64, 128, 1)), (0.011, GemvConfig(32, 256, 1)), (0.012, GemvConfig(64, 256, 2)),
-              (0.013, GemvConfig(16, 512, 1)), (0.014, GemvConfig(64, 128, 4, swap=True)),
-              (0.015, GemvConfig(8, 512, 1, mulred=True)), (0.016, GemvConfig(128, 128, 1, swap=True))]
-    for name in (M.RERANK_ENV, M.FAMILIES_ENV):
-        monkeypatch.delenv(name, raising=False)
-    assert [t for t, _ in M._shortlist(ranked)] == [0.010, 0.011, 0.012, 0.013, 0.014, 0.015]
-    monkeypatch.setenv(M.RERANK_ENV, "5")
-    assert [t for t, _ in M._shortlist(ranked)] == [0.010, 0.011, 0.012, 0.013, 0.014, 0.015]
-    monkeypatch.setenv(M.FAMILIES_ENV, "0")
-    assert [t for t, _ in M._shortlist(ranked)] == [0.010, 0.011, 0.012, 0.013, 0.014]
-    monkeypatch.setenv(M.RERANK_ENV, "1")
-    assert len(M._shortlist(ranked)) == 1

@@ -494,7 +494,8 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list]) -> GemvDecision:
     ranked = sorted(timed, key=lambda tc: tc[0])
     t_gemv, best = ranked[0]
     rival = (lambda wc: F.linear(x, wc, bias)) if os.environ.get(CUBLAS_CHAIN_ENV, "1") != "0" else None
-    shortlist, chain_blas = _rerank_in_chains(x, w, bias, out, _shortlist(ranked), rival)
+    shortlist, chain_blas = _rerank_in_chains(x, w, bias, out, ranked[:int(os.environ.get(RERANK_ENV, _SHORTLIST))],
+                                              rival)
     chain_gemv = None
     if shortlist:
         # The fastest in the chain; swapped tiles win near-ties (within _SWAP_PREFERENCE).
@@ -528,30 +529,6 @@ and the 8B down projection at 8 rows (above). `bench/results/explore/rerank_ab.j
 RERANK_ENV = "SPEC_GEMV_RERANK"
 """`SPEC_GEMV_RERANK=N` re-times the N fastest configurations in graph chains (default 4; 0 or 1:
 keep the one-launch choice)."""
-FAMILIES_ENV = "SPEC_GEMV_RERANK_FAMILIES"
-"""`SPEC_GEMV_RERANK_FAMILIES=0`: the shortlist is the N fastest only, not also the fastest of each
-kind of tile."""
-
-
-def _shortlist(ranked: list[tuple[float, Any]]) -> list[tuple[float, Any]]:
-    """The configurations to re-time in chains: the `SPEC_GEMV_RERANK` fastest of the one-launch
-    ranking, plus the fastest of each kind of tile (`tl.dot`, swapped `tl.dot`, multiply-and-reduce)
-    not among them. One-launch times of the best tiles are within noise of each other, and a kind
-    that the ranking put low once was the fast one in the decode graph: on the H200 a process whose
-    one-launch ranking had no swapped tile among its 12 fastest for the 1B down projection at 2
-    rows ran the STANDALONE draft graph at 3.06 ms, against 2.77-2.86 ms where the swapped tile
-    was chain-timed and picked (`bench/results/explore/cublas_chain_ab.json`)."""
-    n = int(os.environ.get(RERANK_ENV, _SHORTLIST))
-    if n < 2:
-        return ranked[:n]
-    picked = list(ranked[:n])
-    if os.environ.get(FAMILIES_ENV, "1") != "0":
-        kinds = {(c.swap, c.mulred) for _, c in picked}
-        for t, c in ranked[n:]:
-            if (c.swap, c.mulred) not in kinds:
-                kinds.add((c.swap, c.mulred))
-                picked.append((t, c))
-    return picked
 CUBLAS_CHAIN_ENV = "SPEC_GEMV_CUBLAS_CHAIN"
 """`SPEC_GEMV_CUBLAS_CHAIN=0`: GEMV against cuBLAS by one-launch times (3 % margin), not chains."""
 
