@@ -729,8 +729,9 @@ def child_main(args: argparse.Namespace) -> int:
 
 
 def export_linear_cache(path: Path) -> bool:
-    """The cuBLAS-vs-GEMV decisions and GEMV launch configurations timed in this process, as JSON,
-    so the strict-comparison children use the same kernels without timing again."""
+    """The cuBLAS-vs-GEMV decisions, the GEMV launch configurations and the epilogue path timings
+    (which can overrule the first: `FastBackend._decide`) made in this process, as JSON, so the
+    strict-comparison children use the same kernels without timing again."""
     try:
         from spec_runtime.gpu import models as M
         from spec_runtime.kernels import gemv as G
@@ -741,9 +742,11 @@ def export_linear_cache(path: Path) -> bool:
                  for k, d in M._GEMV_DECISIONS.items()]
     tuned = [[k[0], k[1], k[2], str(k[3]), str(k[4]), k[5], str(k[6]), dataclasses.asdict(v)]
              for k, v in G._TUNED.items()]
+    epilogues = [[list(k[0]), str(k[1]), k[2], k[3], list(k[4]), k[5], None if t is None else dataclasses.asdict(t)]
+                 for k, t in M._EPILOGUE_DECISIONS.items()]
     if not decisions and not tuned:
         return False
-    path.write_text(json.dumps({"decisions": decisions, "tuned": tuned}))
+    path.write_text(json.dumps({"decisions": decisions, "tuned": tuned, "epilogues": epilogues}))
     return True
 
 
@@ -762,6 +765,9 @@ def load_linear_cache(path: Optional[str]) -> None:
             gemv_ms, cublas_ms, None if cfg is None else G.GemvConfig(**cfg))
     for m, n, k, xd, wd, bias, dev, cfg in data["tuned"]:
         G._TUNED[(m, n, k, dt(xd), dt(wd), bias, torch.device(dev))] = G.GemvConfig(**cfg)
+    for shape, dtype, rows, epilogue, heads, dev, timing in data.get("epilogues", []):
+        M._EPILOGUE_DECISIONS[(tuple(shape), dt(dtype), rows, epilogue, tuple(heads), dev)] = (
+            None if timing is None else M.EpilogueTiming(**timing))
 
 
 def _median(values: list[float]) -> float:

@@ -519,3 +519,31 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     untimed = M.Linear(torch.zeros(4, 4), epilogue="silu")
     be.choose_linears([untimed])
     assert untimed.gemv_buckets == {2, 8} and untimed.fused_buckets == {2, 8}
+
+
+def test_bench_linear_cache_round_trip(tmp_path, monkeypatch) -> None:
+    """The benchmark hands its setup decisions to the strict-comparison children: GEMV-or-cuBLAS,
+    launch configurations and epilogue path timings (which can overrule the first) come back
+    equal, so both sides of the A/B run the same kernels."""
+    import importlib.util
+
+    from spec_runtime.gpu import models as M
+    from spec_runtime.kernels import gemv as G
+
+    spec = importlib.util.spec_from_file_location("bench_e2e_for_test", REPO / "bench" / "bench_e2e.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = G.GemvConfig(64, 128, 2, swap=True)
+    decisions = {((4096, 4096), torch.bfloat16, False, 2, "cuda:0"): M.GemvDecision(0.012, 0.013, cfg),
+                 ((8, 4), torch.bfloat16, True, 1, "cuda:0"): M.GemvDecision(None, 0.002, None)}
+    tuned = {(2, 4096, 4096, torch.bfloat16, torch.bfloat16, False, torch.device("cpu")): cfg}
+    epilogues = {((6144, 4096), torch.bfloat16, 2, "rope", (32, 8, 128), "cuda:0"): M.EpilogueTiming(0.02, 0.018, 0.021),
+                 ((4096, 14336), torch.bfloat16, 1, "parts", (0, 0, 0), "cuda:0"): None}
+    for name, value in (("_GEMV_DECISIONS", decisions), ("_EPILOGUE_DECISIONS", epilogues)):
+        monkeypatch.setattr(M, name, dict(value))
+    monkeypatch.setattr(G, "_TUNED", dict(tuned))
+    assert bench.export_linear_cache(tmp_path / "cache.json")
+    for table in (M._GEMV_DECISIONS, M._EPILOGUE_DECISIONS, G._TUNED):
+        table.clear()
+    bench.load_linear_cache(str(tmp_path / "cache.json"))
+    assert M._GEMV_DECISIONS == decisions and M._EPILOGUE_DECISIONS == epilogues and G._TUNED == tuned
