@@ -506,7 +506,7 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     paths = {1: M.EpilogueTiming(1.0, 0.9, 0.95), 2: M.EpilogueTiming(1.0, 1.1, 0.9),
              4: M.EpilogueTiming(1.0, 1.1, None), 8: None}
     monkeypatch.setattr(M, "_gemv_wins", lambda lin, rows, log: alone[rows])
-    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log: paths[rows])
+    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log: paths.get(rows))
     be = M.FastBackend(M.FastOptions(elementwise="triton", gemv_rows=(1, 2, 4, 8)), torch.device("cpu"))
     be.linear, be.epilogues, be.epilogues_timed = "auto", frozenset({"silu"}), True
     silu, plain = M.Linear(torch.zeros(4, 2), epilogue="silu"), M.Linear(torch.zeros(4, 3))
@@ -519,6 +519,10 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     untimed = M.Linear(torch.zeros(4, 4), epilogue="silu")
     be.choose_linears([untimed])
     assert untimed.gemv_buckets == {2, 8} and untimed.fused_buckets == {2, 8}
+    be.linear, be.epilogues_timed = "gemv", True  # the GEMV forced: only the epilogue is timed
+    forced = M.Linear(torch.zeros(4, 5), epilogue="silu")
+    be.choose_linears([forced])
+    assert forced.gemv_buckets == {1, 2, 4, 8, 16} and forced.fused_buckets == {1}
 
 
 def test_bench_linear_cache_round_trip(tmp_path, monkeypatch) -> None:

@@ -366,13 +366,7 @@ class FastBackend:
         if self.linear == "gemv":
             for lin in linears:
                 lin.gemv_upto, lin.gemv_buckets = MAX_M, frozenset(_pow2(m) for m in range(1, MAX_M + 1))
-                if not self._epilogue_on(lin):
-                    lin.fused_buckets = frozenset()
-                elif not self.epilogues_timed:
-                    lin.fused_buckets = lin.gemv_buckets
-                else:
-                    timed = {m: _epilogue_timing(lin, m, log) for m in lin.gemv_buckets}
-                    lin.fused_buckets = frozenset(m for m, t in timed.items() if t and t.fused_ms < t.separate_ms)
+                lin.fused_buckets = frozenset(m for m in lin.gemv_buckets if self._decide(lin, m, log, forced=True)[1])
             return
         decided: dict[tuple, tuple[frozenset, frozenset]] = {}
         for lin in linears:
@@ -391,8 +385,9 @@ class FastBackend:
         """Whether `lin` has an epilogue this backend may run (`FastOptions.epilogues`)."""
         return bool(lin.epilogue) and lin.epilogue in self.epilogues and lin.bias is None
 
-    def _decide(self, lin: Linear, rows: int, log: Optional[list]) -> tuple[bool, bool]:
-        """(GEMV rather than cuBLAS, epilogue fused) at `rows` rows.
+    def _decide(self, lin: Linear, rows: int, log: Optional[list], forced: bool = False) -> tuple[bool, bool]:
+        """(GEMV rather than cuBLAS, epilogue fused) at `rows` rows; `forced`: the GEMV runs whatever
+        the timings (`FastOptions.linear="gemv"`), only the epilogue is decided.
 
         The GEMV against cuBLAS alone first (`_gemv_wins`). Where `lin` has an epilogue and the
         epilogues are timed, the whole paths are then timed against each other in graph chains
@@ -401,7 +396,7 @@ class FastBackend:
         GEMV a hair slower than cuBLAS alone still runs where its epilogue saves a kernel (on the
         H200 the 8B gate/up chain timed 57.7 µs against cuBLAS's 57.1, and the plain decode step
         with cuBLAS there ran 0.11 ms slower: `bench/results/explore/cublas_chain_ab.json`)."""
-        gemv = _gemv_wins(lin, rows, log)
+        gemv = forced or _gemv_wins(lin, rows, log)
         if not self._epilogue_on(lin):
             return gemv, False
         if not self.epilogues_timed:
@@ -409,9 +404,9 @@ class FastBackend:
         timing = _epilogue_timing(lin, rows, log)
         if timing is None:
             return gemv, False
-        if timing.cublas_ms is not None:
+        if timing.cublas_ms is not None and not forced:
             gemv = min(timing.fused_ms, timing.separate_ms) < timing.cublas_ms
-        return gemv, timing.fused_ms < timing.separate_ms
+        return gemv, timing.fused_wins
 
 
 @dataclass(frozen=True)
@@ -431,6 +426,12 @@ class GemvDecision:
 _GEMV_DECISIONS: dict[tuple, GemvDecision] = {}
 
 
+def _decision_key(lin: Linear, rows: int) -> tuple:
+    """`_GEMV_DECISIONS`' key: weight shape and dtype, bias or not, rows, device."""
+    w = lin.weight
+    return (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
+
+
 def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
     Registers the fastest GEMV configuration with
@@ -439,7 +440,7 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list]) -> bool:
     from spec_runtime.kernels import gemv as G
 
     w = lin.weight
-    key = (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
+    key = _decision_key(lin, rows)
     if key not in _GEMV_DECISIONS:
         _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log)
     decision = _GEMV_DECISIONS[key]
@@ -575,6 +576,10 @@ class EpilogueTiming:
     fused_ms: float
     cublas_ms: Optional[float]
 
+    @property
+    def fused_wins(self) -> bool:
+        return self.fused_ms < self.separate_ms
+
 
 _EPILOGUE_DECISIONS: dict[tuple, Optional[EpilogueTiming]] = {}
 
@@ -595,7 +600,7 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list]) -> Optional[Ep
     key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
     if key in _EPILOGUE_DECISIONS:
         return _EPILOGUE_DECISIONS[key]
-    decision = _GEMV_DECISIONS.get((tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device)))
+    decision = _GEMV_DECISIONS.get(_decision_key(lin, rows))
     pair = None if decision is not None and decision.config is None else _epilogue_paths(lin, rows)
     if pair is None:
         _EPILOGUE_DECISIONS[key] = None
@@ -619,7 +624,7 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list]) -> Optional[Ep
         log.append({"shape": list(w.shape), "rows": rows, "epilogue": lin.epilogue,
                     "separate_us": 1e3 * timing.separate_ms, "fused_us": 1e3 * timing.fused_ms,
                     "cublas_us": None if timing.cublas_ms is None else 1e3 * timing.cublas_ms,
-                    "fused": timing.fused_ms < timing.separate_ms})
+                    "fused": timing.fused_wins})
     _EPILOGUE_DECISIONS[key] = timing
     return timing
 
