@@ -505,8 +505,8 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     alone = {1: False, 2: True, 4: False, 8: True}
     paths = {1: M.EpilogueTiming(1.0, 0.9, 0.95), 2: M.EpilogueTiming(1.0, 1.1, 0.9),
              4: M.EpilogueTiming(1.0, 1.1, None), 8: None}
-    monkeypatch.setattr(M, "_gemv_wins", lambda lin, rows, log: alone[rows])
-    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log: paths.get(rows))
+    monkeypatch.setattr(M, "_gemv_wins", lambda lin, rows, log, lead: alone[rows])
+    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log, lead: paths.get(rows))
     be = M.FastBackend(M.FastOptions(elementwise="triton", gemv_rows=(1, 2, 4, 8)), torch.device("cpu"))
     be.linear, be.epilogues, be.epilogues_timed = "auto", frozenset({"silu"}), True
     silu, plain = M.Linear(torch.zeros(4, 2), epilogue="silu"), M.Linear(torch.zeros(4, 3))
@@ -523,6 +523,47 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     forced = M.Linear(torch.zeros(4, 5), epilogue="silu")
     be.choose_linears([forced])
     assert forced.gemv_buckets == {1, 2, 4, 8, 16} and forced.fused_buckets == {1}
+
+
+def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
+    """The down projection follows the gate/up GEMV directly, so its timing chains run the gate/up's
+    decided path in front of every call (`FastBackend._lead`): the fused SiLU path where the
+    gate/up's GEMV and epilogue won, GEMV then SiLU where only the GEMV won, cuBLAS then SiLU where
+    cuBLAS won. Other linears, and every linear under SPEC_GEMV_CHAIN_LEAD=0, get no lead."""
+    import types
+
+    from spec_runtime.gpu import models as M
+
+    ref = types.SimpleNamespace(gate_proj=torch.nn.Linear(32, 48, bias=False), up_proj=torch.nn.Linear(32, 48, bias=False),
+                                down_proj=torch.nn.Linear(48, 32, bias=False))
+    be = M.FastBackend(M.FastOptions(elementwise="triton", fuse=True, gemv_rows=(1, 2, 4)), torch.device("cpu"))
+    be.linear, be.epilogues, be.epilogues_timed = "auto", frozenset({"silu", "parts"}), True
+    mlp = M._MLPBlock(ref, be)
+    assert mlp.down.after is mlp.gate_up and mlp.gate_up.after is None
+    gate_up_wins = {1: (True, True), 2: (True, False), 4: (False, False)}  # (GEMV, fused) per rows
+    named = {}
+
+    def paths(lin, rows):
+        assert lin is mlp.gate_up
+        named[rows] = ("separate", "fused", "cublas")
+        return tuple(lambda w, p=p: p for p in named[rows])
+
+    monkeypatch.setattr(M, "_epilogue_paths", paths)
+    real_decide = be._decide
+    monkeypatch.setattr(be, "_decide", lambda lin, rows, log, forced=False:
+                        gate_up_wins[rows] if lin is mlp.gate_up else real_decide(lin, rows, log, forced))
+    leads = {rows: be._lead(mlp.down, rows) for rows in (1, 2, 4)}
+    assert {rows: lead.path(None) for rows, lead in leads.items()} == {1: "fused", 2: "separate", 4: "cublas"}
+    assert all(lead.weight is mlp.gate_up.weight for lead in leads.values())
+    assert be._lead(mlp.gate_up, 1) is None
+    # the decisions receive the lead (built lazily, only where they time something)
+    seen = {}
+    monkeypatch.setattr(M, "_gemv_wins", lambda lin, rows, log, lead: seen.setdefault((id(lin), rows), lead()) or True)
+    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log, lead: None)
+    real_decide(mlp.down, 2, None)
+    assert seen[(id(mlp.down), 2)].path(None) == "separate"
+    monkeypatch.setenv(M.CHAIN_LEAD_ENV, "0")
+    assert be._lead(mlp.down, 1) is None
 
 
 def test_bench_linear_cache_round_trip(tmp_path, monkeypatch) -> None:
