@@ -505,8 +505,14 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
     chain times decide (`SPEC_GEMV_CUBLAS_CHAIN=0`: the one-launch times with a 3 % margin for the
     GEMV, as before). Timing in chains *without* a kernel between the calls was tried and is worse:
     it picked cuBLAS for the 8B gate/up projection, which a captured verify then ran 0.45 ms slower
-    (`bench/results/explore/tuning.json`). With a `lead` (`FastBackend._lead`) every call in the
-    chains follows its predecessor's path, and the shortlist is longer (`_SHORTLIST_LEAD`)."""
+    (`bench/results/explore/tuning.json`).
+
+    With a `lead` (`FastBackend._lead`) every call in the chains follows its predecessor's path, and
+    every configuration is re-timed there, not only the one-launch fastest: one-launch times cannot
+    see what the predecessor does to a tile. On the H200, with the 8 one-launch fastest re-timed,
+    one process's shortlist for the 1B down projection at 2 rows held no swapped tile with a K
+    split, and the multiply-and-reduce tile it picked instead ran the draft graph at 2.83 against
+    2.71-2.76 ms (`bench/results/explore/chain_lead_ab.json`)."""
     import triton.testing
 
     from spec_runtime.kernels import gemv as G
@@ -539,7 +545,7 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
     ranked = sorted(timed, key=lambda tc: tc[0])
     t_gemv, best = ranked[0]
     rival = (lambda wc: F.linear(x, wc, bias)) if os.environ.get(CUBLAS_CHAIN_ENV, "1") != "0" else None
-    n_short = int(os.environ.get(RERANK_ENV, _SHORTLIST_LEAD if lead is not None else _SHORTLIST))
+    n_short = int(os.environ.get(RERANK_ENV, len(ranked) if lead is not None else _SHORTLIST))
     shortlist, chain_blas = _rerank_in_chains(x, w, bias, out, ranked[:n_short], rival, lead)
     chain_gemv = None
     if shortlist:
@@ -566,10 +572,6 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
 
 _SHORTLIST = 4
 """Configurations of the one-launch timing's fastest that `_time_gemv` re-times in graph chains."""
-_SHORTLIST_LEAD = 8
-"""The same for a linear with a lead (`FastBackend._lead`): one-launch times cannot see what the
-predecessor does to a tile, so more of them are re-timed (on the H200 the one-launch ranking of the
-1B down projection's tiles left every swapped tile out of the top 4 in some processes)."""
 _SWAP_PREFERENCE = 0.02
 """Chain times of swapped tiles count 2 % less. In the H200 decode graphs the non-swapped tile
 was the slow one of a near-tie twice: the 1B down projection at 2 rows, 64x128 with 4 splits,
