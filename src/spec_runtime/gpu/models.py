@@ -420,8 +420,9 @@ class FastBackend:
         with `SPEC_GEMV_CHAIN_LEAD=0`.
 
         Why: the down projection follows the gate/up GEMV directly, and its early-launched (PDL)
-        programs share the GPU with that GEMV's tail. Behind a small kernel, tiles timed within
-        0.3 % of each other; behind the gate/up they did not, as in the real graphs (H200,
+        programs share the GPU with that GEMV's tail. Behind a small kernel, tiles timed as
+        near-ties (0.2-1.9 % apart) that were not in the real graphs; behind the gate/up they
+        separate as there (H200,
         `bench/results/explore/down_tile.json`): the 1B down at 2 rows on the non-swapped 64x128
         tile chained 12.63 against 12.60 µs behind a small kernel, 30.61 against 29.04 behind the
         gate/up, and ran the STANDALONE draft graph at 2.96 against 2.72 ms; the 8B down at 8 rows
@@ -591,10 +592,10 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
                       fastest: list[tuple[float, Any]], rival: Optional[Callable[[torch.Tensor], Any]],
                       lead: Optional[_Lead] = None) -> tuple[list[tuple[float, Any, float]], Optional[float]]:
     """`(one-launch ms, config, chain ms)` of each of the `fastest` configurations, timed as the
-    epilogue decisions are (`_graph_chain_ms`: a captured chain over rotating weight copies, a
-    small kernel after each call, PDL as the runtime launches), and the chain ms of `rival(w)`
-    (cuBLAS; None without a rival). Empty and None when there is nothing to choose or a capture
-    fails.
+    epilogue decisions are (`_Chain.ms`: a captured chain over rotating weight copies, a small
+    kernel after each call, PDL as the runtime launches; the `lead` in front of each call), and
+    the chain ms of `rival(w)` (cuBLAS; None without a rival). Empty and None when there is
+    nothing to choose or a capture fails.
 
     Why: the one-launch timings of the best tiles are within noise of each other, and now and then
     the fastest alone is slow in the decode graphs. On the H200 one process picked a 32x256 tile
