@@ -73,6 +73,46 @@ def test_tree_verify(topk, num_steps, num_draft):
     _check(torch.randn(bs * num_draft, 4, 16, device=dev), cache, attn)
 
 
+def _merge_cases(dev, gen):
+    """(q, cache, attn) of decode (3 requests, 3 prefix splits), a tree verify (prefix and extra
+    splits) and a long-extra extend (several extra splits; rows of a block across requests)."""
+    cache = _cache(hkv=2, d=16, slots=400, max_context=160)
+    _commit(cache, [1, 3, 0], [21, 0, 5])
+    ones = torch.ones(3, dtype=torch.int64, device=dev)
+    yield (torch.randn(3, 4, 16, device=dev), cache,
+           AttnBatch.extend(torch.tensor([1, 3, 0], device=dev), torch.tensor([21, 0, 5], device=dev), ones,
+                            cache.alloc_slots(3)), 3)
+    _, _, _, tree = random_tree(gen, 2, 2, 3, 6, vocab=20)
+    slots = cache.alloc_slots(12).view(2, 6)
+    yield (torch.randn(12, 4, 16, device=dev), cache,
+           AttnBatch.tree(torch.tensor([1, 0], device=dev), torch.tensor([21, 5], device=dev), slots, tree[0].to(dev)),
+           None)
+    yield (torch.randn(150, 4, 16, device=dev), cache,
+           AttnBatch.extend(torch.tensor([1, 0], device=dev), torch.tensor([21, 5], device=dev),
+                            torch.tensor([140, 10], device=dev), cache.alloc_slots(150)), 2)
+
+
+def test_fused_merge_is_the_merge_kernel(monkeypatch):
+    """`SPEC_ATTN_MERGE=fused` (the last program of each row block and KV head merges): bit for
+    bit what the merge kernel writes, and the arrival counters are left at zero."""
+    from spec_runtime.kernels import attention as A
+
+    gen = torch.Generator().manual_seed(7)
+    for q, cache, attn, splits in _merge_cases(DEVICE, gen):
+        monkeypatch.setenv(A.MERGE_ENV, "kernel")
+        want = _check(q, cache, attn, num_splits=splits)
+        monkeypatch.setenv(A.MERGE_ENV, "fused")
+        got = triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits)
+        assert torch.equal(got, want)
+        assert not A._COUNTERS[q.device].any()
+    monkeypatch.setenv(A.MERGE_ENV, "last")
+    with pytest.raises(ValueError, match="SPEC_ATTN_MERGE must be 'auto', 'kernel' or 'fused', got 'last'"):
+        triton_attention(q, cache, 1, attn, 0.25)
+    monkeypatch.delenv(A.MERGE_ENV)  # auto: fused up to FUSED_MERGE_ROWS rows
+    assert [A.merge_mode(t) for t in (1, A.FUSED_MERGE_ROWS, A.FUSED_MERGE_ROWS + 1, 8)] == [
+        "fused", "fused", "kernel", "kernel"]
+
+
 def test_branches_with_padding():
     """Draft branch rows: ancestors' slots then the own slot, -1 padding in the middle and at the end."""
     cache = _cache(hkv=1, d=16)
@@ -157,8 +197,10 @@ def _llama_cache(prefix: list[int], dtype=torch.bfloat16, max_context: int = 409
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("merge", ["kernel", "fused", "auto"])
 @pytest.mark.parametrize("prefix", [[1], [2048], [127, 0, 1500, 64, 999, 3, 2047, 512]])
-def test_gpu_decode(prefix):
+def test_gpu_decode(prefix, merge, monkeypatch):
+    monkeypatch.setenv("SPEC_ATTN_MERGE", merge)
     cache = _llama_cache(prefix)
     bs = len(prefix)
     ones = torch.ones(bs, dtype=torch.int64, device="cuda")
@@ -169,8 +211,10 @@ def test_gpu_decode(prefix):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("merge", ["kernel", "fused"])
 @pytest.mark.parametrize("bs", [1, 8])
-def test_gpu_tree_verify(bs):
+def test_gpu_tree_verify(bs, merge, monkeypatch):
+    monkeypatch.setenv("SPEC_ATTN_MERGE", merge)
     gen = torch.Generator().manual_seed(bs)
     _, _, _, tree = random_tree(gen, bs, 4, 4, 8, vocab=1000)
     prefix = torch.randint(1, 2048, (bs,), generator=gen).tolist()

@@ -13,7 +13,10 @@ remaining splits take chunks of the per-row extra slots: a tile flattens `BLOCK_
 the `BLOCK_M` rows and a block-diagonal mask lets every row see only its own. Each split writes an
 unnormalized partial (running max in log2 units, sum, accumulator); pass 2 merges the partials of
 every (row, head). The grid comes from host-known sizes only (`T`, `bs`, `E`, `max_context`): no
-sync, graph-capturable.
+sync, graph-capturable. For calls of at most two query rows (plain decode, a top-2 draft step)
+there is no pass 2: the last program of each (row block, KV head) to finish (an arrival counter,
+acquire-release, reset by that program) merges the block's partials itself. Both merges add the
+splits in the same order, so they give the same bits (`SPEC_ATTN_MERGE` overrides the choice).
 
 Precondition (every `AttnBatch` builder meets it): the extra slots of one row are distinct. The
 reference de-duplicates them; this kernel would count a repeated slot twice.
@@ -21,6 +24,8 @@ reference de-duplicates them; this kernel would count a repeated slot twice.
 Long extends (prefill) are correct but not tuned: every row gathers its own extra slots, so a
 causal extend of `n` rows reads `O(n^2)` K/V rows (mostly from L2).
 """
+
+import os
 
 import torch
 import triton
@@ -53,6 +58,15 @@ _MAX_ROWS = 64  # BLOCK_M * padded group: rows of one tl.dot
 _KEYS_PER_TILE = 64  # extra slots of one tile, over all rows of the block
 # Launch parameters on the GPU (measured on an H200, bench/kernels_bench.py).
 _GPU = dict(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
+MERGE_ENV = "SPEC_ATTN_MERGE"
+"""`SPEC_ATTN_MERGE=fused`: the split kernel's last program per (row block, KV head) merges the
+partials (no second kernel); `kernel`: the merge kernel does; `auto` (default): fused for calls of
+at most `FUSED_MERGE_ROWS` query rows. Read at each call."""
+FUSED_MERGE_ROWS = 2
+"""The fused merge's row limit under `auto`. On the H200 (`bench/results/explore/attn_merge_ab.json`)
+it ran plain decode (1 row) 0.01 ms per step faster and the STANDALONE draft graph (2 rows per step)
+2.84 -> 2.80 ms, but the 8-row tree verify 4.42 -> 4.47 ms: there one program merges 32 (row, head)
+pairs on the critical path, while the merge kernel's launch overlaps the split kernel's tail."""
 
 
 @triton.jit
@@ -78,6 +92,30 @@ def _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_
     tl.store(mid_m_ptr + idx, m_i, mask=mask)
     tl.store(mid_l_ptr + idx, l_i, mask=mask)
     tl.store(mid_o_ptr + idx[:, None] * D + d[None, :], acc, mask=mask[:, None])
+
+
+@triton.jit
+def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS, s_ot, s_oh, s_od,
+                D: tl.constexpr, NSP: tl.constexpr):
+    """Merge the `NS` partials of each (row, head) pair (vectors) into `out`, adding the splits in
+    order. Loads bypass L1 (`.cg`): in the fused merge other programs wrote them."""
+    d = tl.arange(0, D)
+    s = tl.arange(0, NSP)
+    idx = (row.to(tl.int64) * Hq + head) * NS
+    m = tl.load(mid_m_ptr + idx[:, None] + s[None, :], mask=ok[:, None] & (s[None, :] < NS), other=float("-inf"),
+                cache_modifier=".cg")
+    m_max = tl.max(m, 1)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    total = tl.zeros_like(m_safe)
+    acc = tl.zeros([m.shape[0], D], tl.float32)
+    for sp in range(NS):  # fixed order: both merges give the same bits
+        w = tl.exp2(tl.load(mid_m_ptr + idx + sp, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
+        total += w * tl.load(mid_l_ptr + idx + sp, mask=ok, other=0.0, cache_modifier=".cg")  # no key: weight 0
+        o = tl.load(mid_o_ptr + (idx + sp)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
+        acc += w[:, None] * o
+    res = tl.where(total[:, None] > 0, acc / tl.where(total > 0, total, 1.0)[:, None], 0.0)  # no key: zeros
+    tl.store(out_ptr + row.to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
+             res.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit
@@ -124,11 +162,14 @@ def _attn_split_kernel(
     mid_o_ptr,  # (T, Hq, NS, D) float32 partial accumulators (output)
     mid_m_ptr,  # (T, Hq, NS) float32 partial running max, log2 units (output)
     mid_l_ptr,  # (T, Hq, NS) float32 partial sums (output)
+    out_ptr,  # (T, Hq, D) attention output in q's dtype (output, FUSED_MERGE)
+    count_ptr,  # (blocks * Hkv,) int32 arrival counters, zero between launches (FUSED_MERGE)
     T, bs, Hq, NS, e_len, e_chunk, qk_scale,
-    s_qt, s_qh, s_qd, s_rt, s_et, s_ee, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd,
+    s_qt, s_qh, s_qd, s_rt, s_et, s_ee, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, s_ot, s_oh, s_od,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
+    FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
         gdc_wait()
@@ -194,6 +235,15 @@ def _attn_split_kernel(
                 s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
             )
         _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, rvalid, D)
+    if FUSED_MERGE:
+        # Every thread's partial stores come before the counter's release (the barrier, then an
+        # acquire-release add at GPU scope); the last arrival merges the block and resets it.
+        tl.debug_barrier()
+        counter = count_ptr + tl.program_id(0) * tl.num_programs(1) + kvh
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == NS - 1:
+            _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, rvalid, Hq, NS, s_ot, s_oh, s_od, D, NSP)
+            tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
@@ -208,23 +258,9 @@ def _attn_merge_kernel(
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    t = tl.program_id(0)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
-    s = tl.arange(0, NSP)
-    d = tl.arange(0, D)
-    ok = (h[:, None] < Hq) & (s[None, :] < NS)  # (HB, NSP)
-    base = (t.to(tl.int64) * Hq + h[:, None]) * NS + s[None, :]
-    m = tl.load(mid_m_ptr + base, mask=ok, other=float("-inf"))
-    l_s = tl.load(mid_l_ptr + base, mask=ok, other=0.0)
-    o = tl.load(mid_o_ptr + base[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0)
-    m_max = tl.max(m, 1)
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_safe[:, None])  # splits that saw no key weigh 0
-    total = tl.sum(w * l_s, 1)
-    acc = tl.sum(w[:, :, None] * o, 1)
-    res = tl.where(total[:, None] > 0, acc / tl.where(total > 0, total, 1.0)[:, None], 0.0)  # no key: zeros
-    tl.store(out_ptr + t.to(tl.int64) * s_ot + h[:, None] * s_oh + d[None, :] * s_od,
-             res.to(out_ptr.dtype.element_ty), mask=(h < Hq)[:, None])
+    t = tl.zeros_like(h) + tl.program_id(0)
+    _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, t, h, h < Hq, Hq, NS, s_ot, s_oh, s_od, D, NSP)
 
 
 def _check_inputs(q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch) -> None:
@@ -272,6 +308,34 @@ def _plan(t: int, bs: int, hkv: int, g: int, e: int, max_context: int, device: t
     )
 
 
+def merge_mode(rows: int) -> str:
+    """How the partials of a call with `rows` query rows are merged: "kernel" (a second kernel) or
+    "fused" (`SPEC_ATTN_MERGE`, default "auto": fused up to `FUSED_MERGE_ROWS` rows)."""
+    mode = os.environ.get(MERGE_ENV, "auto")
+    require(mode in ("auto", "kernel", "fused"), f"{MERGE_ENV} must be 'auto', 'kernel' or 'fused', got {mode!r}")
+    if mode == "auto":
+        return "fused" if rows <= FUSED_MERGE_ROWS else "kernel"
+    return mode
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """The device's arrival counters for the fused merge: int32 zeros, at least `n` (every launch
+    leaves them zero). Launches that use them must not overlap: the fast path runs its attention
+    in stream order on one stream. Grown before a capture needs more (a capture cannot allocate
+    outside its pool safely), so the first call per size should run eagerly."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        require(not capturing, f"the fused attention merge needs {n} arrival counters; make one such call "
+                               "outside the CUDA-graph capture first")
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
 def triton_attention(
     q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float, *, num_splits: int | None = None
 ) -> torch.Tensor:
@@ -302,17 +366,23 @@ def triton_attention(
     mid_l = torch.empty((t, hq, ns), dtype=torch.float32, device=q.device)
     k, v, rt, extra = cache.k[layer], cache.v[layer], cache.req_to_token, attn.extra_kv
     dot_f32 = interpreting() or q.dtype == torch.float32 or q.dtype != cache.k.dtype
+    fused = merge_mode(t) == "fused"
+    counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
     _attn_split_kernel[(plan["blocks"], hkv, ns)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
-        mid_o, mid_m, mid_l,
+        mid_o, mid_m, mid_l, out, counts,
         t, bs, hq, ns, e, plan["e_chunk"], scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), rt.stride(0), extra.stride(0), extra.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
         G=hq // hkv, GP=plan["GP"], D=d, BLOCK_M=plan["BLOCK_M"], BLOCK_R=plan["BLOCK_R"],
         BLOCK_N=plan["BLOCK_N"], BLOCK_E=plan["BLOCK_E"], BLOCK_J=plan["BLOCK_J"],
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
+        FUSED_MERGE=fused, NSP=next_pow2(ns),
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
+    if fused:
+        return out
     hb = next_pow2(hq) if interpreting() else plan["GP"]  # GPU: one program per (row, KV head)
     _attn_merge_kernel[(t, cdiv(hq, hb))](
         mid_o, mid_m, mid_l, out, hq, ns, out.stride(0), out.stride(1), out.stride(2),
