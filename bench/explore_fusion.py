@@ -8,7 +8,8 @@ accept length 5.4) and STANDALONE (3.6) iterations with a CUDA event pair around
 (`explore_iter.graph_times`). Rounds alternate the variants so slow drift of the machine shows.
 Writes `fusion.json` under --out.
 
-A variant may hold `"env": {NAME: VALUE}`: environment variables set for it alone (such as
+A variant may hold `"buckets": [1, 8, 32]`: the spec runtimes' captured batch sizes (default [1];
+the benchmark captures 1, 8 and 32). A variant may hold `"env": {NAME: VALUE}`: environment variables set for it alone (such as
 `SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
 kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed),
 unless `--keep-decisions` (for variables the decisions do not depend on, such as `SPEC_ATTN_MERGE`).
@@ -108,7 +109,7 @@ def main() -> int:
     for r in range(a.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for name, options in order:
-            fast = {k: v for k, v in options.items() if k != "env"}
+            fast = {k: v for k, v in options.items() if k not in ("env", "buckets")}
             _set_env(options.get("env"), [o.get("env") for _, o in variants], a.keep_decisions)
             for model in (target, *drafts.values()):  # one variant's fused weights at a time in memory
                 model.__dict__.pop("_spec_fast_models", None)
@@ -117,7 +118,8 @@ def main() -> int:
                 if alg == "plain":
                     row["plain"] = plain_step_ms(target, fast)
                 else:
-                    g = X.graph_times(alg, target, drafts[alg], sims[alg], fast)
+                    g = X.graph_times(alg, target, drafts[alg], sims[alg], fast,
+                                      buckets=tuple(options.get("buckets", [1])))
                     row[alg] = {k: g[k] for k in ("ms_per_iter", "tok_s", "accept_len", "graph_ms_per_iter")}
                     row[alg]["graphs_ms_per_call"] = {k: v["ms_per_call"] for k, v in g["graphs"].items()}
                     row[alg]["pdl_fallbacks"] = g["stats"].get("pdl_fallbacks")

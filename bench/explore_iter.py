@@ -24,26 +24,30 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def _runtime(algorithm: str, target, draft, sim: float, fast: dict | None = None, before_read: int = 1):
+def _runtime(algorithm: str, target, draft, sim: float, fast: dict | None = None, before_read: int = 1,
+             buckets: tuple[int, ...] = (1,)):
     import bench_e2e as E
 
     from spec_runtime.engine import SpecEngine
     from spec_runtime.runtime import Runtime, SimulatedAccept
 
     steps, topk, n = E.SPEC[algorithm]
-    rt = Runtime.create(target, draft, algorithm, num_steps=steps, topk=topk, num_draft_tokens=n, max_batch_size=1,
-                        max_context=128 + 256 + n + 8, executor="cuda_graph", buckets=(1,), seed=0, fast=fast,
+    rt = Runtime.create(target, draft, algorithm, num_steps=steps, topk=topk, num_draft_tokens=n, max_batch_size=max(buckets),
+                        max_context=128 + 256 + n + 8, executor="cuda_graph", buckets=tuple(buckets), seed=0, fast=fast,
                         launch_before_read=before_read)
     rt.simulate_accept = SimulatedAccept(sim, seed=1)
     return rt, SpecEngine(rt)
 
 
-def graph_times(algorithm: str, target, draft, sim: float, fast: dict | None = None, before_read: int = 1) -> dict:
+def graph_times(algorithm: str, target, draft, sim: float, fast: dict | None = None, before_read: int = 1,
+                buckets: tuple[int, ...] = (1,)) -> dict:
+    """bs=1 iterations with a CUDA event pair around every graph replay. `buckets`: the runtime's
+    captured batch sizes (the benchmark's are (1, 8, 32); bs=1 runs in bucket 1 either way)."""
     import bench_e2e as E
 
     from spec_runtime.graphs import GraphSet
 
-    rt, engine = _runtime(algorithm, target, draft, sim, fast, before_read)
+    rt, engine = _runtime(algorithm, target, draft, sim, fast, before_read, buckets)
     prompt = E.random_prompts(1, 128, target.vocab_size, seed=101)
     E.run_spec_once(engine, prompt, 16, "cuda")  # warm-up: captures
     import spec_runtime.verify as V
