@@ -9,8 +9,8 @@ accept length 5.4) and STANDALONE (3.6) iterations with a CUDA event pair around
 Writes `fusion.json` under --out.
 
 A variant may hold `"buckets": [1, 8, 32]`: the spec runtimes' captured batch sizes (default [1];
-the benchmark captures 1, 8 and 32). A variant may hold `"env": {NAME: VALUE}`: environment variables set for it alone (such as
-`SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
+the benchmark captures 1, 8 and 32). A variant may hold `"env": {NAME: VALUE}`: environment
+variables set for it alone (such as `SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
 kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed),
 unless `--keep-decisions` (for variables the decisions do not depend on, such as `SPEC_ATTN_MERGE`).
 """
@@ -123,7 +123,6 @@ def main() -> int:
                     row[alg] = {k: g[k] for k in ("ms_per_iter", "tok_s", "accept_len", "graph_ms_per_iter")}
                     row[alg]["graphs_ms_per_call"] = {k: v["ms_per_call"] for k, v in g["graphs"].items()}
                     row[alg]["pdl_fallbacks"] = g["stats"].get("pdl_fallbacks")
-                    row[alg]["credit_flips"] = [e for e in g["linear_log"] if "gemv_by_epilogue_credit" in e]
                     row[alg]["linear_log"] = g["linear_log"]  # this variant's setup decisions (new ones only)
                 torch.cuda.empty_cache()
             res["rounds"].append(row)

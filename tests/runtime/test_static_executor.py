@@ -541,12 +541,10 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     mlp = M._MLPBlock(ref, be)
     assert mlp.down.after is mlp.gate_up and mlp.gate_up.after is None
     gate_up_wins = {1: (True, True), 2: (True, False), 4: (False, False)}  # (GEMV, fused) per rows
-    named = {}
 
-    def paths(lin, rows):
+    def paths(lin, rows):  # each path returns its name
         assert lin is mlp.gate_up
-        named[rows] = ("separate", "fused", "cublas")
-        return tuple(lambda w, p=p: p for p in named[rows])
+        return tuple(lambda w, p=p: p for p in ("separate", "fused", "cublas"))
 
     monkeypatch.setattr(M, "_epilogue_paths", paths)
     real_decide = be._decide
