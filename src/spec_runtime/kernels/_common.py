@@ -63,10 +63,11 @@ def pdl_suppressed():
 def pdl(device: torch.device) -> bool:
     """Whether the decode-chain kernels launch with programmatic dependent launch (PDL, sm90+):
     a kernel's programs may start while the previous kernel finishes; each such kernel calls
-    `gdc_wait()` before it touches memory an earlier kernel writes (only weights are read before
-    the wait), so results never change, and only then `gdc_launch_dependents()` (so at most one
-    kernel waits ahead). Off under the
-    interpreter, below sm90, or with `SPEC_PDL=0`."""
+    `gdc_wait()` before it touches memory the previous kernel may write, so results never change,
+    and only then `gdc_launch_dependents()`: at most one kernel waits ahead, so everything written
+    two or more launches back is complete when a kernel starts. Before the wait, the GEMV reads
+    only weights and the attention split kernel its batch description (see its module). Off
+    under the interpreter, below sm90, or with `SPEC_PDL=0`."""
     if interpreting() or _PDL_SUPPRESSED[0] or os.environ.get(PDL_ENV, "1") == "0":
         return False
     return _pdl_capable(torch.device(device))

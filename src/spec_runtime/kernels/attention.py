@@ -13,7 +13,11 @@ remaining splits take chunks of the per-row extra slots: a tile flattens `BLOCK_
 the `BLOCK_M` rows and a block-diagonal mask lets every row see only its own. Each split writes an
 unnormalized partial (running max in log2 units, sum, accumulator); pass 2 merges the partials of
 every (row, head). The grid comes from host-known sizes only (`T`, `bs`, `E`, `max_context`): no
-sync, graph-capturable. For calls of at most two query rows (plain decode, a top-2 draft step)
+sync, graph-capturable. Under programmatic dependent launch the split kernel reads the batch
+description (row ranges, prefixes, request rows, the first slot tile) before it waits for the
+kernel before it, which writes only q and the new K/V: the fast path writes the batch description
+earlier in the forward, and every PDL kernel waits before it lets the next one start, so those
+writes are complete. For calls of at most two query rows (plain decode, a top-2 draft step)
 there is no pass 2: the last program of each (row block, KV head) to finish (an arrival counter,
 acquire-release, reset by that program) merges the block's partials itself. Both merges add the
 splits in the same order, so they give the same bits (`SPEC_ATTN_MERGE` overrides the choice).
@@ -67,6 +71,12 @@ FUSED_MERGE_ROWS = 2
 it ran plain decode (1 row) 0.01 ms per step faster and the STANDALONE draft graph (2 rows per step)
 2.84 -> 2.80 ms, but the 8-row tree verify 4.42 -> 4.47 ms: there one program merges 32 (row, head)
 pairs on the critical path, while the merge kernel's launch overlaps the split kernel's tail."""
+
+EARLY_ENV = "SPEC_ATTN_EARLY"
+"""`SPEC_ATTN_EARLY=0`: the split kernel waits for the previous kernel (PDL) before it reads
+anything, as before the early reads; default on. On the H200 the early reads ran plain decode
+4.247 -> 4.210 ms/step and STANDALONE 8.24 -> 8.14 ms/iter (`bench/results/explore/attn_early_ab.json`).
+Read at each call."""
 
 
 @triton.jit
@@ -169,11 +179,15 @@ def _attn_split_kernel(
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
-    FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1,
+    FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, EARLY: tl.constexpr = True,
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
+    if PDL and not EARLY:
         gdc_wait()
         gdc_launch_dependents()
+    # Under PDL these programs may start while the kernel before this one (the layer's RoPE and K/V
+    # store) still runs. The batch description (row ranges, prefixes, request rows, slot table,
+    # extra slots) is written earlier in the forward, so its loads, which the K/V gathers depend
+    # on, go before the wait; q and the K/V cache, which that kernel writes, after it.
     row0 = tl.program_id(0) * BLOCK_M
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -185,17 +199,30 @@ def _attn_split_kernel(
     head = kvh * G + g
     rvalid = (i < BLOCK_M * GP) & (g < G) & (row < T)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + row[:, None].to(tl.int64) * s_qt + head[:, None] * s_qh + d[None, :] * s_qd,
-                mask=rvalid[:, None], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
+    q_ptrs = q_ptr + row[:, None].to(tl.int64) * s_qt + head[:, None] * s_qh + d[None, :] * s_qd
     if split < NUM_SPLITS:
-        # Share `split` of each request's prefix, shared by all its rows in the block.
+        # Share `split` of each request's prefix, shared by all its rows in the block. The first
+        # request's sizes and first slot tile are loaded before the wait (`*_0`).
         r_first = _request_of_row(indptr_ptr, bs, row0, SEARCH_ITERS)
         r_last = _request_of_row(indptr_ptr, bs, tl.minimum(row0 + BLOCK_M, T) - 1, SEARCH_ITERS)
+        p_len_0 = tl.load(prefix_ptr + r_first).to(tl.int64)
+        req_0 = tl.load(req_pool_ptr + r_first).to(tl.int64)
+        lo_0 = tl.load(indptr_ptr + r_first)
+        hi_0 = tl.load(indptr_ptr + r_first + 1)
+        chunk_0 = tl.cdiv(tl.cdiv(p_len_0, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        cols_0 = split * chunk_0 + tl.arange(0, BLOCK_N)
+        slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0),
+                         other=0).to(tl.int64)
+        if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
+            gdc_wait()
+            gdc_launch_dependents()
+        q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
         for r in range(r_first, r_last + 1):
-            p_len = tl.load(prefix_ptr + r).to(tl.int64)
-            req = tl.load(req_pool_ptr + r).to(tl.int64)
+            later = r != r_first  # (a block across requests; the first one's values are in hand)
+            p_len = tl.where(later, tl.load(prefix_ptr + r, mask=later, other=0).to(tl.int64), p_len_0)
+            req = tl.where(later, tl.load(req_pool_ptr + r, mask=later, other=0).to(tl.int64), req_0)
             chunk = tl.cdiv(tl.cdiv(p_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
             c0 = split * chunk
             c1 = tl.minimum(c0 + chunk, p_len)
@@ -205,29 +232,44 @@ def _attn_split_kernel(
             for start in range(c0, c1, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 cmask = cols < c1
-                slot = tl.load(rt_ptr + req * s_rt + cols, mask=cmask, other=0).to(tl.int64)
+                loaded = later | (start != c0)
+                slot = tl.load(rt_ptr + req * s_rt + cols, mask=cmask & loaded, other=0).to(tl.int64)
+                slot = tl.where(loaded, slot, slot_p0)
                 m_i, l_i, acc = _attend_tile(
                     q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
                     s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
                 )
-            in_r = rvalid & (row >= tl.load(indptr_ptr + r)) & (row < tl.load(indptr_ptr + r + 1))
+            lo = tl.where(later, tl.load(indptr_ptr + r, mask=later, other=0), lo_0)
+            hi = tl.where(later, tl.load(indptr_ptr + r + 1, mask=later, other=0), hi_0)
+            in_r = rvalid & (row >= lo) & (row < hi)
             _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, in_r, D)
     else:
         # Chunk `split - NUM_SPLITS` of the extra slots: a tile holds BLOCK_E slots of each of the
-        # BLOCK_M rows (flattened), and row i sees only the slots of its own query row.
+        # BLOCK_M rows (flattened), and row i sees only the slots of its own query row. The first
+        # tile's slots are loaded before the wait.
         e_lo = (split - NUM_SPLITS) * e_chunk
         e_hi = tl.minimum(e_lo + e_chunk, e_len)
         j = tl.arange(0, BLOCK_J)
         m_of_j = j // BLOCK_E
         j_row = row0 + m_of_j
         j_ok = (j < BLOCK_M * BLOCK_E) & (j_row < T)
+        e_ptrs = extra_ptr + j_row.to(tl.int64) * s_et
+        e_col_0 = e_lo + j % BLOCK_E
+        slot_e0 = tl.load(e_ptrs + e_col_0 * s_ee, mask=j_ok & (e_col_0 < e_hi), other=-1).to(tl.int64)
+        if PDL and EARLY:
+            gdc_wait()
+            gdc_launch_dependents()
+        q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, D], tl.float32)
         for e0 in range(e_lo, e_hi, BLOCK_E):
             e_col = e0 + j % BLOCK_E
-            slot = tl.load(extra_ptr + j_row.to(tl.int64) * s_et + e_col * s_ee, mask=j_ok & (e_col < e_hi),
-                           other=-1).to(tl.int64)
+            loaded = e0 != e_lo
+            slot = tl.load(e_ptrs + e_col * s_ee, mask=j_ok & (e_col < e_hi) & loaded, other=-1).to(tl.int64)
+            slot = tl.where(loaded, slot, slot_e0)
             key_ok = slot >= 0
             visible = (m_of_i[:, None] == m_of_j[None, :]) & key_ok[None, :]
             m_i, l_i, acc = _attend_tile(
@@ -378,7 +420,7 @@ def triton_attention(
         G=hq // hkv, GP=plan["GP"], D=d, BLOCK_M=plan["BLOCK_M"], BLOCK_R=plan["BLOCK_R"],
         BLOCK_N=plan["BLOCK_N"], BLOCK_E=plan["BLOCK_E"], BLOCK_J=plan["BLOCK_J"],
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
-        FUSED_MERGE=fused, NSP=next_pow2(ns),
+        FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=os.environ.get(EARLY_ENV, "1") != "0",
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:
