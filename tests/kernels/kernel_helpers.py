@@ -41,3 +41,50 @@ def assert_same(got, ref) -> None:
         assert a.dtype == b.dtype, f"output {i}: dtype {a.dtype}, expected {b.dtype}"
         assert a.shape == b.shape, f"output {i}: shape {tuple(a.shape)}, expected {tuple(b.shape)}"
         assert torch.equal(a.cpu(), b.cpu()), f"output {i} differs:\n{a}\nexpected\n{b}"
+
+
+
+_TTIR_SCRIPT = """
+import json, sys
+import importlib
+import triton
+from triton._C.libtriton import ir
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+job = json.load(sys.stdin)
+fn = getattr(importlib.import_module(job["module"]), job["name"])
+target = GPUTarget("cuda", 90, 32)
+backend = triton.compiler.make_backend(target)
+opts = backend.parse_options({})
+out = []
+for consts in job["constexprs"]:
+    sig = {n: job["types"].get(n) or ("constexpr" if n in consts else job["scalar"]) for n in fn.arg_names}
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    backend.load_dialects(ctx)
+    src = ASTSource(fn, sig, constexprs=consts)
+    out.append(str(src.make_ir(target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx)))
+json.dump(out, sys.stdout)
+"""
+
+
+def hopper_ttir(module: str, name: str, types: dict[str, str], constexprs: list[dict],
+                scalar_type: str = "i64") -> list[str]:
+    """Triton IR of kernel `module.name` built for sm90 (no GPU needed), once per constexpr set:
+    the compiler front end's checks, which the interpreter skips (a variable typed differently in
+    the two branches of a runtime `if`; code under a `PDL` constexpr, false under the
+    interpreter). `types`: argument -> Triton type ("*bf16", "fp32"); other non-constexpr
+    arguments are `scalar_type`. Runs in a subprocess without `TRITON_INTERPRET` (the kernel
+    tests set it at import)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    job = {"module": module, "name": name, "types": types, "constexprs": constexprs, "scalar": scalar_type}
+    res = subprocess.run([sys.executable, "-c", _TTIR_SCRIPT], input=json.dumps(job), capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)

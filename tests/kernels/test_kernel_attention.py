@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, gpu, needs_cuda, random_tree
+from kernel_helpers import DEVICE, gpu, hopper_ttir, needs_cuda, random_tree
 
 from spec_runtime.attention import AttnBatch, torch_attention
 from spec_runtime.kernels.attention import triton_attention
@@ -111,6 +111,23 @@ def test_fused_merge_is_the_merge_kernel(monkeypatch):
     monkeypatch.delenv(A.MERGE_ENV)  # auto: fused up to FUSED_MERGE_ROWS rows
     assert [A.merge_mode(t) for t in (1, A.FUSED_MERGE_ROWS, A.FUSED_MERGE_ROWS + 1, 8)] == [
         "fused", "fused", "kernel", "kernel"]
+
+
+def test_split_kernel_compiles_for_hopper_with_pdl():
+    """The PDL paths (the batch description read before the wait, or everything after it), with
+    either merge, build for sm90: the interpreter runs neither PDL path, nor does it type-check
+    the branches the way the compiler does."""
+    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    types.update({n: "*i64" for n in ("rt_ptr", "req_pool_ptr", "prefix_ptr", "indptr_ptr", "extra_ptr")})
+    types.update({n: "*fp32" for n in ("mid_o_ptr", "mid_m_ptr", "mid_l_ptr")}, count_ptr="*i32", qk_scale="fp32")
+    base = dict(G=4, GP=4, D=64, BLOCK_M=2, BLOCK_R=16, BLOCK_N=128, BLOCK_E=4, BLOCK_J=16, NUM_SPLITS=4,
+                SEARCH_ITERS=2, DOT_F32=False, PDL=True, NSP=8)
+    cases = [dict(base, EARLY=early, FUSED_MERGE=fused) for early in (True, False) for fused in (True, False)]
+    irs = hopper_ttir("spec_runtime.kernels.attention", "_attn_split_kernel", types, cases)
+    for case, ir in zip(cases, irs):
+        # the wait: in each branch of the split (prefix, extra slots) when early, else once at the top
+        assert ir.count("griddepcontrol.wait") == (2 if case["EARLY"] else 1), case
+        assert ("atom" in ir) == case["FUSED_MERGE"], case
 
 
 def test_branches_with_padding():
