@@ -1,8 +1,10 @@
 """The split-K GEMV against torch.nn.functional.linear."""
 
+import itertools
+
 import pytest
 import torch
-from kernel_helpers import DEVICE, gpu, needs_cuda
+from kernel_helpers import DEVICE, gpu, hopper_ttir, needs_cuda
 
 from spec_runtime.gpu import elementwise as ew
 from spec_runtime.kernels.gemv import (
@@ -163,11 +165,14 @@ def test_silu_epilogue_is_the_separate_kernel(config, dtype):
             torch.testing.assert_close(got, reference_linear_silu_mul(x, w), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("config", EPI_CONFIGS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_epilogue_is_the_separate_kernel(config, dtype):
+def test_rope_epilogue_is_the_separate_kernel(config, dtype, early, monkeypatch):
     """QKV GEMV + RoPE + KV store in the epilogue == the GEMV then `elementwise.rope_store`, bit for
-    bit: rotated q, and the k and v cache rows (others untouched)."""
+    bit: rotated q, and the k and v cache rows (others untouched); with the epilogue's inputs
+    loaded at the end or up front (`SPEC_GEMV_EARLY_ROPE`)."""
+    monkeypatch.setenv("SPEC_GEMV_EARLY_ROPE", early)
     gen = torch.Generator().manual_seed(4)
     for m in (1, 3):
         x, w, fused, separate = _rope_case(gen, m, dtype)
@@ -185,6 +190,26 @@ def test_rope_epilogue_is_the_separate_kernel(config, dtype):
                             ref.v_cache, 4, 2, 12)
             torch.testing.assert_close(q, reference_linear_rope_store(x, w, ref), rtol=1e-4, atol=1e-3)
             torch.testing.assert_close(fused.k_cache, ref.k_cache, rtol=1e-4, atol=1e-3)
+
+
+def test_rope_epilogue_builds_for_hopper_with_pdl():
+    """The RoPE epilogue under PDL, with its inputs loaded up front (before the wait) or at the end,
+    in the GEMV (dot, swapped and multiply-and-reduce tiles) and in the split-K reduce, builds for
+    sm90 (the interpreter runs no PDL path). Up front, the inputs are loaded before the wait."""
+    types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr", "kc_ptr", "vc_ptr")}
+    types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
+    tiles = [dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SWAP=True, MULRED=False),
+             dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SWAP=False, MULRED=False),
+             dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=512, SWAP=False, MULRED=True)]
+    cases = [dict(t, SPLIT_K=1, EVEN_K=True, HAS_BIAS=False, DOT_F32=False, EPI=2, HD2=64, PDL=True, EARLY_EPI=e)
+             for t in tiles for e in (True, False)]
+    reduce_cases = [dict(SPLIT_K=2, BLOCK=1024, HAS_BIAS=False, EPI=2, HD2=64, PDL=True, EARLY_EPI=e) for e in (True, False)]
+    irs = hopper_ttir("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
+    irs += hopper_ttir("spec_runtime.kernels.gemv", "_split_k_reduce_kernel", types, reduce_cases, scalar_type="i32")
+    for case, ir in zip(cases + reduce_cases, irs):
+        kernel = ir[: ir.index("tt.func private")]  # the kernel's own body (helpers follow, not inlined yet)
+        call = kernel.find("._rope_inputs_")  # up front: called by the kernel, before the wait
+        assert (0 <= call < kernel.index("griddepcontrol.wait")) == case["EARLY_EPI"], case
 
 
 def test_rope_epilogue_one_row_strided_views():
@@ -251,7 +276,8 @@ def test_gpu_epilogues_llama_shapes(m, monkeypatch):
     w_gu = (torch.randn(2 * 14336, 4096, generator=gen) * 0.02).bfloat16().cuda()
     for cfg in cfgs:
         assert torch.equal(triton_linear_silu_mul(x, w_gu, config=cfg), ew.silu_mul(triton_linear(x, w_gu, config=cfg)))
-    for cfg in cfgs:
+    for cfg, early in itertools.product(cfgs, ("0", "1")):
+        monkeypatch.setenv("SPEC_GEMV_EARLY_ROPE", early)
         x_, w, fused, separate = _rope_case(gen, m, torch.bfloat16, nh=32, nkv=8, hd=128, k=4096, device="cuda")
         q = triton_linear_rope_store(x_, w, fused, config=cfg)
         qs, ks, vs = triton_linear(x_, w, config=cfg).split([4096, 1024, 1024], dim=-1)

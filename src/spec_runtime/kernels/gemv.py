@@ -137,12 +137,30 @@ def _pair_row(pair, half, NUM_PAIRS, EPI: tl.constexpr, HD2: tl.constexpr):
 
 
 @triton.jit
+def _rope_inputs(rows, row_ok, pairs, pair_ok, pos_ptr, slot_ptr, cos_ptr, sin_ptr, s_tab, HD2: tl.constexpr):
+    """What the RoPE epilogue reads for (rows x pairs): cos and sin of both halves at the rows'
+    positions, and the rows' KV slots. Positions and slots are written before the forward, so a
+    GEMV may read them before its PDL wait (`EARLY_EPI`); the slot load does not wait for the
+    position's, the table loads do."""
+    ok = row_ok & pair_ok
+    d = pairs % HD2
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    c0 = tl.load(cos_ptr + pos * s_tab + d, mask=ok, other=0.0)
+    s0 = tl.load(sin_ptr + pos * s_tab + d, mask=ok, other=0.0)
+    c1 = tl.load(cos_ptr + pos * s_tab + d + HD2, mask=ok, other=0.0)
+    s1 = tl.load(sin_ptr + pos * s_tab + d + HD2, mask=ok, other=0.0)
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    return c0, s0, c1, s1, slot
+
+
+@triton.jit
 def _pair_epilogue(a0, a1, rows, row_ok, pairs, pair_ok, out_ptr, s_om,
                    pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh,
-                   EPI: tl.constexpr, HD2: tl.constexpr):
+                   EPI: tl.constexpr, HD2: tl.constexpr, pre=None):
     """Pairs' float32 sums `a0`, `a1` (rows x pairs) -> the epilogue's outputs. Each projection
     output is rounded to the output dtype first, exactly as the separate elementwise kernels
-    (`gpu/elementwise.py`) see it, and they do the same float32 arithmetic after."""
+    (`gpu/elementwise.py`) see it, and they do the same float32 arithmetic after. `pre`: the
+    RoPE inputs (`_rope_inputs`) already loaded, or None to load them here."""
     ok = row_ok & pair_ok
     x0 = a0.to(out_ptr.dtype.element_ty).to(tl.float32)
     x1 = a1.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -153,11 +171,11 @@ def _pair_epilogue(a0, a1, rows, row_ok, pairs, pair_ok, out_ptr, s_om,
     else:
         head = pairs // HD2
         d = pairs % HD2
-        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-        c0 = tl.load(cos_ptr + pos * s_tab + d, mask=ok, other=0.0)
-        s0 = tl.load(sin_ptr + pos * s_tab + d, mask=ok, other=0.0)
-        c1 = tl.load(cos_ptr + pos * s_tab + d + HD2, mask=ok, other=0.0)
-        s1 = tl.load(sin_ptr + pos * s_tab + d + HD2, mask=ok, other=0.0)
+        if pre is None:
+            c0, s0, c1, s1, slot = _rope_inputs(rows, row_ok, pairs, pair_ok, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
+                                                s_tab, HD2)
+        else:
+            c0, s0, c1, s1, slot = pre
         y0 = x0 * c0 + (-1.0 * x1) * s0  # rotate-half, as `_rope_store_kernel` writes it
         y1 = x1 * c1 + (1.0 * x0) * s1
         is_q = head < NQ
@@ -166,7 +184,6 @@ def _pair_epilogue(a0, a1, rows, row_ok, pairs, pair_ok, out_ptr, s_om,
         q_at = out_ptr + rows.to(tl.int64) * s_om + head * s_oh + d
         tl.store(q_at, y0.to(out_ptr.dtype.element_ty), mask=ok & is_q)
         tl.store(q_at + HD2, y1.to(out_ptr.dtype.element_ty), mask=ok & is_q)
-        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         kv_head = tl.where(is_v, head - NQ - NKV, head - NQ)
         at = slot * s_cs + kv_head * s_ch + d
         tl.store(kc_ptr + at, y0.to(kc_ptr.dtype.element_ty), mask=ok & is_k)
@@ -189,6 +206,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
     EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False, MULRED: tl.constexpr = False,
+    EARLY_EPI: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -214,6 +232,12 @@ def _gemv_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = k0
+    pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    if EPI == EPI_ROPE and SPLIT_K == 1 and EARLY_EPI:  # the epilogue's inputs, before the wait and the loop
+        pre = _rope_inputs(rm[:, None], m_ok[:, None], pairs[None, :], (pairs < N // 2)[None, :],
+                           pos_ptr, slot_ptr, cos_ptr, sin_ptr, s_tab, HD2)
+    else:
+        pre = None
     if PDL:
         # Programmatic dependent launch: fetch the first weight tile (weights are never written)
         # while the previous kernel finishes, wait for it (x is its output), then let the next
@@ -246,9 +270,9 @@ def _gemv_kernel(
     ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1 and EPI != EPI_NONE:
         a0, a1 = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
-        pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         _pair_epilogue(a0, a1, rm[:, None], m_ok[:, None], pairs[None, :], (pairs < N // 2)[None, :], out_ptr, s_om,
-                       pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh, EPI, HD2)
+                       pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh, EPI, HD2,
+                       pre)
     elif SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -268,11 +292,16 @@ def _split_k_reduce_kernel(
     # q and KV head counts, table row stride, cache slot and head strides, q output head stride
     pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh,
     SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr = 0,
-    HD2: tl.constexpr = 1, PDL: tl.constexpr = False,
+    HD2: tl.constexpr = 1, PDL: tl.constexpr = False, EARLY_EPI: tl.constexpr = False,
 ):
     m = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rn < N
+    pairs = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
+    if EPI == EPI_ROPE and EARLY_EPI:  # the epilogue's inputs, before the wait
+        pre = _rope_inputs(m, m < M, pairs, pairs < N // 2, pos_ptr, slot_ptr, cos_ptr, sin_ptr, s_tab, HD2)
+    else:
+        pre = None
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -281,9 +310,9 @@ def _split_k_reduce_kernel(
         acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + rn, mask=ok, other=0.0)
     if EPI != EPI_NONE:
         a0, a1 = tl.split(tl.reshape(acc, [BLOCK // 2, 2]))
-        pairs = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
         _pair_epilogue(a0, a1, m, m < M, pairs, pairs < N // 2, out_ptr, s_om,
-                       pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh, EPI, HD2)
+                       pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh, EPI, HD2,
+                       pre)
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=ok, other=0.0).to(tl.float32)
@@ -328,6 +357,21 @@ class SplitKParts:
         return acc.to(self.dtype)
 
 
+EARLY_EPI_ENV = "SPEC_GEMV_EARLY_ROPE"
+"""`SPEC_GEMV_EARLY_ROPE=1`: the RoPE epilogue's inputs (positions, cos/sin rows, KV slots) are
+loaded at the start of the GEMV (before its PDL wait and its K loop) or of the split-K reduce,
+instead of after the products, where the position load and the table loads it feeds are two
+dependent round trips at the end of every QKV projection. Off by default until it is measured on
+the GPU; read at each launch. Same bits either way."""
+
+
+def early_epilogue_inputs() -> bool:
+    """Whether `SPEC_GEMV_EARLY_ROPE` asks for the RoPE epilogue's inputs up front."""
+    raw = os.environ.get(EARLY_EPI_ENV, "0")
+    require(raw in ("0", "1"), f"{EARLY_EPI_ENV} must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig,
             epi: int = 0, rope: RopeStore | None = None, reduce: bool = True) -> torch.Tensor | None:
     """Launch the GEMV (and the split-K reduce). `epi`: `EPI_*` (bias must be None with one);
@@ -340,6 +384,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     b = bias if bias is not None else out
     dot_f32 = interpreting() or x.dtype == torch.float32 or w.dtype == torch.float32
     pdl = pdl_options(x.device)
+    early = rope is not None and early_epilogue_inputs()
     if rope is not None:
         r = rope
         rope_args = (r.positions, r.slots, r.cos, r.sin, r.k_cache, r.v_cache, r.num_heads, r.num_kv_heads,
@@ -351,7 +396,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
         x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0), *rope_args,
         BLOCK_M=next_pow2(m) if cfg.mulred else max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
-        EPI=epi, HD2=hd2, MULRED=cfg.mulred, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        EPI=epi, HD2=hd2, MULRED=cfg.mulred, EARLY_EPI=early, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl,
     )
     if split == 1:
         return None
@@ -360,7 +406,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     block = min(1024, max(16, next_pow2(n)))
     _split_k_reduce_kernel[(cdiv(n, block), m)](
         part, b, out, m, n, out.stride(0), *rope_args, SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None,
-        EPI=epi, HD2=hd2, num_warps=4, **pdl,
+        EPI=epi, HD2=hd2, EARLY_EPI=early, num_warps=4, **pdl,
     )
     return None
 
