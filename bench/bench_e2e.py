@@ -33,7 +33,6 @@ rewritten after each one: `<out>/bench_e2e.json`, `bench_e2e.md`, `bench_e2e.png
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import json
 import os
@@ -729,45 +728,22 @@ def child_main(args: argparse.Namespace) -> int:
 
 
 def export_linear_cache(path: Path) -> bool:
-    """The cuBLAS-vs-GEMV decisions, the GEMV launch configurations and the epilogue path timings
-    (which can overrule the first: `FastBackend._decide`) made in this process, as JSON, so the
-    strict-comparison children use the same kernels without timing again."""
+    """This process's setup decisions (`spec_runtime.gpu.models.save_decisions`), so that the
+    strict-comparison children run the same kernels without timing again."""
     try:
         from spec_runtime.gpu import models as M
-        from spec_runtime.kernels import gemv as G
     except ImportError:
         return False
-    decisions = [[list(k[0]), str(k[1]), k[2], k[3], k[4], d.gemv_ms, d.cublas_ms,
-                  None if d.config is None else dataclasses.asdict(d.config)]
-                 for k, d in M._GEMV_DECISIONS.items()]
-    tuned = [[k[0], k[1], k[2], str(k[3]), str(k[4]), k[5], str(k[6]), dataclasses.asdict(v)]
-             for k, v in G._TUNED.items()]
-    epilogues = [[list(k[0]), str(k[1]), k[2], k[3], list(k[4]), k[5], None if t is None else dataclasses.asdict(t)]
-                 for k, t in M._EPILOGUE_DECISIONS.items()]
-    if not decisions and not tuned:
-        return False
-    path.write_text(json.dumps({"decisions": decisions, "tuned": tuned, "epilogues": epilogues}))
-    return True
+    return M.save_decisions(path) > 0
 
 
-def load_linear_cache(path: Optional[str]) -> None:
-    if not path or not Path(path).exists():
-        return
+def load_linear_cache(path: Optional[str]) -> int:
+    """Decisions a `--save-tuning` run or the parent wrote (`load_decisions`); 0 without a path."""
+    if not path:
+        return 0
     from spec_runtime.gpu import models as M
-    from spec_runtime.kernels import gemv as G
 
-    def dt(name: str) -> torch.dtype:
-        return getattr(torch, name.split(".")[-1])
-
-    data = json.loads(Path(path).read_text())
-    for shape, dtype, bias, rows, dev, gemv_ms, cublas_ms, cfg in data["decisions"]:
-        M._GEMV_DECISIONS[(tuple(shape), dt(dtype), bias, rows, dev)] = M.GemvDecision(
-            gemv_ms, cublas_ms, None if cfg is None else G.GemvConfig(**cfg))
-    for m, n, k, xd, wd, bias, dev, cfg in data["tuned"]:
-        G._TUNED[(m, n, k, dt(xd), dt(wd), bias, torch.device(dev))] = G.GemvConfig(**cfg)
-    for shape, dtype, rows, epilogue, heads, dev, timing in data.get("epilogues", []):
-        M._EPILOGUE_DECISIONS[(tuple(shape), dt(dtype), rows, epilogue, tuple(heads), dev)] = (
-            None if timing is None else M.EpilogueTiming(**timing))
+    return M.load_decisions(path)
 
 
 def _median(values: list[float]) -> float:
@@ -999,6 +975,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--strict-new-tokens", type=int, default=None)
     p.add_argument("--repeat", type=int, default=1, help="timed repeats per point (the fastest is kept)")
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of a few iterations")
+    p.add_argument("--tuning-file", default=None,
+                   help="load the GEMV/epilogue setup decisions a --save-tuning run wrote (same kind of GPU)")
+    p.add_argument("--save-tuning", default=None, help="write this run's setup decisions to this JSON file")
     p.add_argument("--time-budget", type=float, default=480.0, help="seconds; later configs are skipped past it")
     p.add_argument("--child-timeout", type=float, default=150.0, help="seconds per strict-comparison child")
     p.add_argument("--strict-rounds", type=int, default=3, help="alternating strict0/strict1 child pairs")
@@ -1037,6 +1016,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     dtype = torch.float32 if args.tiny and args.device == "cpu" else torch.bfloat16
     if args.device == "cpu":
         torch.set_num_threads(1)  # tiny ops: threads only add overhead
+    if args.tuning_file:
+        n = load_linear_cache(args.tuning_file)
+        tuned_on = json.loads(Path(args.tuning_file).read_text())["meta"]
+        results.data["meta"]["tuning_file"] = {"path": args.tuning_file, "entries": n, "tuned_on": tuned_on}
+        results.note(f"setup decisions: {n} loaded from {args.tuning_file} (tuned on {tuned_on['device_name']}, "
+                     f"triton {tuned_on['triton']}); only what it lacks is timed here")
 
     def over_budget(what: str) -> bool:
         spent = time.perf_counter() - start
@@ -1115,6 +1100,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     results.note(f"spec / plain at bs={big} uses the best SIMULATED-acceptance configuration; real acceptance "
                  "(random heads, about 1 token per iteration) is in the table")
     results.data["meta"]["total_s"] = time.perf_counter() - start
+    if args.save_tuning and export_linear_cache(Path(args.save_tuning)):
+        results.note(f"setup decisions saved to {args.save_tuning}")
     results.write()
     print(markdown(results.data), flush=True)
     return 0

@@ -13,6 +13,8 @@ the benchmark captures 1, 8 and 32). A variant may hold `"env": {NAME: VALUE}`: 
 variables set for it alone (such as `SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
 kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed),
 unless `--keep-decisions` (for variables the decisions do not depend on, such as `SPEC_ATTN_MERGE`).
+`--tuning-file PATH` loads decisions a `--save-tuning PATH` run (or `bench_e2e.py --save-tuning`)
+wrote, so that a run skips most of the setup timing and different processes run the same kernels.
 """
 
 import argparse
@@ -95,6 +97,8 @@ def main() -> int:
     p.add_argument("--algorithms", default="plain,EAGLE3,STANDALONE")
     p.add_argument("--keep-decisions", action="store_true",
                    help="variants' env does not clear the setup decisions (timed once, shared)")
+    p.add_argument("--tuning-file", default=None, help="load setup decisions (gpu.models.save_decisions) first")
+    p.add_argument("--save-tuning", default=None, help="write the setup decisions to this file at the end")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,6 +110,10 @@ def main() -> int:
     target = E.build_target(cfg, torch.bfloat16, "cuda", seed=0)
     drafts = {alg: E.build_draft(alg, target, cfg, False, torch.bfloat16, "cuda") for alg in algorithms if alg != "plain"}
     res: dict = {"variants": dict(variants), "command": " ".join(sys.argv), "rounds": []}
+    if a.tuning_file:
+        from spec_runtime.gpu import models as M
+
+        res["tuning_file_entries"] = M.load_decisions(a.tuning_file)
     for r in range(a.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for name, options in order:
@@ -128,6 +136,10 @@ def main() -> int:
             res["rounds"].append(row)
             print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)
             (out / "fusion.json").write_text(json.dumps(res, indent=1, default=str))
+    if a.save_tuning:
+        from spec_runtime.gpu import models as M
+
+        M.save_decisions(a.save_tuning)
     return 0
 
 

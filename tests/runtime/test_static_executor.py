@@ -564,11 +564,13 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     assert be._lead(mlp.down, 1) is None
 
 
-def test_bench_linear_cache_round_trip(tmp_path, monkeypatch) -> None:
-    """The benchmark hands its setup decisions to the strict-comparison children: GEMV-or-cuBLAS,
-    launch configurations and epilogue path timings (which can overrule the first) come back
-    equal, so both sides of the A/B run the same kernels."""
+def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
+    """`save_decisions` / `load_decisions` (the benchmark's --save-tuning / --tuning-file, its
+    strict-comparison children, SPEC_TUNING_FILE): GEMV-or-cuBLAS, launch configurations and
+    epilogue path timings (which can overrule the first) come back equal, so another process runs
+    the same kernels. A file tuned on another kind of device, or not such a file, is refused by name."""
     import importlib.util
+    import json
 
     from spec_runtime.gpu import models as M
     from spec_runtime.kernels import gemv as G
@@ -585,8 +587,34 @@ def test_bench_linear_cache_round_trip(tmp_path, monkeypatch) -> None:
     for name, value in (("_GEMV_DECISIONS", decisions), ("_EPILOGUE_DECISIONS", epilogues)):
         monkeypatch.setattr(M, name, dict(value))
     monkeypatch.setattr(G, "_TUNED", dict(tuned))
-    assert bench.export_linear_cache(tmp_path / "cache.json")
+    monkeypatch.setattr(M, "_TUNING_LOADED", set())
+    path = tmp_path / "tuning.json"
+    assert bench.export_linear_cache(path)  # the benchmark's wrapper: M.save_decisions
+    assert json.loads(path.read_text())["meta"]["device_name"] == "cpu"
     for table in (M._GEMV_DECISIONS, M._EPILOGUE_DECISIONS, G._TUNED):
         table.clear()
-    bench.load_linear_cache(str(tmp_path / "cache.json"))
+    assert bench.load_linear_cache(str(path)) == 5  # 2 decisions, 1 configuration, 2 epilogue timings
     assert M._GEMV_DECISIONS == decisions and M._EPILOGUE_DECISIONS == epilogues and G._TUNED == tuned
+    # SPEC_TUNING_FILE: loaded once, before the first decision, over whatever the process has
+    M._GEMV_DECISIONS.clear()
+    monkeypatch.setenv(M.TUNING_FILE_ENV, str(path))
+    M._load_tuning_file()
+    assert M._GEMV_DECISIONS == decisions and str(path) in M._TUNING_LOADED
+    M._GEMV_DECISIONS.clear()
+    M._load_tuning_file()  # once per path
+    assert M._GEMV_DECISIONS == {}
+    # refused: another kind of device, not a decisions file
+    data = json.loads(path.read_text())
+    data["meta"]["device_name"] = "NVIDIA H200"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match="tuned on 'NVIDIA H200'; this device is 'NVIDIA A100-SXM4-80GB'"):
+        M.load_decisions(other)
+    assert M.load_decisions(other, check_device=False) == 5
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="is not a file save_decisions wrote: KeyError"):
+        M.load_decisions(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="missing.json is not a file save_decisions wrote: FileNotFoundError"):
+        M.load_decisions(tmp_path / "missing.json")

@@ -485,6 +485,7 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list], lead: Callable[[], O
 
     w = lin.weight
     key = _decision_key(lin, rows)
+    _load_tuning_file()
     if key not in _GEMV_DECISIONS:
         _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log, lead())
     decision = _GEMV_DECISIONS[key]
@@ -653,6 +654,7 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
     Where `lead()` gives a lead, each call follows its predecessor's path (`FastBackend._lead`)."""
     w = lin.weight
     key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
+    _load_tuning_file()
     if key in _EPILOGUE_DECISIONS:
         return _EPILOGUE_DECISIONS[key]
     decision = _GEMV_DECISIONS.get(_decision_key(lin, rows))
@@ -683,6 +685,95 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
                     "fused": timing.fused_wins})
     _EPILOGUE_DECISIONS[key] = timing
     return timing
+
+
+TUNING_FILE_ENV = "SPEC_TUNING_FILE"
+"""`SPEC_TUNING_FILE=PATH`: before its first setup decision, a process loads the decisions saved in
+PATH (`save_decisions`), if the file exists, and times only what is not there."""
+_TUNING_LOADED: set[str] = set()
+
+
+def save_decisions(path: Any) -> int:
+    """Write this process's setup decisions to `path` as JSON: GEMV or cuBLAS per weight shape and
+    row count (with the GEMV's configuration and both times), the epilogue path timings (which can
+    overrule the first, `FastBackend._decide`) and `kernels.gemv`'s tuned configurations, with the
+    device's name and the torch and triton versions. Another process that loads them
+    (`load_decisions`) runs the same kernels and times nothing they cover: the strict-comparison
+    children of the benchmark, an A/B across processes, a later session on the same kind of GPU.
+    Returns the number of entries (0: nothing written)."""
+    import json
+    from pathlib import Path
+
+    import triton
+
+    from spec_runtime.kernels import gemv as G
+
+    def cfg(c: Any) -> Any:
+        return None if c is None else dataclasses.asdict(c)
+
+    decisions = [[list(k[0]), str(k[1]), k[2], k[3], k[4], d.gemv_ms, d.cublas_ms, cfg(d.config)]
+                 for k, d in _GEMV_DECISIONS.items()]
+    tuned = [[k[0], k[1], k[2], str(k[3]), str(k[4]), k[5], str(k[6]), cfg(v)] for k, v in G._TUNED.items()]
+    epilogues = [[list(k[0]), str(k[1]), k[2], k[3], list(k[4]), k[5], cfg(t)] for k, t in _EPILOGUE_DECISIONS.items()]
+    count = len(decisions) + len(tuned) + len(epilogues)
+    if count:
+        meta = {"device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                "torch": torch.__version__, "triton": triton.__version__}
+        Path(path).write_text(json.dumps({"meta": meta, "decisions": decisions, "tuned": tuned,
+                                          "epilogues": epilogues}, indent=0))
+    return count
+
+
+def load_decisions(path: Any, check_device: bool = True) -> int:
+    """Load decisions `save_decisions` wrote into this process (over any it has). Returns the
+    number of entries.
+
+    Raises:
+        ValueError: the file is not such a file, or (with `check_device`) it was tuned on another
+            kind of device than this process's CUDA device.
+    """
+    import json
+    from pathlib import Path
+
+    from spec_runtime.kernels import gemv as G
+
+    def dt(name: str) -> torch.dtype:
+        value = getattr(torch, name.split(".")[-1], None)
+        if not isinstance(value, torch.dtype):
+            raise ValueError(f"tuning file {path}: {name!r} is not a torch dtype")
+        return value
+
+    def cfg(d: Any) -> Any:
+        return None if d is None else G.GemvConfig(**d)
+
+    try:
+        data = json.loads(Path(path).read_text())
+        meta = data["meta"]
+        if check_device and torch.cuda.is_available() and meta["device_name"] != torch.cuda.get_device_name():
+            raise ValueError(f"tuning file {path} was tuned on {meta['device_name']!r}; this device is "
+                             f"{torch.cuda.get_device_name()!r}")
+        decisions = {(tuple(shape), dt(dtype), bias, rows, dev): GemvDecision(gemv_ms, cublas_ms, cfg(c))
+                     for shape, dtype, bias, rows, dev, gemv_ms, cublas_ms, c in data["decisions"]}
+        tuned = {(m, n, k, dt(xd), dt(wd), bias, torch.device(dev)): cfg(c)
+                 for m, n, k, xd, wd, bias, dev, c in data["tuned"]}
+        epilogues = {(tuple(shape), dt(dtype), rows, epilogue, tuple(heads), dev): None if t is None else EpilogueTiming(**t)
+                     for shape, dtype, rows, epilogue, heads, dev, t in data["epilogues"]}
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as err:
+        raise ValueError(f"tuning file {path} is not a file save_decisions wrote: {type(err).__name__}: {err}") from err
+    _GEMV_DECISIONS.update(decisions)
+    G._TUNED.update(tuned)
+    _EPILOGUE_DECISIONS.update(epilogues)
+    return len(decisions) + len(tuned) + len(epilogues)
+
+
+def _load_tuning_file() -> None:
+    """`SPEC_TUNING_FILE`, once per process and path, if set and the file exists."""
+    from pathlib import Path
+
+    path = os.environ.get(TUNING_FILE_ENV)
+    if path and path not in _TUNING_LOADED and Path(path).exists():
+        load_decisions(path)
+        _TUNING_LOADED.add(path)
 
 
 def _epilogue_paths(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable, Callable]]:
