@@ -59,23 +59,29 @@ backend = triton.compiler.make_backend(target)
 opts = backend.parse_options({})
 out = []
 for consts in job["constexprs"]:
+    # constexpr parameters left out take their defaults
+    consts = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **consts}
     sig = {n: job["types"].get(n) or ("constexpr" if n in consts else job["scalar"]) for n in fn.arg_names}
+    src = ASTSource(fn, sig, constexprs=consts)
+    if job["ptx"]:  # the whole pipeline, ptxas included (Triton ships it)
+        out.append(triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3}).asm["ptx"])
+        continue
     ctx = ir.context()
     ir.load_dialects(ctx)
     backend.load_dialects(ctx)
-    src = ASTSource(fn, sig, constexprs=consts)
     out.append(str(src.make_ir(target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx)))
 json.dump(out, sys.stdout)
 """
 
 
 def hopper_ttir(module: str, name: str, types: dict[str, str], constexprs: list[dict],
-                scalar_type: str = "i64") -> list[str]:
+                scalar_type: str = "i64", ptx: bool = False) -> list[str]:
     """Triton IR of kernel `module.name` built for sm90 (no GPU needed), once per constexpr set:
     the compiler front end's checks, which the interpreter skips (a variable typed differently in
     the two branches of a runtime `if`; code under a `PDL` constexpr, false under the
-    interpreter). `types`: argument -> Triton type ("*bf16", "fp32"); other non-constexpr
-    arguments are `scalar_type`. Runs in a subprocess without `TRITON_INTERPRET` (the kernel
+    interpreter). With `ptx`, the whole compilation (about 5 s each; ptxas too) and its PTX, with
+    the helpers inlined. `types`: argument -> Triton type ("*bf16", "fp32"); other non-constexpr
+    arguments are `scalar_type`; constexpr parameters not in a set take their defaults. Runs in a subprocess without `TRITON_INTERPRET` (the kernel
     tests set it at import)."""
     import json
     import os
@@ -83,7 +89,7 @@ def hopper_ttir(module: str, name: str, types: dict[str, str], constexprs: list[
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    job = {"module": module, "name": name, "types": types, "constexprs": constexprs, "scalar": scalar_type}
+    job = {"module": module, "name": name, "types": types, "constexprs": constexprs, "scalar": scalar_type, "ptx": ptx}
     res = subprocess.run([sys.executable, "-c", _TTIR_SCRIPT], input=json.dumps(job), capture_output=True,
                          text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

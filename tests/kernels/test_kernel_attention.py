@@ -128,6 +128,12 @@ def test_split_kernel_compiles_for_hopper_with_pdl():
         # the wait: in each branch of the split (prefix, extra slots) when early, else once at the top
         assert ir.count("griddepcontrol.wait") == (2 if case["EARLY"] else 1), case
         assert ("atom" in ir) == case["FUSED_MERGE"], case
+    # SPEC_ATTN_PREFETCH's L2 prefetches (inline PTX) go through ptxas, and come before the wait:
+    # the first prefix tile's 128 slots x 2 lines x (K, V) and the extra tile's 16 x 2 x 2, over 128 threads
+    ptx = hopper_ttir("spec_runtime.kernels.attention", "_attn_split_kernel", types,
+                      [dict(base, D=128, EARLY=True, FUSED_MERGE=True, PREFETCH=True, KV_PARTS=2, KV_LINE=64)], ptx=True)[0]
+    assert ptx.count("prefetch.global.L2") == 6
+    assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
 
 
 def test_branches_with_padding():

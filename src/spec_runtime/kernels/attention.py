@@ -77,6 +77,11 @@ EARLY_ENV = "SPEC_ATTN_EARLY"
 anything, as before the early reads; default on. On the H200 the early reads ran plain decode
 4.247 -> 4.210 ms/step and STANDALONE 8.24 -> 8.14 ms/iter (`bench/results/explore/attn_early_ab.json`).
 Read at each call."""
+PREFETCH_ENV = "SPEC_ATTN_PREFETCH"
+"""`SPEC_ATTN_PREFETCH=1` (with the early reads; not under the interpreter): the split kernel also
+asks L2 for its first tile's K and V rows before the wait, so the gathers after it need not go to
+HBM (the weight stream evicts the cache between forwards). Off by default: not measured on the GPU
+yet. Read at each call."""
 
 
 @triton.jit
@@ -91,6 +96,22 @@ def _request_of_row(indptr_ptr, bs, row, SEARCH_ITERS: tl.constexpr):
         lo = tl.where(active & ok, mid, lo)
         hi = tl.where(active & ~ok, mid - 1, hi)
     return lo
+
+
+@triton.jit
+def _prefetch_kv(k_ptr, v_ptr, slot, ok, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, PARTS: tl.constexpr,
+                 LINE: tl.constexpr):
+    """Ask L2 for the K and V rows of `slot (J,)` where `ok` (`prefetch.global.L2` at each of the
+    `PARTS` 128-byte lines of `LINE` elements; no register waits for it). Always safe: L2 is where
+    global memory is coherent, so a later load sees any write in between."""
+    part = tl.arange(0, PARTS) * LINE
+    safe = tl.where(ok, slot, 0)
+    k_at = k_ptr + safe[:, None] * s_ks + kvh * s_kh + part[None, :] * s_kd
+    v_at = v_ptr + safe[:, None] * s_vs + kvh * s_vh + part[None, :] * s_vd
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [k_at], dtype=tl.int32,
+                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [v_at], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -180,6 +201,7 @@ def _attn_split_kernel(
     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
     FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, EARLY: tl.constexpr = True,
+    PREFETCH: tl.constexpr = False, KV_PARTS: tl.constexpr = 1, KV_LINE: tl.constexpr = 64,
 ):
     if PDL and not EARLY:
         gdc_wait()
@@ -213,6 +235,9 @@ def _attn_split_kernel(
         cols_0 = split * chunk_0 + tl.arange(0, BLOCK_N)
         slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0),
                          other=0).to(tl.int64)
+        if PREFETCH:  # the first tile's K/V rows toward L2 while the previous kernel runs
+            _prefetch_kv(k_ptr, v_ptr, slot_p0, cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0), kvh,
+                         s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
         if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
             gdc_wait()
             gdc_launch_dependents()
@@ -256,6 +281,8 @@ def _attn_split_kernel(
         e_ptrs = extra_ptr + j_row.to(tl.int64) * s_et
         e_col_0 = e_lo + j % BLOCK_E
         slot_e0 = tl.load(e_ptrs + e_col_0 * s_ee, mask=j_ok & (e_col_0 < e_hi), other=-1).to(tl.int64)
+        if PREFETCH:
+            _prefetch_kv(k_ptr, v_ptr, slot_e0, slot_e0 >= 0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
         if PDL and EARLY:
             gdc_wait()
             gdc_launch_dependents()
@@ -409,6 +436,7 @@ def triton_attention(
     k, v, rt, extra = cache.k[layer], cache.v[layer], cache.req_to_token, attn.extra_kv
     dot_f32 = interpreting() or q.dtype == torch.float32 or q.dtype != cache.k.dtype
     fused = merge_mode(t) == "fused"
+    early = os.environ.get(EARLY_ENV, "1") != "0"
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
     _attn_split_kernel[(plan["blocks"], hkv, ns)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
@@ -420,7 +448,9 @@ def triton_attention(
         G=hq // hkv, GP=plan["GP"], D=d, BLOCK_M=plan["BLOCK_M"], BLOCK_R=plan["BLOCK_R"],
         BLOCK_N=plan["BLOCK_N"], BLOCK_E=plan["BLOCK_E"], BLOCK_J=plan["BLOCK_J"],
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
-        FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=os.environ.get(EARLY_ENV, "1") != "0",
+        FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=early,
+        PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
+        KV_LINE=max(1, 128 // k.element_size()), KV_PARTS=max(1, cdiv(d, max(1, 128 // k.element_size()))),
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:
