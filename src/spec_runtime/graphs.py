@@ -183,6 +183,72 @@ def _live_or_pad(live: Optional[torch.Tensor], value: torch.Tensor, pad: Any) ->
     return torch.where(live.view(-1, *([1] * (value.dim() - 1))), value, pad)
 
 
+def _alive(nlive: Optional[torch.Tensor], bucket: int, device: torch.device) -> Optional[torch.Tensor]:
+    return None if nlive is None else torch.arange(bucket, device=device) < nlive
+
+
+def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.Tensor],
+                              target_rt: torch.Tensor, pad_row: int, pad_t, pad_d, copy=None) -> tuple:
+    """The launch-ahead draft-extend graph's steps before its forward, as torch ops (the reference
+    of `kernels.bookkeeping.ahead_extend_in`): verify outputs -> the target's slot table (accepted
+    nodes at `seq_len + j`) and the draft-extend buffers; requests `>= nlive` (when given) and rows
+    past a request's accepted count get the padding. `copy`: how the pairs are copied
+    (`copy_all`). Returns what `ahead_extend_out_torch` reuses."""
+    copy = copy or copy_all
+    bucket, width = vo.num_correct.shape[0], eb.stride
+    dev = vo.num_correct.device
+    alive = _alive(nlive, bucket, dev)
+    counts = vo.num_correct.long() + 1
+    cols = torch.arange(width, device=dev)
+    keep = cols[None, :] < counts[:, None]
+    if alive is not None:
+        keep = keep & alive[:, None]
+    seq, req = vb.seq_lens[:bucket], vb.req_pool_indices[:bucket]
+    acc = vo.accept_index.clamp(min=0)
+    rows = torch.where(keep, req[:, None], pad_row).reshape(-1)
+    at = torch.where(keep, seq[:, None] + cols, 0).reshape(-1)
+    node_slots = torch.where(keep, vb.slots[:bucket].reshape(-1)[acc], pad_t)
+    target_rt.index_put_((rows, at), node_slots.reshape(-1))
+    n_rows = bucket * width
+    ext = torch.where(keep, ext_slots[:bucket], pad_d).reshape(-1)
+    copies = [
+        (eb.input_ids[:n_rows], torch.where(keep, vo.accept_tokens, 0).reshape(-1)),
+        (eb.positions[:n_rows], at),
+        (eb.out_slots[:n_rows], ext),
+        (eb.num_accept_tokens[:bucket], _live_or_pad(alive, counts, 1)),
+        (eb.seq_lens[:bucket], _live_or_pad(alive, seq + counts, 1)),
+        (eb.req_pool_indices[:bucket], _live_or_pad(alive, req, pad_row)),
+    ]
+    if eb.hidden_states is not None:
+        copies.append((eb.hidden_states[:n_rows], vo.captured[acc.reshape(-1)]))
+    copy(copies)
+    return rows, at, ext, counts, alive
+
+
+def ahead_extend_out_torch(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: torch.Tensor,
+                               scratch: torch.Tensor, pad_row: int, pad_d, prev: tuple, copy=None) -> None:
+    """The steps after the forward, as torch ops (the reference of
+    `kernels.bookkeeping.ahead_extend_out`): the draft's slot table, and the draft buffers of the
+    next draft; `prev`: what `ahead_extend_in_torch` returned."""
+    copy = copy or copy_all
+    rows, at, ext, counts, alive = prev
+    bucket = vo.num_correct.shape[0]
+    seq, req = vb.seq_lens[:bucket], vb.req_pool_indices[:bucket]
+    draft_rt.index_put_((rows, at), ext)
+    bonus = vo.accept_tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
+    copies = [
+        (db.topk_p[:bucket], _live_or_pad(alive, out.topk_p, 0.0)),
+        (db.topk_index[:bucket], _live_or_pad(alive, out.topk_index, 0)),
+        (db.bonus_tokens[:bucket], _live_or_pad(alive, bonus, 0)),
+        (db.seq_lens[:bucket], _live_or_pad(alive, seq + counts, 0)),
+        (db.req_pool_indices[:bucket], _live_or_pad(alive, req, pad_row)),
+        (db.temp_slots[:bucket], _live_or_pad(alive, scratch[:bucket], pad_d)),
+    ]
+    if db.hidden_states is not None:
+        copies.append((db.hidden_states[:bucket], _live_or_pad(alive, out.hidden_states, 0.0)))
+    copy(copies)
+
+
 def _ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:
     """Whether a verify's read allows the launched rest of the iteration: every request goes on and
     stays inside its context next iteration (`room[b]` tokens)."""
@@ -338,6 +404,8 @@ class GraphRunner:
         # verify buffers by the ahead_draft graph, once ahead_extend has read this verify's
         self._next_slots = torch.zeros(self.max_bs, config.num_draft_tokens, **i64)
         self._next_sim = torch.ones(self.max_bs, **i64)
+        # the reserved padding slots as host ints, for the bookkeeping kernels' arguments (read once here)
+        self._pad_slots = (int(rt.reserved_slots["target"][0]), int(rt.reserved_slots["draft"][0]))
         self._hidden_expected = []  # (buffer, width-rule stand-in, what is copied into it), for launch-ahead
         for name, phase, source in (("draft", "draft", "the draft-extend output (launch-ahead)"),
                                     ("extend", "extend", "the verify capture (launch-ahead)"),
@@ -755,52 +823,29 @@ class GraphRunner:
 
     def _ahead_extend_fn(self, bucket: int, sim: bool) -> ExtendCoreOut:
         """Verify outputs -> draft-extend buffers (+ target commit), draft-extend, draft commit,
-        outputs -> draft buffers. Padded requests (>= `_nlive`) get copy_in's padding."""
+        outputs -> draft buffers. Padded requests (>= `_nlive`) get copy_in's padding. The steps
+        around the forward are `kernels.bookkeeping`'s `ahead_extend_in` / `_out` (one launch
+        each) or, with `FastOptions.bookkeeping="torch"`, their torch references."""
         vb, eb, db = self.bufs.verify, self.bufs.extend, self.bufs.draft
         vo = self._vout_full[(bucket, True, sim)]
-        rt, width = self.rt, eb.stride
-        dev = vb.seq_lens.device
+        rt = self.rt
+        nlive = None if self._live_requests(bucket) is None else self._nlive
+        t_rt, d_rt = rt.target_cache.req_to_token, rt.draft_cache.req_to_token
+        if self.backend.bookkeeping == "triton":
+            pad_t, pad_d = self._pad_slots
+            from .kernels import bookkeeping as BK
+
+            BK.ahead_extend_in(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d)
+            out = self._extend_fn(bucket)
+            BK.ahead_extend_out(vo, vb, db, out, nlive, d_rt, self._ext_slots, self._scratch, self.pad_row, pad_d,
+                                eb.stride)
+            return out
         pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
-        live_req = self._live_requests(bucket)
-        counts = vo.num_correct.long() + 1
-        cols = torch.arange(width, device=dev)
-        live = cols[None, :] < counts[:, None]
-        if live_req is not None:
-            live = live & live_req[:, None]
-        seq, req = vb.seq_lens[:bucket], vb.req_pool_indices[:bucket]
-        acc = vo.accept_index.clamp(min=0)
-        pos = seq[:, None] + cols
-        rows = torch.where(live, req[:, None], self.pad_row).reshape(-1)
-        at = torch.where(live, pos, 0).reshape(-1)
-        node_slots = torch.where(live, vb.slots[:bucket].reshape(-1)[acc], pad_t)
-        rt.target_cache.req_to_token.index_put_((rows, at), node_slots.reshape(-1))
-        n_rows = bucket * width
-        ext_slots = torch.where(live, self._ext_slots[:bucket], pad_d).reshape(-1)
-        copies = [
-            (eb.input_ids[:n_rows], torch.where(live, vo.accept_tokens, 0).reshape(-1)),
-            (eb.positions[:n_rows], at),
-            (eb.out_slots[:n_rows], ext_slots),
-            (eb.num_accept_tokens[:bucket], _live_or_pad(live_req, counts, 1)),
-            (eb.seq_lens[:bucket], _live_or_pad(live_req, seq + counts, 1)),
-            (eb.req_pool_indices[:bucket], _live_or_pad(live_req, req, self.pad_row)),
-        ]
-        if eb.hidden_states is not None:
-            copies.append((eb.hidden_states[:n_rows], vo.captured[acc.reshape(-1)]))
-        copy_all(copies)
+        prev = ahead_extend_in_torch(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d,
+                                            copy=copy_all)
         out = self._extend_fn(bucket)
-        rt.draft_cache.req_to_token.index_put_((rows, at), ext_slots)
-        bonus = vo.accept_tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
-        copies = [
-            (db.topk_p[:bucket], _live_or_pad(live_req, out.topk_p, 0.0)),
-            (db.topk_index[:bucket], _live_or_pad(live_req, out.topk_index, 0)),
-            (db.bonus_tokens[:bucket], _live_or_pad(live_req, bonus, 0)),
-            (db.seq_lens[:bucket], _live_or_pad(live_req, seq + counts, 0)),
-            (db.req_pool_indices[:bucket], _live_or_pad(live_req, req, self.pad_row)),
-            (db.temp_slots[:bucket], _live_or_pad(live_req, self._scratch[:bucket], pad_d)),
-        ]
-        if db.hidden_states is not None:
-            copies.append((db.hidden_states[:bucket], _live_or_pad(live_req, out.hidden_states, 0.0)))
-        copy_all(copies)
+        ahead_extend_out_torch(vo, vb, db, out, nlive, d_rt, self._scratch, self.pad_row, pad_d, prev,
+                                      copy=copy_all)
         return out
 
     def _ahead_draft_fn(self, bucket: int) -> DraftCoreOut:

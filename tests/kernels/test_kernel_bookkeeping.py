@@ -81,3 +81,88 @@ def test_gpu_large_batch():
     tokens = torch.where(acc >= 0, torch.randint(0, 128256, acc.shape, generator=gen), -1)
     ref = reference_extend_after_decode(tokens, counts, seq_lens, int(counts.sum()))
     assert_same(extend_after_decode(tokens.cuda(), counts.cuda(), seq_lens.cuda(), int(counts.sum())), ref)
+
+
+def _ahead_state(gen, bucket: int, hidden: bool, max_bs: int = 4, width: int = 4, n: int = 6, topk: int = 2,
+                 steps: int = 3, h: int = 40, hd: int = 24):
+    """Random verify outputs, runtime buffers and slot tables of a launch-ahead draft-extend."""
+    from types import SimpleNamespace as NS
+
+    def ints(lo, hi, *shape):
+        return torch.randint(lo, hi, shape, generator=gen).to(DEVICE)
+
+    num_correct = ints(0, width, bucket).to(torch.int32)
+    cols = torch.arange(width, device=DEVICE)
+    kept = cols[None, :] <= num_correct.long()[:, None]
+    accept_index = torch.where(kept, ints(0, bucket * n, bucket, width), -1)
+    accept_tokens = torch.where(kept, ints(0, 1000, bucket, width), -1)
+    captured = torch.randn(bucket * n, h, generator=gen).bfloat16().to(DEVICE) if hidden else None
+    vo = NS(num_correct=num_correct, accept_index=accept_index, accept_tokens=accept_tokens, captured=captured)
+    vb = NS(seq_lens=ints(5, 40, max_bs), req_pool_indices=torch.randperm(max_bs, generator=gen).to(DEVICE),
+            slots=ints(100, 400, max_bs, n))
+    eb = NS(stride=width, input_ids=ints(0, 9, max_bs * width), positions=ints(0, 9, max_bs * width),
+            out_slots=ints(0, 9, max_bs * width), num_accept_tokens=ints(0, 9, max_bs).to(torch.int32),
+            seq_lens=ints(0, 9, max_bs), req_pool_indices=ints(0, 9, max_bs),
+            hidden_states=torch.randn(max_bs * width, h, generator=gen).bfloat16().to(DEVICE) if hidden else None)
+    db = NS(topk_p=torch.rand(max_bs, topk, generator=gen).to(DEVICE), topk_index=ints(0, 9, max_bs, topk),
+            bonus_tokens=ints(0, 9, max_bs), seq_lens=ints(0, 9, max_bs), req_pool_indices=ints(0, 9, max_bs),
+            temp_slots=ints(0, 9, max_bs, topk, steps),
+            hidden_states=torch.randn(max_bs, hd, generator=gen).bfloat16().to(DEVICE) if hidden else None)
+    out = NS(topk_p=torch.rand(bucket, topk, generator=gen).to(DEVICE), topk_index=ints(0, 1000, bucket, topk),
+             hidden_states=torch.randn(bucket, hd, generator=gen).bfloat16().to(DEVICE) if hidden else None)
+    tables = (torch.full((max_bs + 1, 64), -1, dtype=torch.int64, device=DEVICE),
+              torch.full((max_bs + 1, 64), -1, dtype=torch.int64, device=DEVICE))
+    return vo, vb, eb, db, out, ints(500, 600, max_bs, width), ints(700, 800, max_bs, topk, steps), tables
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("bucket,nlive", [(1, None), (3, None), (3, 2), (4, 1)])
+def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden):
+    """`ahead_extend_in` / `_out` (two launches) write exactly what the torch path
+    (`graphs.ahead_extend_in_torch` / `_out_torch`) writes: both slot tables, every draft-extend
+    and draft buffer, hidden states (EAGLE) or none (STANDALONE), live and padded requests."""
+    import copy
+
+    from spec_runtime import graphs
+    from spec_runtime.kernels import bookkeeping as BK
+
+    gen = torch.Generator().manual_seed(bucket * 10 + (nlive or 0) + hidden)
+    state = _ahead_state(gen, bucket, hidden)
+    nl = None if nlive is None else torch.tensor(nlive, device=DEVICE)
+    pad_row, pad_t, pad_d = 4, 90, 91
+    runs = []
+    for use_kernels in (False, True):
+        vo, vb, eb, db, out, ext, scratch, (t_rt, d_rt) = copy.deepcopy(state)
+        if use_kernels:
+            BK.ahead_extend_in(vo, vb, eb, ext, nl, t_rt, pad_row, pad_t, pad_d)
+            BK.ahead_extend_out(vo, vb, db, out, nl, d_rt, ext, scratch, pad_row, pad_d, eb.stride)
+        else:
+            prev = graphs.ahead_extend_in_torch(vo, vb, eb, ext, nl, t_rt, pad_row, torch.tensor(pad_t),
+                                                torch.tensor(pad_d))
+            graphs.ahead_extend_out_torch(vo, vb, db, out, nl, d_rt, scratch, pad_row, torch.tensor(pad_d), prev)
+        runs.append((eb, db, t_rt, d_rt))
+    (eb0, db0, t0, d0), (eb1, db1, t1, d1) = runs
+    assert torch.equal(t0, t1) and torch.equal(d0, d1)
+    assert (t1[pad_row] != -1).any() or bucket == 0  # the padding writes land in the padding row
+    for a, b in ((eb0, eb1), (db0, db1)):
+        for name, v in vars(a).items():
+            if isinstance(v, torch.Tensor):
+                assert v.dtype == getattr(b, name).dtype and torch.equal(v, getattr(b, name)), name
+
+
+def test_ahead_extend_kernels_build_for_hopper():
+    """Both bookkeeping kernels build for sm90 (the interpreter does not type-check their runtime
+    branches the way the compiler does)."""
+    from kernel_helpers import hopper_ttir
+
+    i64 = ("num_correct_ptr", "nlive_ptr", "acc_idx_ptr", "acc_tok_ptr", "seq_ptr", "req_ptr", "tree_slots_ptr",
+           "ext_src_ptr", "rt_ptr", "ids_ptr", "pos_ptr", "out_slots_ptr", "n_acc_ptr", "e_seq_ptr", "e_req_ptr",
+           "topk_i_ptr", "scratch_ptr", "d_topk_i_ptr", "d_bonus_ptr", "d_seq_ptr", "d_req_ptr", "d_temp_ptr")
+    types = {name: "*i64" for name in i64}
+    types.update(cap_ptr="*bf16", e_hid_ptr="*bf16", hid_ptr="*bf16", d_hid_ptr="*bf16", topk_p_ptr="*fp32",
+                 d_topk_p_ptr="*fp32")
+    for name, consts in (("_ahead_in_kernel", dict(WP=8, BLOCK_H=1024)),
+                         ("_ahead_out_kernel", dict(WP=8, KP=4, KSP=16, BLOCK_H=1024))):
+        cases = [dict(consts, HAS_NLIVE=live) for live in (False, True)]
+        irs = hopper_ttir("spec_runtime.kernels.bookkeeping", name, types, cases)
+        assert all("tt.store" in ir for ir in irs)

@@ -60,6 +60,9 @@ class FastOptions:
         frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
             step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
             triton on CUDA).
+        bookkeeping: "triton" (`kernels.bookkeeping.ahead_extend_in` / `_out`: the launch-ahead
+            draft-extend graph's bookkeeping in one launch before its forward and one after) or
+            "torch" (the same steps as torch ops, about forty kernels) (auto: triton on CUDA).
         epilogues: the elementwise step after a GEMV done in its epilogue: "rope" (RoPE + KV store
             after the QKV projection), "silu" (SiLU-and-multiply after gate/up), "parts" (the o and
             down projections' split-K partials summed by the next residual add + RMSNorm instead
@@ -80,6 +83,7 @@ class FastOptions:
     tree: str = "auto"
     topk: str = "auto"
     frontier: str = "auto"
+    bookkeeping: str = "auto"
     epilogues: str = "auto"
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
@@ -91,6 +95,7 @@ class FastOptions:
         "tree": ("auto", "triton", "torch"),
         "topk": ("auto", "triton", "torch"),
         "frontier": ("auto", "triton", "torch"),
+        "bookkeeping": ("auto", "triton", "torch"),
         "epilogues": ("auto", "fused", "separate"),
     }
     EPILOGUES = ("rope", "silu", "parts")
@@ -278,6 +283,7 @@ class FastBackend:
             from spec_runtime.kernels import frontier
 
             self.frontier = frontier
+        self.bookkeeping = kernels_or(options.bookkeeping, "torch")
         # the phase cores' CoreOps.softmax_topk / .argmax (None: torch's)
         self.softmax_topk_fn: Optional[Callable] = None
         self.argmax_fn: Optional[Callable] = None

@@ -5,7 +5,13 @@
 - `extend_after_decode`: the draft-extend rows of the accepted tokens (sglang's
   `create_extend_after_decode_spec_info`): request-major tokens, positions `seq_len_old + j`, and
   the bonus token (the last accepted one) of each request.
+- `ahead_extend_in` / `ahead_extend_out`: the launch-ahead draft-extend graph's bookkeeping before
+  and after its forward (`graphs.GraphRunner._ahead_extend_fn`), one launch each where the torch
+  path (`graphs.ahead_extend_in_torch` / `_out_torch`, the references) captures about forty small
+  kernels.
 """
+
+from typing import Optional
 
 import torch
 import triton
@@ -14,6 +20,8 @@ import triton.language as tl
 from spec_runtime.kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
 
 __all__ = [
+    "ahead_extend_in",
+    "ahead_extend_out",
     "commit_accepted",
     "extend_after_decode",
     "reference_commit_accepted",
@@ -176,3 +184,174 @@ def extend_after_decode(
         s1, num_tokens, SP=next_pow2(s1), BLOCK_B=min(1024, next_pow2(bs)), num_warps=1,
     )
     return input_ids, positions, bonus
+
+
+# ------------------------------------------------------------------------------------------------
+# The launch-ahead draft-extend graph's bookkeeping (`graphs.GraphRunner._ahead_extend_fn`)
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _request_state(b, num_correct_ptr, nlive_ptr, W, WP: tl.constexpr, HAS_NLIVE: tl.constexpr):
+    """Request b's accepted count (bonus included), whether it is live, and which of its `W` rows
+    keep an accepted token."""
+    j = tl.arange(0, WP)
+    cnt = tl.load(num_correct_ptr + b).to(tl.int64) + 1
+    if HAS_NLIVE:
+        alive = b < tl.load(nlive_ptr)
+    else:
+        alive = b >= 0
+    keep = (j < cnt) & alive & (j < W)
+    return j, cnt, alive, keep
+
+
+@triton.jit
+def _ahead_in_kernel(
+    num_correct_ptr, nlive_ptr, acc_idx_ptr, acc_tok_ptr, seq_ptr, req_ptr, tree_slots_ptr, ext_src_ptr, cap_ptr,
+    rt_ptr, ids_ptr, pos_ptr, out_slots_ptr, n_acc_ptr, e_seq_ptr, e_req_ptr, e_hid_ptr,
+    pad_row, pad_t, pad_d, W, H, s_ai, s_at, s_ext, s_rt, s_cap, s_eh,
+    WP: tl.constexpr, HAS_NLIVE: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    j, cnt, alive, keep = _request_state(b, num_correct_ptr, nlive_ptr, W, WP, HAS_NLIVE)
+    jm = j < W
+    acc = tl.maximum(tl.load(acc_idx_ptr + b * s_ai + j, mask=jm, other=0).to(tl.int64), 0)
+    if c == 0:
+        seq = tl.load(seq_ptr + b).to(tl.int64)
+        req = tl.load(req_ptr + b).to(tl.int64)
+        rows = tl.where(keep, req, pad_row)
+        at = tl.where(keep, seq + j, 0)
+        node = tl.load(tree_slots_ptr + acc, mask=keep, other=pad_t)
+        node = tl.where(keep, node, pad_t)
+        tl.store(rt_ptr + rows * s_rt + at, node.to(rt_ptr.dtype.element_ty), mask=jm)
+        tok = tl.load(acc_tok_ptr + b * s_at + j, mask=jm, other=0)
+        row0 = b.to(tl.int64) * W
+        tl.store(ids_ptr + row0 + j, tl.where(keep, tok, 0).to(ids_ptr.dtype.element_ty), mask=jm)
+        tl.store(pos_ptr + row0 + j, at.to(pos_ptr.dtype.element_ty), mask=jm)
+        ext = tl.where(keep, tl.load(ext_src_ptr + b * s_ext + j, mask=jm, other=0), pad_d)
+        tl.store(out_slots_ptr + row0 + j, ext.to(out_slots_ptr.dtype.element_ty), mask=jm)
+        tl.store(n_acc_ptr + b, tl.where(alive, cnt, 1).to(n_acc_ptr.dtype.element_ty))
+        tl.store(e_seq_ptr + b, tl.where(alive, seq + cnt, 1).to(e_seq_ptr.dtype.element_ty))
+        tl.store(e_req_ptr + b, tl.where(alive, req, pad_row).to(e_req_ptr.dtype.element_ty))
+    else:  # one BLOCK_H chunk of the captured hidden rows of every one of b's W rows
+        h = (c - 1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        hm = h < H
+        for jj in range(W):
+            a = tl.maximum(tl.load(acc_idx_ptr + b * s_ai + jj).to(tl.int64), 0)
+            v = tl.load(cap_ptr + a * s_cap + h, mask=hm, other=0.0)
+            tl.store(e_hid_ptr + (b.to(tl.int64) * W + jj) * s_eh + h, v, mask=hm)
+
+
+@triton.jit
+def _ahead_out_kernel(
+    num_correct_ptr, nlive_ptr, acc_tok_ptr, seq_ptr, req_ptr, ext_src_ptr, topk_p_ptr, topk_i_ptr, scratch_ptr,
+    hid_ptr, rt_ptr, d_topk_p_ptr, d_topk_i_ptr, d_bonus_ptr, d_seq_ptr, d_req_ptr, d_temp_ptr, d_hid_ptr,
+    pad_row, pad_d, W, K, KS, H, s_at, s_ext, s_rt, s_tp, s_ti, s_dp, s_di, s_sc, s_dt, s_h, s_dh,
+    WP: tl.constexpr, KP: tl.constexpr, KSP: tl.constexpr, HAS_NLIVE: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    j, cnt, alive, keep = _request_state(b, num_correct_ptr, nlive_ptr, W, WP, HAS_NLIVE)
+    jm = j < W
+    if c == 0:
+        seq = tl.load(seq_ptr + b).to(tl.int64)
+        req = tl.load(req_ptr + b).to(tl.int64)
+        rows = tl.where(keep, req, pad_row)
+        at = tl.where(keep, seq + j, 0)
+        ext = tl.where(keep, tl.load(ext_src_ptr + b * s_ext + j, mask=jm, other=0), pad_d)
+        tl.store(rt_ptr + rows * s_rt + at, ext.to(rt_ptr.dtype.element_ty), mask=jm)
+        bonus = tl.load(acc_tok_ptr + b * s_at + cnt - 1, mask=alive & (cnt >= 1) & (cnt <= W), other=0)
+        tl.store(d_bonus_ptr + b, tl.where(alive, bonus, 0).to(d_bonus_ptr.dtype.element_ty))
+        tl.store(d_seq_ptr + b, tl.where(alive, seq + cnt, 0).to(d_seq_ptr.dtype.element_ty))
+        tl.store(d_req_ptr + b, tl.where(alive, req, pad_row).to(d_req_ptr.dtype.element_ty))
+        k = tl.arange(0, KP)
+        km = k < K
+        p = tl.load(topk_p_ptr + b * s_tp + k, mask=km & alive, other=0.0)
+        tl.store(d_topk_p_ptr + b * s_dp + k, tl.where(alive, p, 0.0).to(d_topk_p_ptr.dtype.element_ty), mask=km)
+        i = tl.load(topk_i_ptr + b * s_ti + k, mask=km & alive, other=0)
+        tl.store(d_topk_i_ptr + b * s_di + k, tl.where(alive, i, 0).to(d_topk_i_ptr.dtype.element_ty), mask=km)
+        t = tl.arange(0, KSP)
+        tm = t < KS
+        tmp = tl.load(scratch_ptr + b * s_sc + t, mask=tm & alive, other=0)
+        tl.store(d_temp_ptr + b * s_dt + t, tl.where(alive, tmp, pad_d).to(d_temp_ptr.dtype.element_ty), mask=tm)
+    else:  # one BLOCK_H chunk of b's draft hidden state
+        h = (c - 1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        hm = h < H
+        v = tl.load(hid_ptr + b * s_h + h, mask=hm & alive, other=0.0)
+        tl.store(d_hid_ptr + b * s_dh + h, tl.where(alive, v, 0.0).to(d_hid_ptr.dtype.element_ty), mask=hm)
+
+
+_HIDDEN_BLOCK = 1024
+
+
+def _rowwise(t: torch.Tensor, name: str) -> None:
+    require(t.dim() >= 1 and (t.dim() == 1 or t.stride(-1) == 1), f"{name} must have a unit last stride")
+
+
+def ahead_extend_in(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.Tensor], target_rt: torch.Tensor,
+                    pad_row: int, pad_t, pad_d) -> None:
+    """The draft-extend graph's inputs from a verify's outputs, in one launch: for request b of the
+    bucket (live: `b < nlive`, or every one when `nlive` is None) and column j < `eb.stride`, where
+    j < num_correct[b] + 1 and b is live, point the target's slot `seq_len + j` at the accepted
+    node's tree slot and fill the extend rows (token, position, draft slot from `ext_slots`);
+    elsewhere write the padding (`pad_row`/`pad_t`/`pad_d`, token 0), as `reference_ahead_extend_in`
+    does, and copy every row's captured hidden state (EAGLE) into `eb.hidden_states`
+    (`graphs.ahead_extend_in_torch`, bit for bit). `pad_t`, `pad_d`: host ints."""
+    bucket, width = vo.num_correct.shape[0], eb.stride
+    for name, t in (("accept_index", vo.accept_index), ("accept_tokens", vo.accept_tokens), ("ext_slots", ext_slots),
+                    ("req_to_token", target_rt)):
+        _rowwise(t, name)
+    require(vo.accept_index.shape[1] == width and vo.accept_tokens.shape[1] == width,
+            f"accept rows must be {width} wide, got {vo.accept_index.shape[1]} and {vo.accept_tokens.shape[1]}")
+    hidden = eb.hidden_states is not None
+    h = eb.hidden_states.shape[1] if hidden else 0
+    if hidden:
+        require(vo.captured is not None and vo.captured.shape[1] == h and vo.captured.stride(1) == 1,
+                f"captured rows must be {h} wide and contiguous along it")
+    slots = vb.slots[:bucket].reshape(-1)
+    cap = vo.captured if hidden else slots
+    e_hid = eb.hidden_states if hidden else slots
+    _ahead_in_kernel[(bucket, 1 + (triton.cdiv(h, _HIDDEN_BLOCK) if hidden else 0))](
+        vo.num_correct, nlive if nlive is not None else vo.num_correct, vo.accept_index, vo.accept_tokens,
+        vb.seq_lens, vb.req_pool_indices, slots, ext_slots, cap,
+        target_rt, eb.input_ids, eb.positions, eb.out_slots, eb.num_accept_tokens, eb.seq_lens, eb.req_pool_indices,
+        e_hid, int(pad_row), int(pad_t), int(pad_d), width, h, vo.accept_index.stride(0), vo.accept_tokens.stride(0),
+        ext_slots.stride(0), target_rt.stride(0), cap.stride(0), e_hid.stride(0),
+        WP=next_pow2(width), HAS_NLIVE=nlive is not None, BLOCK_H=_HIDDEN_BLOCK, num_warps=4,
+    )
+
+
+def ahead_extend_out(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: torch.Tensor, ext_slots: torch.Tensor,
+                     scratch: torch.Tensor, pad_row: int, pad_d, width: int) -> None:
+    """After the draft-extend forward, in one launch: point the draft's slots `seq_len + j` of the
+    kept rows at their draft slots (padding elsewhere), and fill the draft graph's inputs: top-k,
+    bonus token (the last accepted), sequence length, request row, scratch slots and hidden state
+    for the live requests, the padding (0, `pad_row`, `pad_d`) for the others
+    (`graphs.ahead_extend_out_torch`, bit for bit)."""
+    bucket = vo.num_correct.shape[0]
+    for name, t in (("accept_tokens", vo.accept_tokens), ("topk_p", out.topk_p), ("topk_index", out.topk_index),
+                    ("req_to_token", draft_rt), ("ext_slots", ext_slots)):
+        _rowwise(t, name)
+    k = out.topk_p.shape[1]
+    ks = scratch.shape[1] * scratch.shape[2]
+    require(scratch.stride(2) == 1 and scratch.stride(1) == scratch.shape[2], "scratch must be contiguous in its last two dims")
+    require(db.temp_slots.stride(2) == 1 and db.temp_slots.stride(1) == db.temp_slots.shape[2],
+            "draft temp_slots must be contiguous in its last two dims")
+    hidden = db.hidden_states is not None
+    h = db.hidden_states.shape[1] if hidden else 0
+    if hidden:
+        require(out.hidden_states is not None and out.hidden_states.stride(1) == 1 and db.hidden_states.stride(1) == 1,
+                "hidden states must be contiguous along the hidden axis")
+    src_h = out.hidden_states if hidden else out.topk_p
+    dst_h = db.hidden_states if hidden else db.topk_p
+    _ahead_out_kernel[(bucket, 1 + (triton.cdiv(h, _HIDDEN_BLOCK) if hidden else 0))](
+        vo.num_correct, nlive if nlive is not None else vo.num_correct, vo.accept_tokens, vb.seq_lens,
+        vb.req_pool_indices, ext_slots, out.topk_p, out.topk_index, scratch, src_h,
+        draft_rt, db.topk_p, db.topk_index, db.bonus_tokens, db.seq_lens, db.req_pool_indices, db.temp_slots, dst_h,
+        int(pad_row), int(pad_d), width, k, ks, h, vo.accept_tokens.stride(0), ext_slots.stride(0), draft_rt.stride(0),
+        out.topk_p.stride(0), out.topk_index.stride(0), db.topk_p.stride(0), db.topk_index.stride(0),
+        scratch.stride(0), db.temp_slots.stride(0), src_h.stride(0), dst_h.stride(0),
+        WP=next_pow2(width), KP=next_pow2(k), KSP=next_pow2(ks), HAS_NLIVE=nlive is not None, BLOCK_H=_HIDDEN_BLOCK,
+        num_warps=4,
+    )
