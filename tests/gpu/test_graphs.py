@@ -85,11 +85,14 @@ def test_cuda_graph_float32_matches_eager(gpu_models, algorithm: str, first: int
     target, draft = gpu_models("tiny", algorithm, torch.float32)
     prompts = _prompts(total, 128)
     outs = {}
-    for name in ("eager", "static", "cuda_graph", "cuda_graph, no launch-ahead", "cuda_graph, before read at 8"):
+    for name in ("eager", "static", "cuda_graph", "cuda_graph, no launch-ahead", "cuda_graph, before read at 8",
+                 "cuda_graph, bookkeeping kernels"):
         executor = name.split(",")[0]
         extra = {"launch_ahead": False} if "no launch-ahead" in name else {}
         if "before read" in name:  # launched before verify's read at every batch size (side stream)
             extra = {"launch_before_read": 8}
+        if "bookkeeping" in name:  # the launch-ahead draft-extend's bookkeeping in two Triton launches
+            extra = {"fast": {"bookkeeping": "triton"}}
         rt = _runtime(target, draft, algorithm, executor, **extra)
         outs[name] = _drive(SpecEngine(rt), prompts, first)
         assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), name

@@ -62,7 +62,8 @@ class FastOptions:
             triton on CUDA).
         bookkeeping: "triton" (`kernels.bookkeeping.ahead_extend_in` / `_out`: the launch-ahead
             draft-extend graph's bookkeeping in one launch before its forward and one after) or
-            "torch" (the same steps as torch ops, about forty kernels) (auto: triton on CUDA).
+            "torch" (the same steps as torch ops, about forty kernels) (auto: torch, until the
+            kernels are measured on the GPU).
         epilogues: the elementwise step after a GEMV done in its epilogue: "rope" (RoPE + KV store
             after the QKV projection), "silu" (SiLU-and-multiply after gate/up), "parts" (the o and
             down projections' split-K partials summed by the next residual add + RMSNorm instead
@@ -283,7 +284,8 @@ class FastBackend:
             from spec_runtime.kernels import frontier
 
             self.frontier = frontier
-        self.bookkeeping = kernels_or(options.bookkeeping, "torch")
+        # auto: torch until the kernels are measured on the GPU (runtime-internals, "Launch-ahead")
+        self.bookkeeping = "torch" if options.bookkeeping == "auto" else options.bookkeeping
         # the phase cores' CoreOps.softmax_topk / .argmax (None: torch's)
         self.softmax_topk_fn: Optional[Callable] = None
         self.argmax_fn: Optional[Callable] = None
