@@ -44,7 +44,7 @@ def assert_same(got, ref) -> None:
 
 
 
-_TTIR_SCRIPT = """
+_BUILD_SCRIPT = """
 import json, sys
 import importlib
 import triton
@@ -74,15 +74,15 @@ json.dump(out, sys.stdout)
 """
 
 
-def hopper_ttir(module: str, name: str, types: dict[str, str], constexprs: list[dict],
-                scalar_type: str = "i64", ptx: bool = False) -> list[str]:
-    """Triton IR of kernel `module.name` built for sm90 (no GPU needed), once per constexpr set:
-    the compiler front end's checks, which the interpreter skips (a variable typed differently in
-    the two branches of a runtime `if`; code under a `PDL` constexpr, false under the
-    interpreter). With `ptx`, the whole compilation (about 5 s each; ptxas too) and its PTX, with
-    the helpers inlined. `types`: argument -> Triton type ("*bf16", "fp32"); other non-constexpr
-    arguments are `scalar_type`; constexpr parameters not in a set take their defaults. Runs in a subprocess without `TRITON_INTERPRET` (the kernel
-    tests set it at import)."""
+def hopper_build(module: str, name: str, types: dict[str, str], constexprs: list[dict],
+                 scalar_type: str = "i64", ptx: bool = False) -> list[str]:
+    """Kernel `module.name` built for sm90 without a GPU, once per constexpr set: its Triton IR (the
+    compiler front end's checks, which the interpreter skips: a variable typed differently in the
+    two branches of a runtime `if`, code under a `PDL` constexpr that is false under the
+    interpreter) or, with `ptx`, the whole compilation (about 5 s each, ptxas included) and its
+    PTX, helpers inlined. `types`: argument -> Triton type ("*bf16", "fp32"); other non-constexpr
+    arguments are `scalar_type`; constexpr parameters missing from a set take their defaults.
+    Runs in a subprocess without `TRITON_INTERPRET` (the kernel tests set it at import)."""
     import json
     import os
     import subprocess
@@ -90,7 +90,7 @@ def hopper_ttir(module: str, name: str, types: dict[str, str], constexprs: list[
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     job = {"module": module, "name": name, "types": types, "constexprs": constexprs, "scalar": scalar_type, "ptx": ptx}
-    res = subprocess.run([sys.executable, "-c", _TTIR_SCRIPT], input=json.dumps(job), capture_output=True,
+    res = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT], input=json.dumps(job), capture_output=True,
                          text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)

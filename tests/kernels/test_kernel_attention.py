@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, gpu, hopper_ttir, needs_cuda, random_tree
+from kernel_helpers import DEVICE, gpu, hopper_build, needs_cuda, random_tree
 
 from spec_runtime.attention import AttnBatch, torch_attention
 from spec_runtime.kernels.attention import triton_attention
@@ -123,14 +123,14 @@ def test_split_kernel_compiles_for_hopper_with_pdl():
     base = dict(G=4, GP=4, D=64, BLOCK_M=2, BLOCK_R=16, BLOCK_N=128, BLOCK_E=4, BLOCK_J=16, NUM_SPLITS=4,
                 SEARCH_ITERS=2, DOT_F32=False, PDL=True, NSP=8)
     cases = [dict(base, EARLY=early, FUSED_MERGE=fused) for early in (True, False) for fused in (True, False)]
-    irs = hopper_ttir("spec_runtime.kernels.attention", "_attn_split_kernel", types, cases)
+    irs = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types, cases)
     for case, ir in zip(cases, irs):
         # the wait: in each branch of the split (prefix, extra slots) when early, else once at the top
         assert ir.count("griddepcontrol.wait") == (2 if case["EARLY"] else 1), case
         assert ("atom" in ir) == case["FUSED_MERGE"], case
     # SPEC_ATTN_PREFETCH's L2 prefetches (inline PTX) go through ptxas, and come before the wait:
     # the first prefix tile's 128 slots x 2 lines x (K, V) and the extra tile's 16 x 2 x 2, over 128 threads
-    ptx = hopper_ttir("spec_runtime.kernels.attention", "_attn_split_kernel", types,
+    ptx = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,
                       [dict(base, D=128, EARLY=True, FUSED_MERGE=True, PREFETCH=True, KV_PARTS=2, KV_LINE=64)], ptx=True)[0]
     assert ptx.count("prefetch.global.L2") == 6
     assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")

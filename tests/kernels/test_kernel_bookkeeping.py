@@ -153,7 +153,7 @@ def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden):
 def test_ahead_extend_kernels_build_for_hopper():
     """Both bookkeeping kernels build for sm90 (the interpreter does not type-check their runtime
     branches the way the compiler does)."""
-    from kernel_helpers import hopper_ttir
+    from kernel_helpers import hopper_build
 
     i64 = ("num_correct_ptr", "nlive_ptr", "acc_idx_ptr", "acc_tok_ptr", "seq_ptr", "req_ptr", "tree_slots_ptr",
            "ext_src_ptr", "rt_ptr", "ids_ptr", "pos_ptr", "out_slots_ptr", "n_acc_ptr", "e_seq_ptr", "e_req_ptr",
@@ -164,7 +164,7 @@ def test_ahead_extend_kernels_build_for_hopper():
     for name, consts in (("_ahead_in_kernel", dict(WP=8, BLOCK_H=1024)),
                          ("_ahead_out_kernel", dict(WP=8, KP=4, KSP=16, BLOCK_H=1024))):
         cases = [dict(consts, HAS_NLIVE=live) for live in (False, True)]
-        irs = hopper_ttir("spec_runtime.kernels.bookkeeping", name, types, cases)
+        irs = hopper_build("spec_runtime.kernels.bookkeeping", name, types, cases)
         assert all("tt.store" in ir for ir in irs)
 
 

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, gpu, hopper_ttir, needs_cuda
+from kernel_helpers import DEVICE, gpu, hopper_build, needs_cuda
 
 from spec_runtime.gpu import elementwise as ew
 from spec_runtime.kernels.gemv import (
@@ -204,8 +204,8 @@ def test_rope_epilogue_builds_for_hopper_with_pdl():
     cases = [dict(t, SPLIT_K=1, EVEN_K=True, HAS_BIAS=False, DOT_F32=False, EPI=2, HD2=64, PDL=True, EARLY_EPI=e)
              for t in tiles for e in (True, False)]
     reduce_cases = [dict(SPLIT_K=2, BLOCK=1024, HAS_BIAS=False, EPI=2, HD2=64, PDL=True, EARLY_EPI=e) for e in (True, False)]
-    irs = hopper_ttir("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
-    irs += hopper_ttir("spec_runtime.kernels.gemv", "_split_k_reduce_kernel", types, reduce_cases, scalar_type="i32")
+    irs = hopper_build("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
+    irs += hopper_build("spec_runtime.kernels.gemv", "_split_k_reduce_kernel", types, reduce_cases, scalar_type="i32")
     for case, ir in zip(cases + reduce_cases, irs):
         kernel = ir[: ir.index("tt.func private")]  # the kernel's own body (helpers follow, not inlined yet)
         call = kernel.find("._rope_inputs_")  # up front: called by the kernel, before the wait

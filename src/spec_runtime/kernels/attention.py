@@ -115,6 +115,15 @@ def _prefetch_kv(k_ptr, v_ptr, slot, ok, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd
 
 
 @triton.jit
+def _load_q(q_ptrs, rvalid, DOT_F32: tl.constexpr):
+    """The block's query rows (after the PDL wait: the kernel before writes them)."""
+    q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
 def _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, mask,
                    D: tl.constexpr):
     """Write partial (row, head, split) of the `(T, Hq, NS[, D])` float32 buffers."""
@@ -241,9 +250,7 @@ def _attn_split_kernel(
         if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
             gdc_wait()
             gdc_launch_dependents()
-        q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
+        q = _load_q(q_ptrs, rvalid, DOT_F32)
         for r in range(r_first, r_last + 1):
             later = r != r_first  # (a block across requests; the first one's values are in hand)
             p_len = tl.where(later, tl.load(prefix_ptr + r, mask=later, other=0).to(tl.int64), p_len_0)
@@ -286,9 +293,7 @@ def _attn_split_kernel(
         if PDL and EARLY:
             gdc_wait()
             gdc_launch_dependents()
-        q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
+        q = _load_q(q_ptrs, rvalid, DOT_F32)
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, D], tl.float32)
