@@ -382,15 +382,21 @@ class GraphRunner:
         max_pos = rt.target_cache.req_to_token.shape[1] + config.num_draft_tokens + 1
         be, ft, fd = build_fast_models(rt.target, rt.draft, self.options, max_pos, self.linear_log)
         self.backend = be
-        tree_fn, greedy_fn, sampling_fn = build_tree_nosync, None, None
+        tree_fn, greedy_fn, sampling_fn, sim_fn = build_tree_nosync, None, None, None
         if be.tree == "triton":
             from .kernels.tree_build import triton_build_tree
-            from .kernels.verify import triton_verify_greedy, triton_verify_tree_sampling
+            from .kernels.verify import (
+                triton_simulated_accept,
+                triton_verify_greedy,
+                triton_verify_tree_sampling,
+            )
 
             tree_fn, greedy_fn, sampling_fn = triton_build_tree, triton_verify_greedy, triton_verify_tree_sampling
+            sim_fn = triton_simulated_accept
         self.ops = CoreOps(config, ft, fd, rt.target_cache, rt.draft_cache, rt.aux_layer_ids, rt.capture,
                            tree_fn, probs_nosync, verify_greedy=greedy_fn, verify_tree_sampling=sampling_fn,
-                           softmax_topk=be.softmax_topk_fn, argmax=be.argmax_fn, frontier=be.frontier)
+                           softmax_topk=be.softmax_topk_fn, argmax=be.argmax_fn, frontier=be.frontier,
+                           simulated_accept=sim_fn)
         device, chain = rt.device, rt.sampled_chain
         self.bufs = _Buffers(
             B.allocate_draft(config, self.max_bs, device, sampled_chain=chain),

@@ -109,6 +109,7 @@ class CoreOps:
     softmax_topk: Optional[Callable[..., tuple]] = None  # (logits, k) -> (probs, indices); None: torch's
     argmax: Optional[Callable[..., torch.Tensor]] = None  # (logits) -> last-axis argmax; None: torch's
     frontier: Any = None  # kernels.frontier (the draft's expansion bookkeeping); None: tree.py's torch path
+    simulated_accept: Optional[Callable[..., tuple]] = None  # the simulated override; None: verify.py's
 
 
 @dataclass

@@ -258,7 +258,7 @@ def verify_core(ops: CoreOps, c: VerifyCoreIn) -> VerifyCoreOut:
     predict = _argmax(ops, logits) if c.greedy or c.sim_accept is not None else None
     accept_index, accept_tokens, num_correct = _accept(ops, c, logits, predict)
     if c.sim_accept is not None:
-        accept_index, accept_tokens, num_correct = _simulated(c, predict, accept_index.shape[1])
+        accept_index, accept_tokens, num_correct = _simulated(ops, c, predict, accept_index.shape[1])
     return VerifyCoreOut(accept_index, accept_tokens, num_correct, captured)
 
 
@@ -286,18 +286,27 @@ def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor, predict: Option
     return accept_index, _tokens_at(predicts, accept_index), num_correct
 
 
-def _simulated(c: VerifyCoreIn, predict: torch.Tensor, width: int):
-    """Benchmark override (labelled "simulated"): request b accepts nodes 0 .. a_b - 1 as if they
-    formed its path (whatever the tree), emitting their draft tokens then the target's argmax at the
-    last one, as sglang's SGLANG_SIMULATE_ACC_LEN does. Timing only: the tokens are meaningless."""
-    bs, n = c.draft_token.shape
-    a = c.sim_accept.long()
+def simulated_accept(sim_accept: torch.Tensor, retrieve_index: torch.Tensor, draft_token: torch.Tensor,
+                     predict: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Benchmark override (labelled "simulated"): request b accepts nodes 0 .. a_b - 1
+    (`a = sim_accept`, 1 <= a_b <= width) as if they formed its path (whatever the tree), emitting
+    their draft tokens then the target's argmax `predict (bs, n)` at the last one, as sglang's
+    SGLANG_SIMULATE_ACC_LEN does. Timing only: the tokens are meaningless. Returns
+    `(accept_index (bs, width) int64, accept_tokens (bs, width) int64, num_correct (bs,) int32)`
+    (`kernels.verify.triton_simulated_accept`: the same in one launch)."""
+    bs, n = draft_token.shape
+    a = sim_accept.long()
     cols = torch.arange(width, device=predict.device)[None, :]
-    index = torch.where(cols < a[:, None], c.retrieve_index[:, :1] + cols, -1)
-    nxt = c.draft_token.gather(1, (cols + 1).clamp(max=n - 1).expand(bs, width))
+    index = torch.where(cols < a[:, None], retrieve_index[:, :1] + cols, -1)
+    nxt = draft_token.gather(1, (cols + 1).clamp(max=n - 1).expand(bs, width))
     bonus = predict.gather(1, (a - 1)[:, None])
     tokens = torch.where(cols < (a - 1)[:, None], nxt, torch.where(cols == (a - 1)[:, None], bonus, -1))
     return index, tokens, (a - 1).to(torch.int32)
+
+
+def _simulated(ops: CoreOps, c: VerifyCoreIn, predict: torch.Tensor, width: int):
+    fn = ops.simulated_accept or simulated_accept
+    return fn(c.sim_accept, c.retrieve_index, c.draft_token, predict, width)
 
 
 def _argmax(ops: CoreOps, logits: torch.Tensor) -> torch.Tensor:

@@ -168,3 +168,28 @@ def test_gpu_llama_vocab(bs, topk, num_steps, num_draft):
     got = triton_verify_tree_sampling(*[t.cuda() for t in tree], probs.cuda(), uniform.cuda(), uniform_final.cuda(),
                                       num_steps)
     assert_same(got, ref)
+
+
+@pytest.mark.parametrize("bs,n,width", [(1, 7, 5), (3, 8, 6), (4, 5, 5)])
+def test_simulated_accept_matches_reference(bs, n, width):
+    """The benchmark's simulated override in one launch: the torch version's accept_index, tokens and
+    counts, dtypes included, for every accept count 1 .. width."""
+    from spec_runtime.kernels.verify import triton_simulated_accept
+    from spec_runtime.verify import simulated_accept
+
+    gen = torch.Generator().manual_seed(bs * 100 + n)
+    for a_max in range(1, width + 1):
+        a = torch.randint(1, a_max + 1, (bs,), generator=gen).to(DEVICE)
+        ri = (torch.arange(bs)[:, None] * n + torch.arange(n)).to(DEVICE)
+        draft = torch.randint(0, 1000, (bs, n), generator=gen).to(DEVICE)
+        pred = torch.randint(0, 1000, (bs, n), generator=gen).to(DEVICE)
+        assert_same(triton_simulated_accept(a, ri, draft, pred, width), simulated_accept(a, ri, draft, pred, width))
+
+
+def test_simulated_accept_builds_for_hopper():
+    from kernel_helpers import hopper_build
+
+    types = {n: "*i64" for n in ("a_ptr", "ri_ptr", "dt_ptr", "pred_ptr", "index_ptr", "tokens_ptr")}
+    types["nc_ptr"] = "*i32"
+    ptx = hopper_build("spec_runtime.kernels.verify", "_simulated_kernel", types, [dict(WP=8)], ptx=True)[0]
+    assert "st.global" in ptx

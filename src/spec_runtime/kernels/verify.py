@@ -38,8 +38,10 @@ from spec_runtime.kernels._common import (
 from spec_runtime.tree import check_verify_shapes, verify_greedy, verify_tree_sampling
 
 __all__ = [
+    "reference_simulated_accept",
     "reference_verify_greedy",
     "reference_verify_tree_sampling",
+    "triton_simulated_accept",
     "triton_verify_greedy",
     "triton_verify_tree_sampling",
 ]
@@ -129,6 +131,60 @@ def triton_verify_greedy(
                                   target_predict)]
     _verify_greedy_kernel[(bs,)](*c, predicts, accept_index, num_correct, n, num_steps, num_warps=1)
     return predicts, accept_index, num_correct
+
+
+@triton.jit
+def reference_simulated_accept(*args, **kwargs):
+    """The pure-torch reference (`spec_runtime.verify.simulated_accept`)."""
+    from spec_runtime.verify import simulated_accept
+
+    return simulated_accept(*args, **kwargs)
+
+
+@triton.jit
+def _simulated_kernel(
+    a_ptr,  # (bs,) int accepted count a_b (bonus included), 1 <= a_b <= W
+    ri_ptr,  # (bs, N) int retrieve_index
+    dt_ptr,  # (bs, N) int draft tokens
+    pred_ptr,  # (bs, N) int the target's argmax per node
+    index_ptr,  # (bs, W) int64 accept_index (output)
+    tokens_ptr,  # (bs, W) int64 accept_tokens (output)
+    nc_ptr,  # (bs,) int32 num_correct (output)
+    N, W, s_ri, s_dt, s_pr,
+    WP: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, WP)
+    jm = j < W
+    a = tl.load(a_ptr + b).to(tl.int64)
+    root = tl.load(ri_ptr + b * s_ri).to(tl.int64)
+    tl.store(index_ptr + b * W + j, tl.where(j < a, root + j, -1), mask=jm)
+    nxt = tl.load(dt_ptr + b * s_dt + tl.minimum(j + 1, N - 1), mask=jm, other=0).to(tl.int64)
+    bonus = tl.load(pred_ptr + b * s_pr + a - 1, mask=(a >= 1) & (a <= N), other=-1).to(tl.int64)
+    tokens = tl.where(j < a - 1, nxt, tl.where(j == a - 1, bonus, -1))
+    tl.store(tokens_ptr + b * W + j, tokens, mask=jm)
+    tl.store(nc_ptr + b, (a - 1).to(tl.int32))
+
+
+def triton_simulated_accept(sim_accept: torch.Tensor, retrieve_index: torch.Tensor, draft_token: torch.Tensor,
+                            predict: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`verify.simulated_accept` in one launch (the torch version captures about fifteen small
+    kernels into every simulated verify graph): same arguments, same outputs and dtypes."""
+    bs, n = draft_token.shape
+    dev = draft_token.device
+    check_tensor("sim_accept", sim_accept, INDEX_DTYPES, (bs,), dev)
+    for name, t in (("retrieve_index", retrieve_index), ("draft_token", draft_token), ("predict", predict)):
+        check_tensor(name, t, INDEX_DTYPES, (bs, n), dev)
+        require(t.stride(1) == 1, f"{name} must have a unit last stride")
+    require(width >= 1, f"width must be >= 1, got {width}")
+    index = torch.empty((bs, width), dtype=torch.int64, device=dev)
+    tokens = torch.empty((bs, width), dtype=torch.int64, device=dev)
+    num_correct = torch.empty(bs, dtype=torch.int32, device=dev)
+    if bs:
+        _simulated_kernel[(bs,)](sim_accept, retrieve_index, draft_token, predict, index, tokens, num_correct,
+                                 n, width, retrieve_index.stride(0), draft_token.stride(0), predict.stride(0),
+                                 WP=next_pow2(width), num_warps=1)
+    return index, tokens, num_correct
 
 
 @triton.jit
