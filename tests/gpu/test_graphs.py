@@ -132,6 +132,24 @@ def test_launch_before_read_stop_tokens(gpu_models, algorithm: str) -> None:
     assert outs["cuda_graph"] == outs["eager"]
 
 
+@pytest.mark.parametrize("algorithm", ["EAGLE3", "STANDALONE"])
+def test_simulated_acceptance_graphs_match_eager(gpu_models, algorithm: str) -> None:
+    """The benchmark's simulated acceptance through the CUDA graphs (the override in one Triton
+    launch, `triton_simulated_accept`) gives eager's tokens and accept lengths."""
+    target, draft = gpu_models("tiny", algorithm, torch.float32)
+    prompts = _prompts(3, 128, seed=17)
+    outs = {}
+    for executor in ("eager", "cuda_graph"):
+        rt = _runtime(target, draft, algorithm, executor, num_steps=4, topk=2, num_draft_tokens=6,
+                      simulate_accept_len=2.5)
+        engine = SpecEngine(rt)
+        rids = [engine.add_request(p, budget, ignore_eos=True) for p, budget in zip(prompts, (13, 40, 40))]
+        engine.run()
+        outs[executor] = [(engine.requests[r].output, engine.requests[r].accept_lengths) for r in rids]
+        assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), executor
+    assert outs["cuda_graph"] == outs["eager"]
+
+
 def test_decode_runner_graphs_match_target_only(gpu_models) -> None:
     target, _ = gpu_models("tiny", "STANDALONE", torch.float32)
     prompts = _prompts(3, 128)
