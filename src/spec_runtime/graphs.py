@@ -184,11 +184,12 @@ def _live_or_pad(live: Optional[torch.Tensor], value: torch.Tensor, pad: Any) ->
 
 
 def _alive(nlive: Optional[torch.Tensor], bucket: int, device: torch.device) -> Optional[torch.Tensor]:
+    """`(bucket,)` bool: requests below `nlive` (None: every one, no mask)."""
     return None if nlive is None else torch.arange(bucket, device=device) < nlive
 
 
 def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.Tensor],
-                              target_rt: torch.Tensor, pad_row: int, pad_t, pad_d, copy=None) -> tuple:
+                          target_rt: torch.Tensor, pad_row: int, pad_t, pad_d, copy=None) -> tuple:
     """The launch-ahead draft-extend graph's steps before its forward, as torch ops (the reference
     of `kernels.bookkeeping.ahead_extend_in`): verify outputs -> the target's slot table (accepted
     nodes at `seq_len + j`) and the draft-extend buffers; requests `>= nlive` (when given) and rows
@@ -226,7 +227,7 @@ def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[t
 
 
 def ahead_extend_out_torch(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: torch.Tensor,
-                               scratch: torch.Tensor, pad_row: int, pad_d, prev: tuple, copy=None) -> None:
+                           scratch: torch.Tensor, pad_row: int, pad_d, prev: tuple, copy=None) -> None:
     """The steps after the forward, as torch ops (the reference of
     `kernels.bookkeeping.ahead_extend_out`): the draft's slot table, and the draft buffers of the
     next draft; `prev`: what `ahead_extend_in_torch` returned."""
@@ -818,14 +819,17 @@ class GraphRunner:
         self.ahead_stats["discarded"] += 1
         self.rt.target_cache.free_slots(a.slots, check=False)
 
+    def _nlive_for(self, bucket: int) -> Optional[torch.Tensor]:
+        """`_nlive` (the live requests of a launch-ahead bucket), or None when the bucket cannot hold
+        padding: it serves batches larger than the bucket below it, so rows below that size are
+        always live (bucket 1: its one row)."""
+        below = max((b for b in self.buckets if b < bucket), default=0)
+        return None if below + 1 >= bucket else self._nlive
+
     def _live_requests(self, bucket: int) -> Optional[torch.Tensor]:
         """`(bucket,)` bool: which requests of a launch-ahead bucket are live (`< _nlive`); None when
-        the bucket cannot hold padding: it serves batches larger than the bucket below it, so rows
-        below that size are always live (bucket 1: its one row)."""
-        below = max((b for b in self.buckets if b < bucket), default=0)
-        if below + 1 >= bucket:
-            return None
-        return torch.arange(bucket, device=self._nlive.device) < self._nlive
+        the bucket cannot hold padding (`_nlive_for`)."""
+        return _alive(self._nlive_for(bucket), bucket, self._nlive.device)
 
     def _ahead_extend_fn(self, bucket: int, sim: bool) -> ExtendCoreOut:
         """Verify outputs -> draft-extend buffers (+ target commit), draft-extend, draft commit,
@@ -834,11 +838,10 @@ class GraphRunner:
         each) or, with `FastOptions.bookkeeping="torch"`, their torch references."""
         vb, eb, db = self.bufs.verify, self.bufs.extend, self.bufs.draft
         vo = self._vout_full[(bucket, True, sim)]
-        rt = self.rt
-        nlive = None if self._live_requests(bucket) is None else self._nlive
-        t_rt, d_rt = rt.target_cache.req_to_token, rt.draft_cache.req_to_token
+        nlive = self._nlive_for(bucket)
+        t_rt, d_rt = self.rt.target_cache.req_to_token, self.rt.draft_cache.req_to_token
+        pad_t, pad_d = self._pad_slots
         if self.backend.bookkeeping == "triton":
-            pad_t, pad_d = self._pad_slots
             from .kernels import bookkeeping as BK
 
             BK.ahead_extend_in(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d)
@@ -846,12 +849,9 @@ class GraphRunner:
             BK.ahead_extend_out(vo, vb, db, out, nlive, d_rt, self._ext_slots, self._scratch, self.pad_row, pad_d,
                                 eb.stride)
             return out
-        pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
-        prev = ahead_extend_in_torch(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d,
-                                            copy=copy_all)
+        prev = ahead_extend_in_torch(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d)
         out = self._extend_fn(bucket)
-        ahead_extend_out_torch(vo, vb, db, out, nlive, d_rt, self._scratch, self.pad_row, pad_d, prev,
-                                      copy=copy_all)
+        ahead_extend_out_torch(vo, vb, db, out, nlive, d_rt, self._scratch, self.pad_row, pad_d, prev)
         return out
 
     def _ahead_draft_fn(self, bucket: int) -> DraftCoreOut:

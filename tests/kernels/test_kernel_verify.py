@@ -174,8 +174,7 @@ def test_gpu_llama_vocab(bs, topk, num_steps, num_draft):
 def test_simulated_accept_matches_reference(bs, n, width):
     """The benchmark's simulated override in one launch: the torch version's accept_index, tokens and
     counts, dtypes included, for every accept count 1 .. width."""
-    from spec_runtime.kernels.verify import triton_simulated_accept
-    from spec_runtime.verify import simulated_accept
+    from spec_runtime.kernels.verify import reference_simulated_accept, triton_simulated_accept
 
     gen = torch.Generator().manual_seed(bs * 100 + n)
     for a_max in range(1, width + 1):
@@ -183,7 +182,7 @@ def test_simulated_accept_matches_reference(bs, n, width):
         ri = (torch.arange(bs)[:, None] * n + torch.arange(n)).to(DEVICE)
         draft = torch.randint(0, 1000, (bs, n), generator=gen).to(DEVICE)
         pred = torch.randint(0, 1000, (bs, n), generator=gen).to(DEVICE)
-        assert_same(triton_simulated_accept(a, ri, draft, pred, width), simulated_accept(a, ri, draft, pred, width))
+        assert_same(triton_simulated_accept(a, ri, draft, pred, width), reference_simulated_accept(a, ri, draft, pred, width))
 
 
 def test_simulated_accept_builds_for_hopper():

@@ -242,11 +242,10 @@ def _attn_split_kernel(
         hi_0 = tl.load(indptr_ptr + r_first + 1)
         chunk_0 = tl.cdiv(tl.cdiv(p_len_0, NUM_SPLITS), BLOCK_N) * BLOCK_N
         cols_0 = split * chunk_0 + tl.arange(0, BLOCK_N)
-        slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0),
-                         other=0).to(tl.int64)
+        ok_0 = cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0)
+        slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=ok_0, other=0).to(tl.int64)
         if PREFETCH:  # the first tile's K/V rows toward L2 while the previous kernel runs
-            _prefetch_kv(k_ptr, v_ptr, slot_p0, cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0), kvh,
-                         s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
+            _prefetch_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
         if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
             gdc_wait()
             gdc_launch_dependents()
@@ -442,6 +441,7 @@ def triton_attention(
     dot_f32 = interpreting() or q.dtype == torch.float32 or q.dtype != cache.k.dtype
     fused = merge_mode(t) == "fused"
     early = os.environ.get(EARLY_ENV, "1") != "0"
+    line = max(1, 128 // k.element_size())  # K/V elements per 128-byte line (SPEC_ATTN_PREFETCH)
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
     _attn_split_kernel[(plan["blocks"], hkv, ns)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
@@ -455,7 +455,7 @@ def triton_attention(
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
         FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=early,
         PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
-        KV_LINE=max(1, 128 // k.element_size()), KV_PARTS=max(1, cdiv(d, max(1, 128 // k.element_size()))),
+        KV_LINE=line, KV_PARTS=cdiv(d, line),
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:

@@ -36,6 +36,7 @@ from spec_runtime.kernels._common import (
     require,
 )
 from spec_runtime.tree import check_verify_shapes, verify_greedy, verify_tree_sampling
+from spec_runtime.verify import simulated_accept
 
 __all__ = [
     "reference_simulated_accept",
@@ -50,6 +51,8 @@ reference_verify_greedy = verify_greedy
 """The pure-torch reference (`spec_runtime.tree.verify_greedy`)."""
 reference_verify_tree_sampling = verify_tree_sampling
 """The pure-torch reference (`spec_runtime.tree.verify_tree_sampling`)."""
+reference_simulated_accept = simulated_accept
+"""The pure-torch reference (`spec_runtime.verify.simulated_accept`)."""
 
 
 def _check_tree(candidates, retrieve_index, next_token, next_sibling, num_steps):
@@ -131,14 +134,6 @@ def triton_verify_greedy(
                                   target_predict)]
     _verify_greedy_kernel[(bs,)](*c, predicts, accept_index, num_correct, n, num_steps, num_warps=1)
     return predicts, accept_index, num_correct
-
-
-@triton.jit
-def reference_simulated_accept(*args, **kwargs):
-    """The pure-torch reference (`spec_runtime.verify.simulated_accept`)."""
-    from spec_runtime.verify import simulated_accept
-
-    return simulated_accept(*args, **kwargs)
 
 
 @triton.jit
