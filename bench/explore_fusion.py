@@ -136,10 +136,10 @@ def main() -> int:
             res["rounds"].append(row)
             print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)
             (out / "fusion.json").write_text(json.dumps(res, indent=1, default=str))
-    if a.save_tuning:
-        from spec_runtime.gpu import models as M
+            if a.save_tuning:  # after every row: a run cut short still leaves its decisions
+                from spec_runtime.gpu import models as M
 
-        M.save_decisions(a.save_tuning)
+                M.save_decisions(a.save_tuning)
     return 0
 
 
