@@ -81,19 +81,13 @@ def _drive(engine: SpecEngine, prompts: list[list[int]], first: int, sampling=No
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("first,total", [(3, 5), (5, 5), (1, 1)])
-def test_cuda_graph_float32_matches_eager(gpu_models, monkeypatch, algorithm: str, first: int, total: int) -> None:
+def test_cuda_graph_float32_matches_eager(gpu_models, algorithm: str, first: int, total: int) -> None:
     target, draft = gpu_models("tiny", algorithm, torch.float32)
     prompts = _prompts(total, 128)
     outs = {}
     for name in ("eager", "static", "cuda_graph", "cuda_graph, no launch-ahead", "cuda_graph, before read at 8",
-                 "cuda_graph, bookkeeping kernels", "cuda_graph, L2 prefetches", "cuda_graph, L2 line prefetches"):
+                 "cuda_graph, bookkeeping kernels"):
         executor = name.split(",")[0]
-        for var in ("SPEC_GEMV_PREFETCH", "SPEC_ATTN_PREFETCH_NEXT", "SPEC_PREFETCH_MODE"):
-            monkeypatch.delenv(var, raising=False)
-        if "prefetch" in name:  # weights toward L2 before the GEMVs' waits and from the attention
-            monkeypatch.setenv("SPEC_GEMV_PREFETCH", "64")
-            monkeypatch.setenv("SPEC_ATTN_PREFETCH_NEXT", "64")
-            monkeypatch.setenv("SPEC_PREFETCH_MODE", "line" if "line" in name else "bulk")
         extra = {"launch_ahead": False} if "no launch-ahead" in name else {}
         if "before read" in name:  # launched before verify's read at every batch size (side stream)
             extra = {"launch_before_read": 8}
@@ -156,13 +150,7 @@ def test_simulated_acceptance_graphs_match_eager(gpu_models, algorithm: str) -> 
     assert outs["cuda_graph"] == outs["eager"]
 
 
-@pytest.mark.parametrize("prefetch", ["", "bulk", "line"])
-def test_decode_runner_graphs_match_target_only(gpu_models, monkeypatch, prefetch: str) -> None:
-    """The plain decode graphs give the target-only tokens, with the L2 prefetches too."""
-    if prefetch:
-        monkeypatch.setenv("SPEC_GEMV_PREFETCH", "64")
-        monkeypatch.setenv("SPEC_ATTN_PREFETCH_NEXT", "64")
-        monkeypatch.setenv("SPEC_PREFETCH_MODE", prefetch)
+def test_decode_runner_graphs_match_target_only(gpu_models) -> None:
     target, _ = gpu_models("tiny", "STANDALONE", torch.float32)
     prompts = _prompts(3, 128)
     want = target_only_generate(target, prompts, 12, max_context=128)

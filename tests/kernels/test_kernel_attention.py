@@ -136,41 +136,6 @@ def test_split_kernel_compiles_for_hopper_with_pdl():
     assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
 
 
-def test_next_weight_prefetch_builds_for_hopper_after_the_wait():
-    """`SPEC_ATTN_PREFETCH_NEXT`: the split kernel's prefetches of the next projection's weight go
-    through ptxas and come after the wait in both branches (prefix, extra slots): bulk, one run of
-    a row per thread; lines, 4 rows x 64 lines over 128 threads (two each)."""
-    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "nw_ptr")}
-    types.update({n: "*i64" for n in ("rt_ptr", "req_pool_ptr", "prefix_ptr", "indptr_ptr", "extra_ptr")})
-    types.update({n: "*fp32" for n in ("mid_o_ptr", "mid_m_ptr", "mid_l_ptr")}, count_ptr="*i32", qk_scale="fp32")
-    base = dict(G=4, GP=4, D=64, BLOCK_M=2, BLOCK_R=16, BLOCK_N=128, BLOCK_E=4, BLOCK_J=16, NUM_SPLITS=4,
-                SEARCH_ITERS=2, DOT_F32=False, PDL=True, NSP=8, EARLY=True, FUSED_MERGE=False, NW_COLS=4096, NW_ELEM=2)
-    cases = [dict(base, NW_BLOCK=128, NW_BULK=True), dict(base, NW_BLOCK=4, NW_BULK=False)]
-    bulk, line = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types, cases, ptx=True)
-    for ptx, op, per_branch in ((bulk, "cp.async.bulk.prefetch.L2.global", 1), (line, "prefetch.global.L2", 2)):
-        assert ptx.count(op) == 2 * per_branch, op
-        waits = [i for i in range(len(ptx)) if ptx.startswith("griddepcontrol.wait", i)]
-        firsts = [ptx.index(op), ptx.rindex(op)]
-        assert len(waits) == 2 and waits[0] < firsts[0] and waits[1] < firsts[1], op
-
-
-def test_next_weight_prefetch_arguments(monkeypatch):
-    """The launcher passes the next weight only with the switch on (bulk: one run of each row per
-    thread; lines: at most 4096 at a time) and never under the interpreter."""
-    from spec_runtime.kernels import attention as A
-    from spec_runtime.kernels import l2
-
-    w = torch.zeros(4096, 4096, dtype=torch.bfloat16)
-    assert A._next_prefetch(w) == {} and A._next_prefetch(None) == {}
-    monkeypatch.setenv(l2.NEXT_PREFETCH_ENV, "64")
-    assert A._next_prefetch(w) == {}  # interpreting: no inline PTX
-    monkeypatch.setattr(A, "prefetch_budget", lambda env: 64 << 20)
-    got = A._next_prefetch(w)
-    assert got["NW_COLS"] == 4096 and got["NW_BLOCK"] == 128 and got["NW_BULK"] and got["nw_ptr"] is w
-    monkeypatch.setenv(l2.PREFETCH_MODE_ENV, "line")
-    assert A._next_prefetch(w)["NW_BLOCK"] == 64  # 64 lines a row
-
-
 def test_branches_with_padding():
     """Draft branch rows: ancestors' slots then the own slot, -1 padding in the middle and at the end."""
     cache = _cache(hkv=1, d=16)

@@ -212,51 +212,6 @@ def test_rope_epilogue_builds_for_hopper_with_pdl():
         assert (0 <= call < kernel.index("griddepcontrol.wait")) == case["EARLY_EPI"], case
 
 
-def test_weight_prefetch_builds_for_hopper_before_the_wait():
-    """`SPEC_GEMV_PREFETCH`'s L2 prefetches (inline PTX) go through ptxas and come before the PDL
-    wait: bulk, 8 rows x 16 runs over 128 threads (one instruction each); lines, 8 rows x 64
-    lines (four each)."""
-    types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr", "kc_ptr", "vc_ptr")}
-    types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
-    base = dict(BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, EVEN_K=True, HAS_BIAS=False, DOT_F32=False,
-                MULRED=True, PDL=True, PF_COLS=4096, PF_ELEM=2)
-    cases = [dict(base, PF_PARTS=16, PF_BULK=True), dict(base, PF_BULK=False)]
-    bulk, line = hopper_build("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32", ptx=True)
-    assert bulk.count("cp.async.bulk.prefetch.L2.global") == 1 and "prefetch.global.L2" not in bulk
-    assert line.count("prefetch.global.L2") == 4 and "cp.async.bulk" not in line
-    for ptx, op in ((bulk, "cp.async.bulk.prefetch.L2"), (line, "prefetch.global.L2")):
-        assert ptx.index(op) < ptx.index("griddepcontrol.wait")
-
-
-def test_prefetch_plan():
-    """Columns per row slice within the budget (a power of two, at least one line, at most the
-    slice), runs per row for one per thread; off without the switch, without PDL or when asked."""
-    from spec_runtime.kernels import l2
-
-    assert l2.prefetch_cols(16 << 20, 4096, 4096, 2) == 2048
-    assert l2.prefetch_cols(64 << 20, 4096, 4096, 2) == 4096  # the whole slice, not more
-    assert l2.prefetch_cols(64 << 20, 4096, 3000, 2) == 4096  # the slice rounded up (the kernel clips)
-    assert l2.prefetch_cols(16 << 20, 28672, 4096, 2) == 256
-    assert l2.prefetch_cols(1 << 20, 128256, 4096, 2) == 0  # not one 128-byte line per row
-    assert l2.prefetch_cols(0, 4096, 4096, 2) == 0
-    from spec_runtime.kernels import gemv as G
-
-    cfg = G.GemvConfig(block_n=8, block_k=512, split_k=1, num_warps=4, num_stages=3, mulred=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(G, "prefetch_budget", lambda env: 16 << 20)
-        assert G._prefetch_plan(4096, 4096, 2, cfg, 1, True) == dict(PF_COLS=2048, PF_PARTS=16, PF_ELEM=2, PF_BULK=True)
-        assert G._prefetch_plan(4096, 4096, 2, cfg, 1, False) == {}
-        mp.setenv(l2.PREFETCH_MODE_ENV, "line")
-        assert G._prefetch_plan(4096, 4096, 2, cfg, 1, True)["PF_BULK"] is False
-        mp.setenv(l2.PREFETCH_MODE_ENV, "tma")
-        with pytest.raises(ValueError, match="SPEC_PREFETCH_MODE must be bulk or line"):
-            G._prefetch_plan(4096, 4096, 2, cfg, 1, True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(l2.GEMV_PREFETCH_ENV, "lots")
-        with pytest.raises(ValueError, match="SPEC_GEMV_PREFETCH must be a non-negative number"):
-            l2.prefetch_budget(l2.GEMV_PREFETCH_ENV)
-
-
 def test_rope_epilogue_one_row_strided_views():
     """One row's positions and slots may be one-element views with any stride (a column of the
     draft's branch slots, say): contiguous as far as torch is concerned, and read right."""

@@ -216,7 +216,7 @@ class Linear:
         if self.gemv_for(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear
 
-            return triton_linear(x, self.weight, self.bias, prefetch=self.after is None)
+            return triton_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def parts(self, x: torch.Tensor) -> Any:
@@ -225,7 +225,7 @@ class Linear:
         if self.epilogue == "parts" and self.fuses(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_parts
 
-            return triton_linear_parts(x, self.weight, prefetch=self.after is None)
+            return triton_linear_parts(x, self.weight)
         return self(x)
 
 
@@ -617,8 +617,7 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
         return [], None
     chain = _Chain.around(w, lead)
     try:
-        shortlist = [(t, cfg, chain.ms(lambda wc, cfg=cfg: G._launch(x, wc, bias, out, cfg, prefetch=lead is None)))
-                     for t, cfg in fastest]
+        shortlist = [(t, cfg, chain.ms(lambda wc, cfg=cfg: G._launch(x, wc, bias, out, cfg))) for t, cfg in fastest]
     except Exception:  # noqa: BLE001 - a capture that fails: keep the one-launch choice
         return [], None
     if rival is None:
@@ -798,10 +797,8 @@ def _epilogue_paths(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable
     x = torch.randn(rows, k, device=w.device, dtype=w.dtype)
     cfg = G._tuned_config(x, w, None)
 
-    first = lin.after is None  # no GEMV right before: SPEC_GEMV_PREFETCH applies, as at run time
-
     def gemv(wc: torch.Tensor) -> torch.Tensor:
-        return G.triton_linear(x, wc, config=cfg, prefetch=first)
+        return G.triton_linear(x, wc, config=cfg)
 
     def cublas(wc: torch.Tensor) -> torch.Tensor:
         return F.linear(x, wc)
@@ -837,7 +834,7 @@ def _epilogue_paths(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable
             return lambda wc: ew.add_rmsnorm(resid, mm(wc), norm, 1e-5)
 
         def fused(wc: torch.Tensor) -> None:
-            ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg, prefetch=first), norm, 1e-5)
+            ew.add_rmsnorm(resid, G.triton_linear_parts(x, wc, config=cfg), norm, 1e-5)
     return then_separate(gemv), fused, then_separate(cublas)
 
 
@@ -924,9 +921,6 @@ class _AttnBlock:
         self.o = _lin(sa.o_proj)
         self.o.epilogue = "parts"
         self.attention = be.attention_for(sa.head_dim)
-        # the Triton attention may prefetch the output projection's weight (SPEC_ATTN_PREFETCH_NEXT)
-        triton = self.attention is be._triton_attention and self.attention is not None
-        self.attn_kwargs = {"next_weight": self.o.weight} if triton else {}
 
     def linears(self) -> list[Linear]:
         return ([self.qkv] if self.qkv is not None else [self.q, self.k, self.v]) + [self.o]
@@ -949,7 +943,7 @@ class _AttnBlock:
             else:
                 q, k, v = self.q(x), self.k(x), self.v(x)
             q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
-        out = self.attention(q, cache, layer, attn, hd ** -0.5, **self.attn_kwargs).reshape(t, nh * hd)
+        out = self.attention(q, cache, layer, attn, hd ** -0.5).reshape(t, nh * hd)
         return self.o.parts(out) if defer else self.o(out)
 
 

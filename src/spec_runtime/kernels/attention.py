@@ -49,13 +49,6 @@ from spec_runtime.kernels._common import (
     require,
     sm_count,
 )
-from spec_runtime.kernels.l2 import (
-    NEXT_PREFETCH_ENV,
-    prefetch_budget,
-    prefetch_bulk_mode,
-    prefetch_cols,
-    prefetch_rows,
-)
 from spec_runtime.kv_cache import KVCache
 
 __all__ = ["reference_attention", "triton_attention"]
@@ -119,23 +112,6 @@ def _prefetch_kv(k_ptr, v_ptr, slot, ok, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd
                               is_pure=False, pack=1)
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [v_at], dtype=tl.int32,
                               is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_next(nw_ptr, nw_rows, nw_cols, s_nw, NW_COLS: tl.constexpr, NW_PARTS: tl.constexpr,
-                   NW_BLOCK: tl.constexpr, NW_ELEM: tl.constexpr, NW_BULK: tl.constexpr):
-    """This program's share (contiguous rows) of the next projection's weight toward L2: its first
-    `NW_COLS` columns of each row, `NW_BLOCK` rows at a time (after the wait: issued while the
-    previous kernel, a GEMV streaming its own weight, still ran, the lines could be evicted)."""
-    nprog = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-    per = tl.cdiv(nw_rows, nprog)
-    r0 = pid * per
-    r1 = tl.minimum(r0 + per, nw_rows)
-    for start in range(r0, r1, NW_BLOCK):
-        rows = start + tl.arange(0, NW_BLOCK)
-        prefetch_rows(nw_ptr + rows[:, None].to(tl.int64) * s_nw, (rows < r1)[:, None], 0, nw_cols, NW_COLS,
-                      NW_PARTS, NW_ELEM, NW_BULK)
 
 
 @triton.jit
@@ -235,9 +211,6 @@ def _attn_split_kernel(
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
     FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, EARLY: tl.constexpr = True,
     PREFETCH: tl.constexpr = False, KV_PARTS: tl.constexpr = 1, KV_LINE: tl.constexpr = 64,
-    # SPEC_ATTN_PREFETCH_NEXT: the next projection's weight (rows, columns, row stride) toward L2
-    nw_ptr=None, nw_rows=0, nw_cols=0, s_nw=0, NW_COLS: tl.constexpr = 0, NW_PARTS: tl.constexpr = 1,
-    NW_BLOCK: tl.constexpr = 1, NW_ELEM: tl.constexpr = 2, NW_BULK: tl.constexpr = True,
 ):
     if PDL and not EARLY:
         gdc_wait()
@@ -276,8 +249,6 @@ def _attn_split_kernel(
         if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
             gdc_wait()
             gdc_launch_dependents()
-        if NW_COLS > 0:
-            _prefetch_next(nw_ptr, nw_rows, nw_cols, s_nw, NW_COLS, NW_PARTS, NW_BLOCK, NW_ELEM, NW_BULK)
         q = _load_q(q_ptrs, rvalid, DOT_F32)
         for r in range(r_first, r_last + 1):
             later = r != r_first  # (a block across requests; the first one's values are in hand)
@@ -321,8 +292,6 @@ def _attn_split_kernel(
         if PDL and EARLY:
             gdc_wait()
             gdc_launch_dependents()
-        if NW_COLS > 0:
-            _prefetch_next(nw_ptr, nw_rows, nw_cols, s_nw, NW_COLS, NW_PARTS, NW_BLOCK, NW_ELEM, NW_BULK)
         q = _load_q(q_ptrs, rvalid, DOT_F32)
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_R], tl.float32)
@@ -440,25 +409,8 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def _next_prefetch(w: torch.Tensor | None) -> dict:
-    """The split kernel's `SPEC_ATTN_PREFETCH_NEXT` arguments for weight `w` (none when off)."""
-    if w is None or w.dim() != 2 or w.stride(1) != 1:
-        return {}
-    n, k = w.shape
-    cols = prefetch_cols(prefetch_budget(NEXT_PREFETCH_ENV), n, k, w.element_size())
-    if cols == 0:
-        return {}
-    bulk = prefetch_bulk_mode()
-    lines = cols * w.element_size() // 128  # a power of two, as cols
-    # bulk: one run per row, a row per thread; lines: one per element, at most 4096 elements a step
-    block = 32 * _GPU["num_warps"] if bulk else max(1, 4096 // lines)
-    return dict(nw_ptr=w, nw_rows=n, nw_cols=k, s_nw=w.stride(0), NW_COLS=cols, NW_PARTS=1, NW_BLOCK=block,
-                NW_ELEM=w.element_size(), NW_BULK=bulk)
-
-
 def triton_attention(
-    q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float, *, num_splits: int | None = None,
-    next_weight: torch.Tensor | None = None,
+    q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float, *, num_splits: int | None = None
 ) -> torch.Tensor:
     """Attention over the KV cache (GQA, ragged prefixes, extra slots), `torch_attention`'s contract.
 
@@ -469,8 +421,6 @@ def triton_attention(
         attn: the batch description; the extra slots of a row must be distinct.
         scale: softmax scale.
         num_splits: prefix splits per row block (default: enough programs for two waves).
-        next_weight: the `(N, K)` weight the next kernel streams (the output projection's), for
-            `SPEC_ATTN_PREFETCH_NEXT` to prefetch; ignored when that is off.
 
     Returns:
         `(T, Hq, D)` in q's dtype; rows that see no key are zeros.
@@ -505,7 +455,7 @@ def triton_attention(
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
         FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=early,
         PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
-        KV_LINE=line, KV_PARTS=cdiv(d, line), **_next_prefetch(next_weight),
+        KV_LINE=line, KV_PARTS=cdiv(d, line),
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:

@@ -36,13 +36,6 @@ from spec_runtime.kernels._common import (
     require,
     sm_count,
 )
-from spec_runtime.kernels.l2 import (
-    GEMV_PREFETCH_ENV,
-    prefetch_budget,
-    prefetch_bulk_mode,
-    prefetch_cols,
-    prefetch_rows,
-)
 
 __all__ = [
     "GemvConfig",
@@ -213,8 +206,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
     EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False, MULRED: tl.constexpr = False,
-    EARLY_EPI: tl.constexpr = False, PF_COLS: tl.constexpr = 0, PF_PARTS: tl.constexpr = 1,
-    PF_ELEM: tl.constexpr = 2, PF_BULK: tl.constexpr = True,
+    EARLY_EPI: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -251,8 +243,6 @@ def _gemv_kernel(
         # while the previous kernel finishes, wait for it (x is its output), then let the next
         # kernel's programs start. Triggering only after the wait keeps at most one kernel waiting
         # ahead; triggering first would let the whole chain launch and hold multiprocessors idle.
-        if PF_COLS > 0:  # SPEC_GEMV_PREFETCH: more of the slice toward L2, nothing waits for it
-            prefetch_rows(w_rows, n_ok[:, None], k0, k1, PF_COLS, PF_PARTS, PF_ELEM, PF_BULK)
         ks = k0 + rk
         if EVEN_K:
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None], other=0.0)
@@ -382,25 +372,10 @@ def early_epilogue_inputs() -> bool:
     return raw == "1"
 
 
-def _prefetch_plan(n: int, k: int, elem: int, cfg: GemvConfig, split: int, on: bool) -> dict:
-    """The GEMV's `SPEC_GEMV_PREFETCH` constexprs: columns per row slice within the budget, and
-    for bulk prefetches the runs per row (enough elements for one per thread, runs of at least
-    16 bytes). `on`: PDL launch and no GEMV right before this one."""
-    budget = prefetch_budget(GEMV_PREFETCH_ENV) if on else 0
-    cols = prefetch_cols(budget, n * split, cdiv(cdiv(k, split), cfg.block_k) * cfg.block_k, elem)
-    if cols == 0:
-        return {}
-    bulk = prefetch_bulk_mode()
-    parts = min(next_pow2(cdiv(32 * cfg.num_warps, cfg.block_n)), cols * elem // 16) if bulk else 1
-    return dict(PF_COLS=cols, PF_PARTS=parts, PF_ELEM=elem, PF_BULK=bulk)
-
-
 def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig,
-            epi: int = 0, rope: RopeStore | None = None, reduce: bool = True, prefetch: bool = True
-            ) -> torch.Tensor | None:
+            epi: int = 0, rope: RopeStore | None = None, reduce: bool = True) -> torch.Tensor | None:
     """Launch the GEMV (and the split-K reduce). `epi`: `EPI_*` (bias must be None with one);
-    `reduce=False`: return the float32 partials instead of reducing them (None without a K split);
-    `prefetch=False`: no `SPEC_GEMV_PREFETCH` (a GEMV right after another GEMV)."""
+    `reduce=False`: return the float32 partials instead of reducing them (None without a K split)."""
     m, k = x.shape
     n = w.shape[0]
     require(not cfg.mulred or m <= MULRED_MAX_M, f"a mulred GemvConfig handles at most {MULRED_MAX_M} rows, got {m}")
@@ -422,7 +397,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
         BLOCK_M=next_pow2(m) if cfg.mulred else max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
         EPI=epi, HD2=hd2, MULRED=cfg.mulred, EARLY_EPI=early, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_prefetch_plan(n, k, w.element_size(), cfg, split, pdl["PDL"] and prefetch), **pdl,
+        **pdl,
     )
     if split == 1:
         return None
@@ -520,13 +495,11 @@ def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple
 
 
 def triton_linear(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None,
-    prefetch: bool = True,
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
 ) -> torch.Tensor:
     """`x (M, K) @ w (N, K).T (+ bias (N,))` -> `(M, N)` in x's dtype, float32 accumulation, `M <= 16`.
 
-    `config` fixes the launch configuration (default: tuned on first use per shape); `prefetch=False`
-    turns `SPEC_GEMV_PREFETCH` off for this call (a GEMV right after another GEMV).
+    `config` fixes the launch configuration (default: tuned on first use per shape).
     """
     x, bias = _check(x, w, bias)
     m, k = x.shape
@@ -536,21 +509,21 @@ def triton_linear(
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
-    _launch(x, w, bias, out, config or _tuned_config(x, w, bias), prefetch=prefetch)
+    _launch(x, w, bias, out, config or _tuned_config(x, w, bias))
     return out
 
 
-def triton_linear_parts(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None,
-                        prefetch: bool = True) -> torch.Tensor | SplitKParts:
+def triton_linear_parts(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None
+                        ) -> torch.Tensor | SplitKParts:
     """`triton_linear(x, w)` without the split-K reduce: `SplitKParts` when the configuration splits
     K, else the `(M, N)` result itself."""
     x, _ = _check(x, w, None)
     m, k = x.shape
     cfg = config or _tuned_config(x, w, None)
     if m == 0 or k == 0 or cfg.splits(k) == 1:
-        return triton_linear(x, w, config=cfg, prefetch=prefetch)
+        return triton_linear(x, w, config=cfg)
     out = torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
-    return SplitKParts(_launch(x, w, None, out, cfg, reduce=False, prefetch=prefetch), x.dtype)
+    return SplitKParts(_launch(x, w, None, out, cfg, reduce=False), x.dtype)
 
 
 def reference_linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
