@@ -246,7 +246,7 @@ def _rope_store_kernel(
         base = q_ptr + t * s_q + h * HD
         x = tl.load(base + d, mask=mask, other=0.0).to(tl.float32)
         xr = tl.load(base + rot, mask=mask, other=0.0).to(tl.float32)
-        y = x * c + sign * xr * s
+        y = tl.fma(x, c, sign * xr * s)  # explicit: the GEMV's RoPE epilogue rounds the same way
         tl.store(qo_ptr + t * s_ot + h * s_oh + d, y.to(qo_ptr.dtype.element_ty), mask=mask)
     else:
         kh = h - NH
@@ -254,7 +254,7 @@ def _rope_store_kernel(
         base = k_ptr + t * s_k + kh * HD
         x = tl.load(base + d, mask=mask, other=0.0).to(tl.float32)
         xr = tl.load(base + rot, mask=mask, other=0.0).to(tl.float32)
-        y = x * c + sign * xr * s
+        y = tl.fma(x, c, sign * xr * s)  # explicit: the GEMV's RoPE epilogue rounds the same way
         dst = slot * s_cs + kh * s_ch + d
         tl.store(kc_ptr + dst, y.to(kc_ptr.dtype.element_ty), mask=mask)
         vv = tl.load(v_ptr + t * s_v + kh * HD + d, mask=mask, other=0.0)

@@ -62,8 +62,9 @@ class FastOptions:
             triton on CUDA).
         bookkeeping: "triton" (`kernels.bookkeeping.ahead_extend_in` / `_out`: the launch-ahead
             draft-extend graph's bookkeeping in one launch before its forward and one after) or
-            "torch" (the same steps as torch ops, about forty kernels) (auto: torch, until the
-            kernels are measured on the GPU).
+            "torch" (the same steps as torch ops, about forty kernels) (auto: triton on CUDA; on
+            the H200 the STANDALONE draft-extend graph ran 1.036 -> 1.000 ms and EAGLE-3's 0.340
+            -> 0.291, `bench/results/explore/bookkeeping_rope_ab.json`).
         epilogues: the elementwise step after a GEMV done in its epilogue: "rope" (RoPE + KV store
             after the QKV projection), "silu" (SiLU-and-multiply after gate/up), "parts" (the o and
             down projections' split-K partials summed by the next residual add + RMSNorm instead
@@ -284,8 +285,9 @@ class FastBackend:
             from spec_runtime.kernels import frontier
 
             self.frontier = frontier
-        # auto: torch until the kernels are measured on the GPU (runtime-internals, "Launch-ahead")
-        self.bookkeeping = "torch" if options.bookkeeping == "auto" else options.bookkeeping
+        # auto: the two launches on CUDA (the interpreter keeps the torch steps: CI time)
+        self.bookkeeping = options.bookkeeping if options.bookkeeping != "auto" else (
+            "triton" if cuda and usable else "torch")
         # the phase cores' CoreOps.softmax_topk / .argmax (None: torch's)
         self.softmax_topk_fn: Optional[Callable] = None
         self.argmax_fn: Optional[Callable] = None
