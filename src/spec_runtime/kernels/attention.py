@@ -80,8 +80,8 @@ Read at each call."""
 PREFETCH_ENV = "SPEC_ATTN_PREFETCH"
 """`SPEC_ATTN_PREFETCH=1` (with the early reads; not under the interpreter): the split kernel also
 asks L2 for its first tile's K and V rows before the wait, so the gathers after it need not go to
-HBM (the weight stream evicts the cache between forwards). Off by default: not measured on the GPU
-yet. Read at each call."""
+HBM (the weight stream evicts the cache between forwards). Off by default: on the H200 it gained
+nothing (`bench/results/explore/bookkeeping_rope_ab.json`). Read at each call."""
 
 
 @triton.jit
