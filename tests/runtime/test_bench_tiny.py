@@ -36,3 +36,44 @@ def test_bench_tiny_runs_and_hands_over_its_setup_decisions(tmp_path) -> None:
     assert data["meta"]["tuning_file"]["entries"] == 1 and not data["errors"]
     back = json.loads((tmp_path / "back.json").read_text())
     assert back["decisions"] == json.loads((tmp_path / "in.json").read_text())["decisions"]
+
+
+def test_explore_ablation_leaves_out_and_restores() -> None:
+    """`bench/explore_ablation.py`'s patches: inside `left_out`, the fast target's forward skips the
+    norms and the attention (its output changes) and its logits are zeros; after it, the forward is
+    the real one again (same output as before)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import bench_e2e as E
+        import explore_ablation as A
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    from spec_runtime.attention import AttnBatch
+    from spec_runtime.gpu.models import FastOptions, fast_target
+    from spec_runtime.kv_cache import KVCache
+
+    target = E.build_target(E.llama_config(True), torch.float32, "cpu", seed=0)
+    cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, 64, 2, 32, target.dtype, "cpu")
+    ids = torch.tensor([3, 5, 7, 9])
+    rows, lens = torch.zeros(1, dtype=torch.int64), torch.tensor([4])
+
+    def forward(fast):
+        slots = cache.alloc_slots(4)
+        try:
+            attn = AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots)
+            with torch.inference_mode():
+                hidden, _ = fast.forward(ids, torch.arange(4), attn, cache)
+                return hidden, fast.compute_logits(hidden)
+        finally:
+            cache.free_slots(slots)
+
+    def fresh():
+        target.__dict__.pop("_spec_fast_models", None)
+        return fast_target(target, FastOptions(), 64)
+
+    before, logits = forward(fresh())
+    with A.left_out(("norm", "attn", "lm_head")):
+        skipped, zeros = forward(fresh())
+    after, _ = forward(fresh())
+    assert not torch.allclose(skipped, before) and torch.equal(zeros, torch.zeros_like(logits))
+    assert torch.equal(after, before) and logits.abs().sum() > 0
