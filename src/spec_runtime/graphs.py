@@ -189,13 +189,11 @@ def _alive(nlive: Optional[torch.Tensor], bucket: int, device: torch.device) -> 
 
 
 def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.Tensor],
-                          target_rt: torch.Tensor, pad_row: int, pad_t, pad_d, copy=None) -> tuple:
+                          target_rt: torch.Tensor, pad_row: int, pad_t, pad_d) -> tuple:
     """The launch-ahead draft-extend graph's steps before its forward, as torch ops (the reference
     of `kernels.bookkeeping.ahead_extend_in`): verify outputs -> the target's slot table (accepted
     nodes at `seq_len + j`) and the draft-extend buffers; requests `>= nlive` (when given) and rows
-    past a request's accepted count get the padding. `copy`: how the pairs are copied
-    (`copy_all`). Returns what `ahead_extend_out_torch` reuses."""
-    copy = copy or copy_all
+    past a request's accepted count get the padding. Returns what `ahead_extend_out_torch` reuses."""
     bucket, width = vo.num_correct.shape[0], eb.stride
     dev = vo.num_correct.device
     alive = _alive(nlive, bucket, dev)
@@ -222,16 +220,15 @@ def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[t
     ]
     if eb.hidden_states is not None:
         copies.append((eb.hidden_states[:n_rows], vo.captured[acc.reshape(-1)]))
-    copy(copies)
+    copy_all(copies)
     return rows, at, ext, counts, alive
 
 
 def ahead_extend_out_torch(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: torch.Tensor,
-                           scratch: torch.Tensor, pad_row: int, pad_d, prev: tuple, copy=None) -> None:
+                           scratch: torch.Tensor, pad_row: int, pad_d, prev: tuple) -> None:
     """The steps after the forward, as torch ops (the reference of
     `kernels.bookkeeping.ahead_extend_out`): the draft's slot table, and the draft buffers of the
     next draft; `prev`: what `ahead_extend_in_torch` returned."""
-    copy = copy or copy_all
     rows, at, ext, counts, alive = prev
     bucket = vo.num_correct.shape[0]
     seq, req = vb.seq_lens[:bucket], vb.req_pool_indices[:bucket]
@@ -247,7 +244,7 @@ def ahead_extend_out_torch(vo, vb, db, out, nlive: Optional[torch.Tensor], draft
     ]
     if db.hidden_states is not None:
         copies.append((db.hidden_states[:bucket], _live_or_pad(alive, out.hidden_states, 0.0)))
-    copy(copies)
+    copy_all(copies)
 
 
 def _ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:

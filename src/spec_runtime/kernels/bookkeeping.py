@@ -295,9 +295,9 @@ def ahead_extend_in(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.T
     bucket (live: `b < nlive`, or every one when `nlive` is None) and column j < `eb.stride`, where
     j < num_correct[b] + 1 and b is live, point the target's slot `seq_len + j` at the accepted
     node's tree slot and fill the extend rows (token, position, draft slot from `ext_slots`);
-    elsewhere write the padding (`pad_row`/`pad_t`/`pad_d`, token 0), as `reference_ahead_extend_in`
-    does, and copy every row's captured hidden state (EAGLE) into `eb.hidden_states`
-    (`graphs.ahead_extend_in_torch`, bit for bit). `pad_t`, `pad_d`: host ints."""
+    elsewhere write the padding (`pad_row`/`pad_t`/`pad_d`, token 0), and copy every row's
+    captured hidden state (EAGLE) into `eb.hidden_states` (`graphs.ahead_extend_in_torch`, the
+    reference, bit for bit). `pad_t`, `pad_d`: host ints."""
     bucket, width = vo.num_correct.shape[0], eb.stride
     for name, t in (("accept_index", vo.accept_index), ("accept_tokens", vo.accept_tokens), ("ext_slots", ext_slots),
                     ("req_to_token", target_rt)):
