@@ -11,7 +11,10 @@ step, 255 steps after a 128-token prompt):
 - `norm`: every residual add + RMSNorm returns its input (no kernel; the split-K partials of the o
   and down projections are never summed);
 - `attn`: the attention returns q (no kernel);
-- `lm_head`: the logits are a zero buffer (one fill instead of the 1 GB GEMV).
+- `lm_head`: the logits are a zero buffer (one fill instead of the 1 GB GEMV);
+- `norm_spacer`, `attn_spacer`: the same launches replaced by a one-program copy kernel that waits
+  and lets the next kernel start as the real ones do (PDL): what the launch boundary itself costs,
+  against what the kernel's work costs.
 
 The tokens are garbage in every variant but `full`; only the times mean something. The step time
 of `full` minus a variant's is what those launches cost in place, overlap included. Rounds
@@ -38,7 +41,41 @@ VARIANTS = {
     "norm+attn": ("norm", "attn"),
     "lm_head": ("lm_head",),
     "norm+attn+lm_head": ("norm", "attn", "lm_head"),
+    "norm_spacer": ("norm_spacer",),
+    "attn_spacer": ("attn_spacer",),
 }
+
+
+def spacer(x: torch.Tensor) -> torch.Tensor:
+    """A copy of `x` by one program that waits for the kernel before it and lets the next start,
+    like the runtime's elementwise kernels under PDL (a plain clone off the GPU)."""
+    if x.device.type != "cuda":
+        return x.clone()
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    from spec_runtime.kernels._common import pdl_options
+
+    global _SPACER
+    if _SPACER is None:
+        @triton.jit
+        def _spacer_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+            if PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+            i = tl.arange(0, BLOCK)
+            tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+        _SPACER = _spacer_kernel
+    src = x.contiguous()
+    out = torch.empty_like(src)
+    _SPACER[(1,)](src, out, src.numel(), BLOCK=triton.next_power_of_2(src.numel()), num_warps=4,
+                  **pdl_options(x.device))
+    return out
+
+
+_SPACER = None
 
 
 @contextlib.contextmanager
@@ -54,6 +91,10 @@ def left_out(parts: tuple[str, ...]):
 
     if "norm" in parts:
         patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps: (x, x))
+    if "norm_spacer" in parts:
+        patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps: (x, spacer(x)))
+    if "attn_spacer" in parts:
+        patch(M.FastBackend, "attention_for", lambda self, head_dim: (lambda q, *args, **kwargs: spacer(q)))
     if "attn" in parts:
         patch(M.FastBackend, "attention_for", lambda self, head_dim: (lambda q, *args, **kwargs: q))
     if "lm_head" in parts:

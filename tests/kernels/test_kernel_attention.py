@@ -134,6 +134,34 @@ def test_split_kernel_compiles_for_hopper_with_pdl():
                       [dict(base, D=128, EARLY=True, FUSED_MERGE=True, PREFETCH=True, KV_PARTS=2, KV_LINE=64)], ptx=True)[0]
     assert ptx.count("prefetch.global.L2") == 6
     assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
+    # SPEC_ATTN_EARLY_KV's tile: more global loads before the (first) wait than without it
+    late, early_kv = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,
+                                  [dict(base, EARLY=True, FUSED_MERGE=True, EARLY_KV=e) for e in (False, True)],
+                                  ptx=True)
+
+    def loads_before_wait(text: str) -> int:
+        return text[:text.index("griddepcontrol.wait")].count("ld.global")
+
+    assert loads_before_wait(early_kv) > loads_before_wait(late) > 0
+
+
+def test_early_kv_tile_is_the_late_one(monkeypatch):
+    """`SPEC_ATTN_EARLY_KV=1` (the first committed K/V tile of each program loaded before the PDL
+    wait) gives the bits of `0` on decode, tree verify and a long extend whose row blocks span
+    requests; `auto` is on up to EARLY_KV_ROWS rows; other values are refused."""
+    from spec_runtime.kernels import attention as A
+
+    gen = torch.Generator().manual_seed(3)
+    for q, cache, attn, splits in _merge_cases(DEVICE, gen):
+        monkeypatch.setenv(A.EARLY_KV_ENV, "0")
+        want = _check(q, cache, attn, num_splits=splits)
+        monkeypatch.setenv(A.EARLY_KV_ENV, "1")
+        assert torch.equal(triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits), want)
+    monkeypatch.setenv(A.EARLY_KV_ENV, "yes")
+    with pytest.raises(ValueError, match="SPEC_ATTN_EARLY_KV must be 'auto', '1' or '0', got 'yes'"):
+        triton_attention(q, cache, 1, attn, 0.25)
+    monkeypatch.delenv(A.EARLY_KV_ENV)
+    assert [A.early_kv_mode(t) for t in (1, A.EARLY_KV_ROWS, A.EARLY_KV_ROWS + 1)] == [True, True, False]
 
 
 def test_branches_with_padding():
@@ -250,9 +278,12 @@ def test_gpu_tree_verify(bs, merge, monkeypatch):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("early_kv", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_gpu_extend_long(dtype):
-    """Prefill-like extends (300 and 77 rows: many extra slots and extra splits) after prefixes."""
+def test_gpu_extend_long(dtype, early_kv, monkeypatch):
+    """Prefill-like extends (300 and 77 rows: many extra slots and extra splits) after prefixes,
+    with and without the early K/V tile."""
+    monkeypatch.setenv("SPEC_ATTN_EARLY_KV", early_kv)
     prefix, ext = [700, 0], [300, 77]
     cache = _llama_cache(prefix, dtype=dtype)
     attn = AttnBatch.extend(torch.arange(2, device="cuda"), torch.tensor(prefix, device="cuda"),

@@ -17,7 +17,9 @@ sync, graph-capturable. Under programmatic dependent launch the split kernel rea
 description (row ranges, prefixes, request rows, the first slot tile) before it waits for the
 kernel before it, which writes only q and the new K/V: the fast path writes the batch description
 earlier in the forward, and every PDL kernel waits before it lets the next one start, so those
-writes are complete. For calls of at most two query rows (plain decode, a top-2 draft step)
+writes are complete. For calls of at most two query rows it also loads the K/V of its first tile
+of the committed prefix there: new K/V only ever go to extra slots (`AttnBatch.out_slots`), so the
+prefix's were written by an earlier forward. For calls of at most two query rows (plain decode, a top-2 draft step)
 there is no pass 2: the last program of each (row block, KV head) to finish (an arrival counter,
 acquire-release, reset by that program) merges the block's partials itself. Both merges add the
 splits in the same order, so they give the same bits (`SPEC_ATTN_MERGE` overrides the choice).
@@ -77,6 +79,17 @@ EARLY_ENV = "SPEC_ATTN_EARLY"
 anything, as before the early reads; default on. On the H200 the early reads ran plain decode
 4.247 -> 4.210 ms/step and STANDALONE 8.24 -> 8.14 ms/iter (`bench/results/explore/attn_early_ab.json`).
 Read at each call."""
+EARLY_KV_ENV = "SPEC_ATTN_EARLY_KV"
+"""`SPEC_ATTN_EARLY_KV=auto` (default): with the early reads, calls of at most `EARLY_KV_ROWS` query
+rows also load the first K/V tile of each program's share of the committed prefix before the PDL
+wait; `1`: every call does; `0`: none. Read at each call."""
+EARLY_KV_ROWS = 2
+"""On the H200 the early K/V tile ran plain decode (1 row) 4.09 -> 4.01-4.03 ms/step and the
+STANDALONE draft graph (2 rows) 2.72-2.74 -> 2.69 ms, but when every call used it, the 8-row tree
+verify graph 4.25 -> 4.29 ms (`bench/results/explore/attn_early_kv_ab.json`)."""
+EARLY_KV_TILE_BYTES = 32768
+"""The early tile is skipped when one K tile is larger (float32 or head_dim 256 at 128 keys): held
+across the wait beside the pipelined loop's buffers, it overflowed the H200's shared memory."""
 PREFETCH_ENV = "SPEC_ATTN_PREFETCH"
 """`SPEC_ATTN_PREFETCH=1` (with the early reads; not under the interpreter): the split kernel also
 asks L2 for its first tile's K and V rows before the wait, so the gathers after it need not go to
@@ -172,6 +185,12 @@ def _attend_tile(
     d = tl.arange(0, D)
     kt = tl.load(k_ptr + slot[:, None] * s_ks + kvh * s_kh + d[None, :] * s_kd, mask=key_ok[:, None], other=0.0)
     vt = tl.load(v_ptr + slot[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd, mask=key_ok[:, None], other=0.0)
+    return _attend_kv(q, kt, vt, visible, m_i, l_i, acc, qk_scale, DOT_F32)
+
+
+@triton.jit
+def _attend_kv(q, kt, vt, visible, m_i, l_i, acc, qk_scale, DOT_F32: tl.constexpr):
+    """`_attend_tile` on K/V tiles already loaded."""
     if DOT_F32:
         s = tl.dot(q, tl.trans(kt.to(tl.float32)), input_precision="ieee")
     else:
@@ -211,6 +230,7 @@ def _attn_split_kernel(
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
     FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, EARLY: tl.constexpr = True,
     PREFETCH: tl.constexpr = False, KV_PARTS: tl.constexpr = 1, KV_LINE: tl.constexpr = 64,
+    EARLY_KV: tl.constexpr = False,
 ):
     if PDL and not EARLY:
         gdc_wait()
@@ -246,6 +266,11 @@ def _attn_split_kernel(
         slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=ok_0, other=0).to(tl.int64)
         if PREFETCH:  # the first tile's K/V rows toward L2 while the previous kernel runs
             _prefetch_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
+        if EARLY_KV:  # the first tile of this share of the committed prefix (see the module)
+            kt0 = tl.load(k_ptr + slot_p0[:, None] * s_ks + kvh * s_kh + d[None, :] * s_kd, mask=ok_0[:, None],
+                          other=0.0)
+            vt0 = tl.load(v_ptr + slot_p0[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd, mask=ok_0[:, None],
+                          other=0.0)
         if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
             gdc_wait()
             gdc_launch_dependents()
@@ -266,10 +291,19 @@ def _attn_split_kernel(
                 loaded = later | (start != c0)
                 slot = tl.load(rt_ptr + req * s_rt + cols, mask=cmask & loaded, other=0).to(tl.int64)
                 slot = tl.where(loaded, slot, slot_p0)
-                m_i, l_i, acc = _attend_tile(
-                    q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
-                    s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
-                )
+                if EARLY_KV:
+                    if loaded:
+                        m_i, l_i, acc = _attend_tile(
+                            q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
+                            s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
+                        )
+                    else:  # the tile loaded before the wait
+                        m_i, l_i, acc = _attend_kv(q, kt0, vt0, cmask[None, :], m_i, l_i, acc, qk_scale, DOT_F32)
+                else:
+                    m_i, l_i, acc = _attend_tile(
+                        q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
+                        s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
+                    )
             lo = tl.where(later, tl.load(indptr_ptr + r, mask=later, other=0), lo_0)
             hi = tl.where(later, tl.load(indptr_ptr + r + 1, mask=later, other=0), hi_0)
             in_r = rvalid & (row >= lo) & (row < hi)
@@ -391,6 +425,14 @@ def merge_mode(rows: int) -> str:
     return mode
 
 
+def early_kv_mode(rows: int) -> bool:
+    """Whether a call with `rows` query rows loads its first committed K/V tile before the PDL wait
+    (`SPEC_ATTN_EARLY_KV`, default "auto": up to `EARLY_KV_ROWS` rows)."""
+    mode = os.environ.get(EARLY_KV_ENV, "auto")
+    require(mode in ("auto", "1", "0"), f"{EARLY_KV_ENV} must be 'auto', '1' or '0', got {mode!r}")
+    return rows <= EARLY_KV_ROWS if mode == "auto" else mode == "1"
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -443,6 +485,7 @@ def triton_attention(
     early = os.environ.get(EARLY_ENV, "1") != "0"
     line = max(1, 128 // k.element_size())  # K/V elements per 128-byte line (SPEC_ATTN_PREFETCH)
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
+    early_kv = early and early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
     _attn_split_kernel[(plan["blocks"], hkv, ns)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
         mid_o, mid_m, mid_l, out, counts,
@@ -455,7 +498,7 @@ def triton_attention(
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
         FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=early,
         PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
-        KV_LINE=line, KV_PARTS=cdiv(d, line),
+        KV_LINE=line, KV_PARTS=cdiv(d, line), EARLY_KV=early_kv,
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:
