@@ -14,7 +14,10 @@ step, 255 steps after a 128-token prompt):
 - `lm_head`: the logits are a zero buffer (one fill instead of the 1 GB GEMV);
 - `norm_spacer`, `attn_spacer`: the same launches replaced by a one-program copy kernel that waits
   and lets the next kernel start as the real ones do (PDL): what the launch boundary itself costs,
-  against what the kernel's work costs.
+  against what the kernel's work costs;
+- `norm_then_spacer`: the real norms, each followed by such a copy kernel: 64 launch boundaries
+  more, so the step time minus `full`'s is what one boundary costs (64 times), which is the most
+  that folding the norms into the GEMVs could save.
 
 The tokens are garbage in every variant but `full`; only the times mean something. The step time
 of `full` minus a variant's is what those launches cost in place, overlap included. Rounds
@@ -43,6 +46,7 @@ VARIANTS = {
     "norm+attn+lm_head": ("norm", "attn", "lm_head"),
     "norm_spacer": ("norm_spacer",),
     "attn_spacer": ("attn_spacer",),
+    "norm_then_spacer": ("norm_then_spacer",),
 }
 
 
@@ -93,6 +97,14 @@ def left_out(parts: tuple[str, ...]):
         patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps: (x, x))
     if "norm_spacer" in parts:
         patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps: (x, spacer(x)))
+    if "norm_then_spacer" in parts:
+        real = M.FastBackend.add_rmsnorm
+
+        def norm_then_spacer(self, x, delta, weight, eps):
+            new_x, normed = real(self, x, delta, weight, eps)
+            return new_x, spacer(normed)
+
+        patch(M.FastBackend, "add_rmsnorm", norm_then_spacer)
     if "attn_spacer" in parts:
         patch(M.FastBackend, "attention_for", lambda self, head_dim: (lambda q, *args, **kwargs: spacer(q)))
     if "attn" in parts:

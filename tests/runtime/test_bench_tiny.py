@@ -76,7 +76,10 @@ def test_explore_ablation_leaves_out_and_restores() -> None:
         skipped, zeros = forward(fresh())
     with A.left_out(("norm_spacer", "attn_spacer")):
         spaced, _ = forward(fresh())
+    with A.left_out(("norm_then_spacer",)):
+        norm_spaced, _ = forward(fresh())
     after, _ = forward(fresh())
     assert not torch.allclose(skipped, before) and torch.equal(zeros, torch.zeros_like(logits))
     assert not torch.allclose(spaced, before)
+    assert torch.equal(norm_spaced, before)  # a copy after each norm changes nothing
     assert torch.equal(after, before) and logits.abs().sum() > 0
