@@ -66,7 +66,8 @@ def pdl(device: torch.device) -> bool:
     `gdc_wait()` before it touches memory the previous kernel may write, so results never change,
     and only then `gdc_launch_dependents()`: at most one kernel waits ahead, so everything written
     two or more launches back is complete when a kernel starts. Before the wait, the GEMV reads
-    only weights and the attention split kernel its batch description (see its module). Off
+    only weights (and its RoPE inputs) and the attention split kernel its batch description and,
+    in small calls, committed K/V (see its module). Off
     under the interpreter, below sm90, or with `SPEC_PDL=0`."""
     if interpreting() or _PDL_SUPPRESSED[0] or os.environ.get(PDL_ENV, "1") == "0":
         return False

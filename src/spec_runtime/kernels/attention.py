@@ -17,11 +17,11 @@ sync, graph-capturable. Under programmatic dependent launch the split kernel rea
 description (row ranges, prefixes, request rows, the first slot tile) before it waits for the
 kernel before it, which writes only q and the new K/V: the fast path writes the batch description
 earlier in the forward, and every PDL kernel waits before it lets the next one start, so those
-writes are complete. For calls of at most two query rows it also loads the K/V of its first tile
-of the committed prefix there: new K/V only ever go to extra slots (`AttnBatch.out_slots`), so the
-prefix's were written by an earlier forward. For calls of at most two query rows (plain decode, a top-2 draft step)
-there is no pass 2: the last program of each (row block, KV head) to finish (an arrival counter,
-acquire-release, reset by that program) merges the block's partials itself. Both merges add the
+writes are complete. Calls of at most two query rows (plain decode, a top-2 draft step) also load
+each program's first K/V tile of the committed prefix there (`SPEC_ATTN_EARLY_KV`): new K/V only
+ever go to extra slots (`AttnBatch.out_slots`), so the prefix's were written by an earlier forward.
+Those calls also skip pass 2: the last program of each (row block, KV head) to finish (an
+arrival counter, acquire-release, reset by that program) merges the block's partials itself. Both merges add the
 splits in the same order, so they give the same bits (`SPEC_ATTN_MERGE` overrides the choice).
 
 Precondition (every `AttnBatch` builder meets it): the extra slots of one row are distinct. The
