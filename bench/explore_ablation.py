@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -50,36 +53,27 @@ VARIANTS = {
 }
 
 
+@triton.jit
+def _spacer_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
 def spacer(x: torch.Tensor) -> torch.Tensor:
     """A copy of `x` by one program that waits for the kernel before it and lets the next start,
     like the runtime's elementwise kernels under PDL (a plain clone off the GPU)."""
     if x.device.type != "cuda":
         return x.clone()
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
     from spec_runtime.kernels._common import pdl_options
 
-    global _SPACER
-    if _SPACER is None:
-        @triton.jit
-        def _spacer_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-            if PDL:
-                gdc_wait()
-                gdc_launch_dependents()
-            i = tl.arange(0, BLOCK)
-            tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
-
-        _SPACER = _spacer_kernel
     src = x.contiguous()
     out = torch.empty_like(src)
-    _SPACER[(1,)](src, out, src.numel(), BLOCK=triton.next_power_of_2(src.numel()), num_warps=4,
-                  **pdl_options(x.device))
+    _spacer_kernel[(1,)](src, out, src.numel(), BLOCK=triton.next_power_of_2(src.numel()), num_warps=4,
+                         **pdl_options(x.device))
     return out
-
-
-_SPACER = None
 
 
 @contextlib.contextmanager

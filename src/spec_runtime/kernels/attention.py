@@ -182,10 +182,17 @@ def _attend_tile(
     `key_ok (J,)`: keys to load; `visible (R, J)`: which row sees which key. A row that has seen
     no key yet keeps max -inf, sum 0 and a zero accumulator.
     """
+    kt, vt = _load_kv(k_ptr, v_ptr, slot, key_ok, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, D)
+    return _attend_kv(q, kt, vt, visible, m_i, l_i, acc, qk_scale, DOT_F32)
+
+
+@triton.jit
+def _load_kv(k_ptr, v_ptr, slot, key_ok, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, D: tl.constexpr):
+    """The `(J, D)` K and V tiles of KV head `kvh` at `slot (J,)` (zeros where not `key_ok`)."""
     d = tl.arange(0, D)
     kt = tl.load(k_ptr + slot[:, None] * s_ks + kvh * s_kh + d[None, :] * s_kd, mask=key_ok[:, None], other=0.0)
     vt = tl.load(v_ptr + slot[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd, mask=key_ok[:, None], other=0.0)
-    return _attend_kv(q, kt, vt, visible, m_i, l_i, acc, qk_scale, DOT_F32)
+    return kt, vt
 
 
 @triton.jit
@@ -267,10 +274,7 @@ def _attn_split_kernel(
         if PREFETCH:  # the first tile's K/V rows toward L2 while the previous kernel runs
             _prefetch_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
         if EARLY_KV:  # the first tile of this share of the committed prefix (see the module)
-            kt0 = tl.load(k_ptr + slot_p0[:, None] * s_ks + kvh * s_kh + d[None, :] * s_kd, mask=ok_0[:, None],
-                          other=0.0)
-            vt0 = tl.load(v_ptr + slot_p0[:, None] * s_vs + kvh * s_vh + d[None, :] * s_vd, mask=ok_0[:, None],
-                          other=0.0)
+            kt0, vt0 = _load_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, D)
         if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
             gdc_wait()
             gdc_launch_dependents()
