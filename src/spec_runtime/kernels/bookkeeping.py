@@ -216,8 +216,8 @@ def _ahead_in_kernel(
     c = tl.program_id(1)
     j, cnt, alive, keep = _request_state(b, num_correct_ptr, nlive_ptr, W, WP, HAS_NLIVE)
     jm = j < W
-    acc = tl.maximum(tl.load(acc_idx_ptr + b * s_ai + j, mask=jm, other=0).to(tl.int64), 0)
     if c == 0:
+        acc = tl.maximum(tl.load(acc_idx_ptr + b * s_ai + j, mask=jm, other=0).to(tl.int64), 0)
         seq = tl.load(seq_ptr + b).to(tl.int64)
         req = tl.load(req_ptr + b).to(tl.int64)
         rows = tl.where(keep, req, pad_row)
