@@ -212,31 +212,6 @@ def test_rope_epilogue_builds_for_hopper_with_pdl():
         assert (0 <= call < kernel.index("griddepcontrol.wait")) == case["EARLY_EPI"], case
 
 
-def test_late_trigger_builds_for_hopper_and_is_checked(monkeypatch):
-    """`SPEC_GEMV_TRIGGER=end`: the GEMV lets the next kernel start after its K loop, not right
-    after its wait (dot, swapped and multiply-and-reduce tiles, sm90 build); other values are refused."""
-    from spec_runtime.kernels import gemv as G
-
-    types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr", "kc_ptr", "vc_ptr")}
-    types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
-    tiles = [dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SWAP=True, MULRED=False),
-             dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SWAP=False, MULRED=False),
-             dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=512, SWAP=False, MULRED=True)]
-    cases = [dict(t, SPLIT_K=1, EVEN_K=True, HAS_BIAS=False, DOT_F32=False, PDL=True, LATE_TRIGGER=late)
-             for t in tiles for late in (False, True)]
-    irs = hopper_build("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
-    for case, ir in zip(cases, irs):
-        kernel = ir[: ir.index("tt.func private")]
-        trigger, loop = kernel.index("griddepcontrol.launch_dependents"), kernel.index("scf.for")
-        assert kernel.index("griddepcontrol.wait") < trigger, case
-        assert (trigger > loop) == case["LATE_TRIGGER"], case
-    monkeypatch.setenv(G.TRIGGER_ENV, "end")
-    assert G.late_trigger()
-    monkeypatch.setenv(G.TRIGGER_ENV, "early")
-    with pytest.raises(ValueError, match="SPEC_GEMV_TRIGGER must be 'wait' or 'end', got 'early'"):
-        G.late_trigger()
-
-
 def test_rope_epilogue_one_row_strided_views():
     """One row's positions and slots may be one-element views with any stride (a column of the
     draft's branch slots, say): contiguous as far as torch is concerned, and read right."""

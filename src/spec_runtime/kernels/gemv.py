@@ -208,7 +208,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
     EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False, MULRED: tl.constexpr = False,
-    EARLY_EPI: tl.constexpr = False, LATE_TRIGGER: tl.constexpr = False,
+    EARLY_EPI: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -251,8 +251,7 @@ def _gemv_kernel(
         else:
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k1)[None, :], other=0.0)
         gdc_wait()
-        if not LATE_TRIGGER:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
         x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k1)[None, :], other=0.0)
         acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED)
         first = k0 + BLOCK_K
@@ -266,8 +265,6 @@ def _gemv_kernel(
             x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED)
-    if PDL and LATE_TRIGGER:  # the next kernel's programs start only as this one's finish their loops
-        gdc_launch_dependents()
     if SWAP:
         acc = tl.trans(acc)
     elif MULRED:
@@ -371,20 +368,6 @@ plain decode 4.171 -> 4.156 ms/step, STANDALONE 8.11 -> 8.08 ms/iter and EAGLE-3
 (`bench/results/explore/bookkeeping_rope_ab.json`). Read at each launch. Same bits either way."""
 
 
-TRIGGER_ENV = "SPEC_GEMV_TRIGGER"
-"""Exploration switch, read at each launch: `SPEC_GEMV_TRIGGER=end` makes the GEMV let the next
-kernel start (PDL) after its K loop instead of right after its wait (`wait`, the default). The
-next kernel's programs then launch during this one's tail, not beside its whole weight stream,
-where they hold multiprocessor slots (and, in the attention, a K/V tile) while they wait."""
-
-
-def late_trigger() -> bool:
-    """Whether `SPEC_GEMV_TRIGGER` asks for the trigger after the K loop."""
-    raw = os.environ.get(TRIGGER_ENV, "wait")
-    require(raw in ("wait", "end"), f"{TRIGGER_ENV} must be 'wait' or 'end', got {raw!r}")
-    return raw == "end"
-
-
 def early_epilogue_inputs() -> bool:
     """Whether `SPEC_GEMV_EARLY_ROPE` asks for the RoPE epilogue's inputs up front."""
     raw = os.environ.get(EARLY_EPI_ENV, "1")
@@ -416,7 +399,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
         x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0), *rope_args,
         BLOCK_M=next_pow2(m) if cfg.mulred else max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
-        EPI=epi, HD2=hd2, MULRED=cfg.mulred, EARLY_EPI=early, LATE_TRIGGER=late_trigger(), num_warps=cfg.num_warps,
+        EPI=epi, HD2=hd2, MULRED=cfg.mulred, EARLY_EPI=early, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl,
     )
     if split == 1:
