@@ -54,25 +54,41 @@ VARIANTS = {
 
 
 @triton.jit
-def _spacer_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:
-        gdc_wait()
+def pdl_sync(EARLY: tl.constexpr = False):
+    """Wait for the kernel before (PDL), then let the next one launch; EARLY: let it launch first."""
+    if EARLY:
         gdc_launch_dependents()
+    gdc_wait()
+    if not EARLY:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _spacer_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
+    if PDL:
+        pdl_sync(EARLY)
     i = tl.arange(0, BLOCK)
     tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
 
 
-def spacer(x: torch.Tensor) -> torch.Tensor:
-    """A copy of `x` by one program that waits for the kernel before it and lets the next start,
-    like the runtime's elementwise kernels under PDL (a plain clone off the GPU)."""
-    if x.device.type != "cuda":
-        return x.clone()
+def spacer_into(x: torch.Tensor, out: torch.Tensor, early: bool = False) -> None:
+    """Copy the first `out.numel()` elements of `x` (contiguous CUDA tensors) into `out` by one
+    program that waits for the kernel before it and lets the next start, like the runtime's
+    elementwise kernels under PDL; `early`: the next may start before the wait."""
     from spec_runtime.kernels._common import pdl_options
 
+    n = out.numel()
+    _spacer_kernel[(1,)](x, out, n, BLOCK=triton.next_power_of_2(n), EARLY=early, num_warps=4,
+                         **pdl_options(out.device))
+
+
+def spacer(x: torch.Tensor) -> torch.Tensor:
+    """A copy of `x` by `spacer_into` (a plain clone off the GPU)."""
+    if x.device.type != "cuda":
+        return x.clone()
     src = x.contiguous()
     out = torch.empty_like(src)
-    _spacer_kernel[(1,)](src, out, src.numel(), BLOCK=triton.next_power_of_2(src.numel()), num_warps=4,
-                         **pdl_options(x.device))
+    spacer_into(src, out)
     return out
 
 

@@ -31,12 +31,13 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from explore_ablation import pdl_sync  # noqa: E402
+from explore_ablation import spacer_into as copy  # noqa: E402
 from explore_gemv import graph_time  # noqa: E402
 from stream_gemv import ring_depth, stream_linear, weight_descriptor  # noqa: E402
 
@@ -47,32 +48,12 @@ SMS = 132
 
 
 @triton.jit
-def _copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EARLY: tl.constexpr):
-    if EARLY:
-        gdc_launch_dependents()
-    gdc_wait()
-    if not EARLY:
-        gdc_launch_dependents()
-    i = tl.arange(0, BLOCK)
-    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
-
-
-def copy(x: torch.Tensor, out: torch.Tensor, early: bool = False) -> None:
-    n = out.numel()
-    _copy_kernel[(1,)](x, out, n, BLOCK=triton.next_power_of_2(n), EARLY=early, num_warps=4, launch_pdl=True)
-
-
-@triton.jit
 def _attn_like_kernel(q_ptr, kv_ptr, out_ptr, KEYS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                       EARLY: tl.constexpr):
     """A stand-in for the decode attention: one program per head reads q and the head's keys (in
     tiles of BLOCK, dependent on nothing but the wait) and writes D outputs."""
     h = tl.program_id(0)
-    if EARLY:
-        gdc_launch_dependents()
-    gdc_wait()
-    if not EARLY:
-        gdc_launch_dependents()
+    pdl_sync(EARLY)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + h * D + d).to(tl.float32)
     acc = tl.zeros([D], tl.float32)
@@ -106,17 +87,14 @@ def triton_config(decisions: dict, shape: tuple[int, int]):
 
 
 def load_decisions(path: str | None) -> dict:
-    """(N, K) -> the GemvConfig the tuning file holds for one row (bf16)."""
-    from spec_runtime.kernels.gemv import GemvConfig
+    """(N, K) -> the GemvConfig the tuning file holds for one bf16 row (`gpu.models.load_decisions`)."""
+    from spec_runtime.gpu import models as M
 
     if not path:
         return {}
-    d = json.loads(Path(path).read_text())
-    out = {}
-    for shape, dtype, _bias, rows, _dev, *_times, cfg in d["decisions"]:
-        if rows == 1 and dtype == "torch.bfloat16":
-            out[tuple(shape)] = GemvConfig(**cfg)
-    return out
+    M.load_decisions(path)
+    return {shape: d.config for (shape, dtype, _bias, rows, _dev), d in M._GEMV_DECISIONS.items()
+            if rows == 1 and dtype == torch.bfloat16 and d.config is not None}
 
 
 def sweep_shape(name: str, n: int, k: int, cfg, quick: bool, t0: float) -> list[dict]:
