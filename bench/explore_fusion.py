@@ -45,7 +45,8 @@ def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
     runner.capture()
     prompt = torch.tensor(E.random_prompts(1, 128, target.vocab_size, seed=1)[0], device="cuda")
     rows = torch.zeros(1, dtype=torch.int64, device="cuda")
-    times = []
+    times: list[float] = []
+    graph_times: list[float] = []
     for n in (4, steps, steps):
         lens = torch.full((1,), 128, dtype=torch.int64, device="cuda")
         slots = cache.alloc_slots(128)
@@ -60,10 +61,26 @@ def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
         torch.cuda.synchronize()
         times.append(1e3 * (time.perf_counter() - t0) / n)
         _ = tokens.tolist()
+        if n == steps:  # the step's graph alone, back to back (the last step's inputs, rewritten in place)
+            graph_times.append(replay_ms(runner.graphs.graphs[("decode", 1)].graph))
         row = cache.req_to_token[0]
         cache.free_slots(row[row >= 0])
         row.fill_(-1)
-    return {"ms_per_step": min(times[1:]), "tok_s": 1e3 / min(times[1:]), "linear_log": list(runner.linear_log)}
+    return {"ms_per_step": min(times[1:]), "tok_s": 1e3 / min(times[1:]), "graph_ms": min(graph_times),
+            "linear_log": list(runner.linear_log)}
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, n: int = 100) -> float:
+    """ms per replay of `graph`, `n` replays back to back between two CUDA events (nothing else
+    launched between them: the device time of the graph and its launch boundaries alone)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
 
 
 def _set_env(env: dict | None, all_envs: list, keep_decisions: bool = False) -> None:
