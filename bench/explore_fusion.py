@@ -3,13 +3,14 @@
     python3 bench/explore_fusion.py --out $OUT/fusion --variants 'gemv:{};cublas:{"linear":"torch"}' [--rounds 2]
 
 Each variant is a set of `FastOptions` fields. For each round, every variant in turn times the plain
-decode step (a CUDA graph per step, 255 steps after a 128-token prompt), and EAGLE-3 (simulated
+decode step (`DecodeRunner.generate`: CUDA graphs of 8 steps, 255 steps after a 128-token prompt), and EAGLE-3 (simulated
 accept length 5.4) and STANDALONE (3.6) iterations with a CUDA event pair around every graph replay
 (`explore_iter.graph_times`). Rounds alternate the variants so slow drift of the machine shows.
 Writes `fusion.json` under --out.
 
 A variant may hold `"buckets": [1, 8, 32]`: the spec runtimes' captured batch sizes (default [1];
-the benchmark captures 1, 8 and 32). A variant may hold `"env": {NAME: VALUE}`: environment
+the benchmark captures 1, 8 and 32), and `"steps_per_graph": K` (the plain decode's graphs, default
+8). A variant may hold `"env": {NAME: VALUE}`: environment
 variables set for it alone (such as `SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
 kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed),
 unless `--keep-decisions` (for variables the decisions do not depend on, such as `SPEC_ATTN_MERGE`).
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
+def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8) -> dict:
     """ms per plain decode step (bs=1, prompt 128; the faster of two timed runs) and tokens/s."""
     import bench_e2e as E
 
@@ -41,7 +42,7 @@ def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
 
     ctx = 128 + steps + 9
     cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype, "cuda")
-    runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast)
+    runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast, steps_per_graph=steps_per_graph)
     runner.capture()
     prompt = torch.tensor(E.random_prompts(1, 128, target.vocab_size, seed=1)[0], device="cuda")
     rows = torch.zeros(1, dtype=torch.int64, device="cuda")
@@ -62,6 +63,7 @@ def plain_step_ms(target, fast: dict, steps: int = 255) -> dict:
         times.append(1e3 * (time.perf_counter() - t0) / n)
         _ = tokens.tolist()
         if n == steps:  # the step's graph alone, back to back (the last step's inputs, rewritten in place)
+            runner.bufs.nlive.zero_()  # the row as padding: the replays do not advance it
             graph_times.append(replay_ms(runner.graphs.graphs[("decode", 1)].graph))
         row = cache.req_to_token[0]
         cache.free_slots(row[row >= 0])
@@ -134,14 +136,14 @@ def main() -> int:
     for r in range(a.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for name, options in order:
-            fast = {k: v for k, v in options.items() if k not in ("env", "buckets")}
+            fast = {k: v for k, v in options.items() if k not in ("env", "buckets", "steps_per_graph")}
             _set_env(options.get("env"), [o.get("env") for _, o in variants], a.keep_decisions)
             for model in (target, *drafts.values()):  # one variant's fused weights at a time in memory
                 model.__dict__.pop("_spec_fast_models", None)
             row: dict = {"round": r, "variant": name}
             for alg in algorithms:
                 if alg == "plain":
-                    row["plain"] = plain_step_ms(target, fast)
+                    row["plain"] = plain_step_ms(target, fast, steps_per_graph=options.get("steps_per_graph", 8))
                 else:
                     g = X.graph_times(alg, target, drafts[alg], sims[alg], fast,
                                       buckets=tuple(options.get("buckets", [1])))

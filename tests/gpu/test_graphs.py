@@ -169,7 +169,8 @@ def test_decode_runner_graphs_match_target_only(gpu_models) -> None:
         first = target.compute_logits(hidden[torch.cumsum(lens, 0) - 1]).argmax(-1)
     out = runner.generate(rows, first, lens, steps=11)
     assert out.tolist() == want
-    assert len(runner.graphs.graphs) == 3
+    assert len(runner.graphs.graphs) == 6  # per bucket: one step, and eight
+    assert runner.graphs.calls[("decode", 4, 8)] == 1 and runner.graphs.calls[("decode", 4)] == 3
 
 
 @pytest.mark.parametrize("algorithm,steps,topk,n", [("STANDALONE", 3, 1, 4), ("EAGLE3", 3, 2, 6)])

@@ -200,3 +200,83 @@ def test_static_runtime_with_bookkeeping_kernels_matches_eager(tmp_path, algorit
             assert rt.runner.backend.bookkeeping == "triton"
             assert rt.runner.ahead_stats["used"] >= 3, rt.runner.ahead_stats
     assert outs["kernels"] == outs["eager"]
+
+
+def _advance_state(gen, bucket, nlive, width, hist_cols, plan_len, step, near_end=False):
+    """The decode runner's buffers mid-generation: live rows then padding, a plan, a step index."""
+    rows = torch.randperm(8, generator=gen)[:bucket]
+    rows[nlive:] = 8  # the padding row
+    seq = torch.randint(0, width - 1, (bucket,), generator=gen)
+    if near_end:
+        seq[0] = width  # a full row: writes nothing
+    seq[nlive:] = 0
+    return dict(
+        tokens=torch.randint(0, 1000, (bucket,), generator=gen),
+        input_ids=torch.randint(0, 1000, (bucket + 2,), generator=gen),
+        positions=seq.clone().tolist() + [7, 7], seq_lens=seq.tolist() + [5, 5],
+        req_pool_indices=rows.tolist() + [0, 0],
+        out_slots=torch.randint(0, 500, (bucket + 2,), generator=gen),
+        req_to_token=torch.full((9, width), -1, dtype=torch.int64),
+        history=torch.zeros((bucket + 1, hist_cols), dtype=torch.int64),
+        plan=torch.randint(0, 500, (plan_len,), generator=gen),
+        step=[step], nlive=[nlive],
+    )
+
+
+@pytest.mark.parametrize("bucket,nlive,step,near_end", [(4, 4, 0, False), (4, 3, 2, False), (1, 1, 5, False),
+                                                         (8, 5, 1, True), (2, 0, 3, False), (4, 2, 9, False)])
+def test_decode_advance(bucket, nlive, step, near_end):
+    """decode_advance == its torch reference, bit for bit: live rows advance (history, slot table,
+    lengths, next slots from the plan), padding rows and entries past the bucket stay, a full row
+    or a step past the history writes nothing, the plan's end leaves the slot."""
+    from spec_runtime.kernels.bookkeeping import decode_advance, reference_decode_advance
+
+    gen = torch.Generator().manual_seed(bucket * 10 + nlive + step)
+    state = _advance_state(gen, bucket, nlive, 12, 8, 3 * max(nlive, 1) + 1, step, near_end)
+    ref = {k: torch.as_tensor(v, dtype=torch.int64) for k, v in state.items()}
+    got = {k: v.clone().to(DEVICE) for k, v in ref.items()}
+    order = ["tokens", "input_ids", "positions", "seq_lens", "req_pool_indices", "out_slots", "req_to_token",
+             "history", "plan", "step", "nlive"]
+    before = {k: v.clone() for k, v in ref.items()}
+    reference_decode_advance(*[ref[k] for k in order])
+    decode_advance(*[got[k] for k in order])
+    assert_same([got[k] for k in order], [ref[k] for k in order])
+    # what the reference did, spelled out for the first live row (when it advances)
+    assert int(ref["step"]) == step + 1
+    assert torch.equal(ref["input_ids"][bucket:], before["input_ids"][bucket:])  # past the bucket: untouched
+    assert torch.equal(ref["seq_lens"][nlive:], before["seq_lens"][nlive:])  # padding rows stay
+    if nlive and not near_end and step < 8:
+        at = int(before["seq_lens"][0])
+        assert int(ref["req_to_token"][before["req_pool_indices"][0], at]) == int(before["out_slots"][0])
+        assert int(ref["history"][0, step]) == int(before["tokens"][0])
+        assert int(ref["seq_lens"][0]) == at + 1 and int(ref["positions"][0]) == int(before["positions"][0]) + 1
+        nxt = (step + 1) * nlive
+        want = int(before["plan"][nxt]) if nxt < before["plan"].shape[0] else int(before["out_slots"][0])
+        assert int(ref["out_slots"][0]) == want
+    if near_end:
+        assert int(ref["seq_lens"][0]) == 12 and bool((ref["req_to_token"][before["req_pool_indices"][0]] == -1).all())
+
+
+def test_decode_advance_rejects_bad_buffers():
+    from spec_runtime.kernels.bookkeeping import decode_advance
+
+    i64 = dict(dtype=torch.int64, device=DEVICE)
+    tokens, short = torch.zeros(4, **i64), torch.zeros(2, **i64)
+    table, hist, plan, one = torch.zeros((5, 6), **i64), torch.zeros((4, 6), **i64), torch.zeros(8, **i64), torch.zeros(1, **i64)
+    with pytest.raises(ValueError, match="positions must be contiguous with >= 4 entries"):
+        decode_advance(tokens, tokens, short, tokens, tokens, tokens, table, hist, plan, one, one)
+    with pytest.raises(ValueError, match="step has shape"):
+        decode_advance(tokens, tokens, tokens, tokens, tokens, tokens, table, hist, plan, short, one)
+    with pytest.raises(ValueError, match="history has dtype"):
+        decode_advance(tokens, tokens, tokens, tokens, tokens, tokens, table, hist.float(), plan, one, one)
+
+
+def test_decode_advance_builds_for_hopper_with_pdl():
+    """The PDL path (the interpreter runs without it) builds for sm90: the wait before any load."""
+    from kernel_helpers import hopper_build
+
+    names = ["tok_ptr", "ids_ptr", "pos_ptr", "seq_ptr", "req_ptr", "slot_ptr", "rt_ptr", "hist_ptr", "plan_ptr",
+             "step_ptr", "nlive_ptr"]
+    (ptx,) = hopper_build("spec_runtime.kernels.bookkeeping", "_decode_advance_kernel", {n: "*i64" for n in names},
+                          [dict(BLOCK=32, PDL=True)], ptx=True)
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")

@@ -362,8 +362,43 @@ def test_decode_runner_matches_target_only(request, load_pair) -> None:
         hidden, _ = target.forward(ids, positions, AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots), cache)
         cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
         first = target.compute_logits(hidden[torch.cumsum(lens, 0) - 1]).argmax(-1)
+    free = cache.num_free_slots
+    calls: list[int] = []
     out = runner.generate(rows, first, lens, steps=9)
     assert out.tolist() == want
+    assert cache.num_free_slots == free - 3 * 9  # the padding row's slot went back
+    assert runner.graphs.calls[("decode", 4, 8)] == 1 and runner.graphs.calls[("decode", 4)] == 1
+    # the same tokens one step per call, with the host callback after each step
+    for r in range(3):
+        row = cache.req_to_token[r]
+        cache.free_slots(row[lens[r]:][row[lens[r]:] >= 0])
+        row[lens[r]:] = -1
+    again = runner.generate(rows, first, lens, steps=9, on_step=calls.append)
+    assert again.tolist() == want and calls == list(range(9))
+
+
+def test_decode_runner_refuses_before_it_starts(request, load_pair) -> None:
+    """Too long a generation (past the slot table) or too many slots for the cache: a clear error
+    before the first step, with the cache as it was."""
+    from spec_runtime.kv_cache import KVCacheFull
+
+    _, target, _ = _models(request, load_pair, "standalone")
+    cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, 40, 3, 24, target.dtype)
+    runner = DecodeRunner(target, cache, max_bs=2, executor="static", buckets=(1, 2), steps_per_graph=4)
+    rows, first = torch.arange(2), torch.tensor([3, 4])
+    lens = torch.tensor([5, 6])
+    cache.req_to_token[0, :5] = cache.alloc_slots(5)
+    cache.req_to_token[1, :6] = cache.alloc_slots(6)
+    table, free = cache.req_to_token.clone(), cache.num_free_slots
+    with pytest.raises(ValueError, match="would reach length 25, past the slot table's 24 positions"):
+        runner.generate(rows, first, lens, steps=19)
+    with pytest.raises(KVCacheFull, match="asked for 30 slots"):
+        runner.generate(rows, first, lens, steps=15)
+    with pytest.raises(ValueError, match="needs 1..2 requests, got 3"):
+        runner.generate(torch.arange(3), torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1]), steps=2)
+    assert cache.num_free_slots == free and torch.equal(cache.req_to_token, table)
+    assert runner.generate(rows, first, lens, steps=0).tolist() == [[3], [4]]
+    assert runner.generate(rows, first, lens, steps=5).shape == (2, 6)
 
 
 def test_fused_weights_match_reference(request, load_pair) -> None:

@@ -1043,6 +1043,12 @@ class FastTarget:
         """float32 `(T, vocab)` logits."""
         return self.lm_head(hidden).float()
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`compute_logits(hidden).argmax(-1)` without the float32 copy of the logits: the argmax
+        of the model-dtype logits is the same index (each float32 value is its bf16/fp16 value
+        exactly; ties go to the first index either way), one launch fewer."""
+        return self.be.argmax(self.lm_head(hidden))
+
 
 class FastStandalone:
     """`StandaloneDraft` on the fast path."""

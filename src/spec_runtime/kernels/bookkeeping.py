@@ -9,6 +9,9 @@
   and after its forward (`graphs.GraphRunner._ahead_extend_fn`), one launch each where the torch
   path (`graphs.ahead_extend_in_torch` / `_out_torch`, the references) captures about forty small
   kernels.
+- `decode_advance`: the end of a plain decode step (`graphs.DecodeRunner`): the step's tokens into
+  the next inputs and the history, the step's slots into the slot table, lengths and positions one
+  on, the next step's slots from the plan, in one launch inside the step's graph.
 """
 
 from typing import Optional
@@ -16,15 +19,18 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
+from spec_runtime.kernels._common import INDEX_DTYPES, check_tensor, next_pow2, pdl_options, require
 
 __all__ = [
     "ahead_extend_in",
     "ahead_extend_out",
     "commit_accepted",
+    "decode_advance",
     "extend_after_decode",
     "reference_commit_accepted",
+    "reference_decode_advance",
     "reference_extend_after_decode",
 ]
 
@@ -354,4 +360,104 @@ def ahead_extend_out(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: t
         scratch.stride(0), db.temp_slots.stride(0), src_h.stride(0), dst_h.stride(0),
         WP=next_pow2(width), KP=next_pow2(k), KSP=next_pow2(ks), HAS_NLIVE=nlive is not None, BLOCK_H=_HIDDEN_BLOCK,
         num_warps=4,
+    )
+
+
+# ---- the plain decode step's bookkeeping (graphs.DecodeRunner) ------------------------------------
+
+
+def reference_decode_advance(tokens: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                             seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out_slots: torch.Tensor,
+                             req_to_token: torch.Tensor, history: torch.Tensor, plan: torch.Tensor,
+                             step: torch.Tensor, nlive: torch.Tensor) -> None:
+    """Torch reference of `decode_advance` (the same writes, as tensor ops without a host read)."""
+    bucket = tokens.shape[0]
+    r = torch.arange(bucket, device=tokens.device)
+    live = r < nlive
+    st = step.reshape(())
+    width = req_to_token.shape[1]
+    # a row at the table's end, or past the history, writes nothing (the caller checks lengths up front)
+    at = seq_lens[:bucket]
+    ok = live & (at < width) & (st < history.shape[1])
+    rows, cols = req_pool_indices[:bucket][ok], at[ok]
+    req_to_token[rows, cols] = out_slots[:bucket][ok].to(req_to_token.dtype)
+    history[r[ok], st.expand(bucket)[ok]] = tokens[ok].to(history.dtype)
+    input_ids[:bucket] = torch.where(live, tokens.to(input_ids.dtype), input_ids[:bucket])
+    one = ok.to(seq_lens.dtype)
+    seq_lens[:bucket] += one
+    positions[:bucket] += one.to(positions.dtype)
+    nxt = (st + 1) * nlive.reshape(()) + r
+    take = ok & (nxt < plan.shape[0])
+    out_slots[:bucket] = torch.where(take, plan[nxt.clamp(max=plan.shape[0] - 1)].to(out_slots.dtype),
+                                     out_slots[:bucket])
+    step += 1
+
+
+@triton.jit
+def _decode_advance_kernel(
+    tok_ptr,  # (bucket,) int the step's tokens
+    ids_ptr, pos_ptr, seq_ptr, req_ptr, slot_ptr,  # (>= bucket,) the step's inputs (updated in place)
+    rt_ptr,  # (max_reqs, width) int slot table (output)
+    hist_ptr,  # (>= bucket, hist_cols) int token history (output)
+    plan_ptr,  # (plan_len,) int slots, step-major: step s, live row r at s * nlive + r
+    step_ptr, nlive_ptr,  # (1,) int: the step's index, the live rows (a prefix of the bucket)
+    bucket, width, hist_cols, plan_len, s_rt, s_h,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.arange(0, BLOCK)
+    st = tl.load(step_ptr).to(tl.int64)
+    nlive = tl.load(nlive_ptr).to(tl.int64)
+    live = (r < bucket) & (r < nlive)
+    tok = tl.load(tok_ptr + r, mask=live, other=0)
+    at = tl.load(seq_ptr + r, mask=live, other=0).to(tl.int64)
+    ok = live & (at < width) & (st < hist_cols)
+    req = tl.load(req_ptr + r, mask=ok, other=0).to(tl.int64)
+    slot = tl.load(slot_ptr + r, mask=ok, other=0)
+    tl.store(rt_ptr + req * s_rt + at, slot.to(rt_ptr.dtype.element_ty), mask=ok)
+    tl.store(hist_ptr + r.to(tl.int64) * s_h + st, tok.to(hist_ptr.dtype.element_ty), mask=ok)
+    tl.store(ids_ptr + r, tok.to(ids_ptr.dtype.element_ty), mask=live)
+    tl.store(seq_ptr + r, (at + 1).to(seq_ptr.dtype.element_ty), mask=ok)
+    pos = tl.load(pos_ptr + r, mask=ok, other=0)
+    tl.store(pos_ptr + r, pos + 1, mask=ok)
+    nxt = (st + 1) * nlive + r
+    take = ok & (nxt < plan_len)
+    tl.store(slot_ptr + r, tl.load(plan_ptr + nxt, mask=take, other=0).to(slot_ptr.dtype.element_ty), mask=take)
+    tl.store(step_ptr, (st + 1).to(step_ptr.dtype.element_ty))
+
+
+def decode_advance(tokens: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+                   req_pool_indices: torch.Tensor, out_slots: torch.Tensor, req_to_token: torch.Tensor,
+                   history: torch.Tensor, plan: torch.Tensor, step: torch.Tensor, nlive: torch.Tensor) -> None:
+    """The end of a plain decode step over a bucket of `tokens.shape[0]` rows, of which the first
+    `nlive` (a device scalar) are live, in one launch and without a host read: for each live row r,
+    with `s = step`, `history[r, s] = tokens[r]`, `req_to_token[req_pool_indices[r], seq_lens[r]] =
+    out_slots[r]`, `input_ids[r] = tokens[r]`, `seq_lens[r]` and `positions[r]` one on, and
+    `out_slots[r] = plan[(s + 1) * nlive + r]` (the next step's slot, where the plan holds one);
+    then `step` one on. Padding rows are left as they are. A live row whose length has reached the
+    table's width, or a step past the history's columns, writes nothing (no write out of bounds;
+    `DecodeRunner.generate` checks the lengths before it starts). `reference_decode_advance` is the
+    torch version, bit for bit."""
+    bucket = tokens.shape[0]
+    for name, t in (("input_ids", input_ids), ("positions", positions), ("seq_lens", seq_lens),
+                    ("req_pool_indices", req_pool_indices), ("out_slots", out_slots)):
+        check_tensor(name, t, INDEX_DTYPES, (None,), tokens.device)
+        require(t.shape[0] >= bucket and t.stride(0) == 1, f"{name} must be contiguous with >= {bucket} entries")
+    for name, t, shape in (("tokens", tokens, (bucket,)), ("plan", plan, (None,)), ("step", step, (1,)),
+                           ("nlive", nlive, (1,))):
+        check_tensor(name, t, INDEX_DTYPES, shape, tokens.device)
+        require(t.stride(0) == 1 or t.shape[0] <= 1, f"{name} must be contiguous")
+    for name, t in (("req_to_token", req_to_token), ("history", history)):
+        check_tensor(name, t, INDEX_DTYPES, (None, None), tokens.device)
+        _rowwise(t, name)
+    require(history.shape[0] >= bucket, f"history must have >= {bucket} rows, got {history.shape[0]}")
+    if bucket == 0:
+        step += 1
+        return
+    _decode_advance_kernel[(1,)](
+        tokens, input_ids, positions, seq_lens, req_pool_indices, out_slots, req_to_token, history, plan, step, nlive,
+        bucket, req_to_token.shape[1], history.shape[1], plan.shape[0], req_to_token.stride(0), history.stride(0),
+        BLOCK=next_pow2(max(bucket, 2)), num_warps=1, **pdl_options(tokens.device),
     )
