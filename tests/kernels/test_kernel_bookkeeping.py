@@ -183,8 +183,9 @@ def test_static_runtime_with_bookkeeping_kernels_matches_eager(tmp_path, algorit
         draft_dir, loader = build_tiny_standalone(tmp_path / "draft", target_dir, num_layers=1), load_standalone
     else:
         draft_dir, loader = build_tiny_eagle3(tmp_path / "draft", target_dir), load_eagle3
-    target = load_target(target_dir)
-    draft = loader(draft_dir, target)
+    # on the models' device: on a GPU machine the kernels are compiled, not interpreted, and take CUDA tensors
+    target = load_target(target_dir, device=DEVICE)
+    draft = loader(draft_dir, target, device=DEVICE)
     outs = {}
     for name, executor, fast in (("eager", "eager", None), ("kernels", "static", {"bookkeeping": "triton"})):
         rt = Runtime.create(target, draft, algorithm, num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
