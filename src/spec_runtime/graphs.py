@@ -984,17 +984,22 @@ class DecodeRunner:
         bucket, n = key[1], key[2] if len(key) > 2 else 1
         self.graphs.run(key, lambda: self._steps_fn(bucket, n))
 
-    def capture(self) -> None:
-        """Capture every bucket's graphs (largest bucket first) on padding; "static" does nothing."""
+    def capture(self, buckets: Optional[Sequence[int]] = None) -> None:
+        """Capture the graphs of `buckets` (default: every bucket, largest first) not captured yet,
+        on padding; "static" does nothing. `generate` captures what it needs first: a capture's
+        warm-up runs advance the buffers, so it must never run on live rows."""
         if self.graphs.executor != "cuda_graph":
+            return
+        todo = [(bucket, key) for bucket in reversed(buckets or self.buckets) for key in self._keys(bucket)
+                if key not in self.graphs.graphs]
+        if not todo:
             return
         pad = self.cache.alloc_slots(1)
         try:
-            for bucket in reversed(self.buckets):
-                for key in self._keys(bucket):
-                    self._fill(torch.zeros(0, dtype=torch.int64, device=pad.device), bucket, pad)
-                    n = key[2] if len(key) > 2 else 1
-                    self.graphs.capture(key, lambda b=bucket, n=n: self._steps_fn(b, n))
+            for bucket, key in todo:
+                self._fill(torch.zeros(0, dtype=torch.int64, device=pad.device), bucket, pad)
+                n = key[2] if len(key) > 2 else 1
+                self.graphs.capture(key, lambda b=bucket, n=n: self._steps_fn(b, n))
         finally:
             self.cache.free_slots(pad)
 
@@ -1037,6 +1042,7 @@ class DecodeRunner:
         if steps <= 0:
             return first.reshape(bs, 1).clone()
         bucket = next(b for b in self.buckets if b >= bs)
+        self.capture((bucket,))
         slots = self.cache.alloc_slots(bs * steps + (bucket > bs))  # every step's slots, then the padding's
         pad = slots[bs * steps:] if bucket > bs else slots[:1]
         b = self.bufs
