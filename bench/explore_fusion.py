@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8) -> dict:
     """ms per plain decode step (bs=1, prompt 128; the faster of two timed runs) and tokens/s."""
     import bench_e2e as E
+    from explore_gemv import _graph_ms
 
     from spec_runtime.attention import AttnBatch
     from spec_runtime.graphs import DecodeRunner
@@ -64,25 +65,12 @@ def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8
         _ = tokens.tolist()
         if n == steps:  # the step's graph alone, back to back (the last step's inputs, rewritten in place)
             runner.bufs.nlive.zero_()  # the row as padding: the replays do not advance it
-            graph_times.append(replay_ms(runner.graphs.graphs[("decode", 1)].graph))
+            graph_times.append(_graph_ms(runner.graphs.graphs[("decode", 1)].graph, reps=100, rounds=1))
         row = cache.req_to_token[0]
         cache.free_slots(row[row >= 0])
         row.fill_(-1)
     return {"ms_per_step": min(times[1:]), "tok_s": 1e3 / min(times[1:]), "graph_ms": min(graph_times),
             "linear_log": list(runner.linear_log)}
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, n: int = 100) -> float:
-    """ms per replay of `graph`, `n` replays back to back between two CUDA events (nothing else
-    launched between them: the device time of the graph and its launch boundaries alone)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / n
 
 
 def _set_env(env: dict | None, all_envs: list, keep_decisions: bool = False) -> None:

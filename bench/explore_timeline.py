@@ -22,10 +22,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def main() -> int:
     import bench_e2e as E
+    from explore_gemv import _plain_runner
     from torch.profiler import ProfilerActivity, profile
 
     from spec_runtime.gpu import models as M
-    from spec_runtime.graphs import DecodeRunner
     from spec_runtime.kv_cache import KVCache
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,14 +40,8 @@ def main() -> int:
     target = E.build_target(cfg, torch.bfloat16, "cuda", seed=0)
     ctx = 128 + 256 + 8
     cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype, "cuda")
-    runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=(1,))
-    runner.capture()
-    slots = cache.alloc_slots(200)
-    cache.req_to_token[0, :200] = slots
-    b = runner.bufs
-    for buf, value in ((b.input_ids, 5), (b.positions, 150), (b.seq_lens, 150), (b.req_pool_indices, 0),
-                       (b.out_slots, slots[150])):
-        buf[:1] = value
+    cache.req_to_token[0, :200] = cache.alloc_slots(200)
+    runner = _plain_runner(target, cache, "auto")  # the row at position 150, the fast path's own choices
     graph = runner.graphs.graphs[("decode", 1)].graph
     for _ in range(5):
         graph.replay()

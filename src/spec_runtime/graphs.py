@@ -949,6 +949,9 @@ class DecodeRunner:
 
             fast_target = make_fast(target, FastOptions.of(fast), cache.req_to_token.shape[1] + 1, self.linear_log)
         self.fast = fast_target
+        from .kernels import bookkeeping as BK
+
+        self._advance = BK.decode_advance if fast_target.be.bookkeeping == "triton" else BK.reference_decode_advance
         i64 = dict(dtype=torch.int64, device=cache.device)
         self.bufs = _DecodeBuffers(
             *(torch.zeros(max_bs, **i64) for _ in range(5)), torch.arange(max_bs + 1, **i64),
@@ -964,10 +967,7 @@ class DecodeRunner:
                          slots.view(bucket, 1))
         hidden, _ = self.fast.forward(b.input_ids[:bucket], b.positions[:bucket], attn, self.cache)
         tokens = self.fast.greedy_tokens(hidden)
-        from .kernels import bookkeeping as BK
-
-        advance = BK.decode_advance if self.fast.be.bookkeeping == "triton" else BK.reference_decode_advance
-        advance(tokens, b.input_ids, b.positions, b.seq_lens, b.req_pool_indices, b.out_slots, self.cache.req_to_token,
+        self._advance(tokens, b.input_ids, b.positions, b.seq_lens, b.req_pool_indices, b.out_slots, self.cache.req_to_token,
                 b.history, b.plan, b.step, b.nlive)
         return tokens
 
@@ -976,13 +976,13 @@ class DecodeRunner:
             tokens = self._step_fn(bucket)
         return tokens
 
-    def _keys(self, bucket: int) -> list[tuple]:
-        """The graphs of a bucket: one step, and `steps_per_graph` steps (if more than one)."""
-        return [("decode", bucket)] + ([("decode", bucket, self.steps_per_graph)] if self.steps_per_graph > 1 else [])
+    @staticmethod
+    def _key(bucket: int, n: int) -> tuple:
+        """The graph of `n` steps of a bucket (`("decode", bucket)` for one step)."""
+        return ("decode", bucket) if n == 1 else ("decode", bucket, n)
 
-    def _run(self, key: tuple) -> None:
-        bucket, n = key[1], key[2] if len(key) > 2 else 1
-        self.graphs.run(key, lambda: self._steps_fn(bucket, n))
+    def _run(self, bucket: int, n: int) -> None:
+        self.graphs.run(self._key(bucket, n), lambda: self._steps_fn(bucket, n))
 
     def capture(self, buckets: Optional[Sequence[int]] = None) -> None:
         """Capture the graphs of `buckets` (default: every bucket, largest first) not captured yet,
@@ -990,16 +990,15 @@ class DecodeRunner:
         warm-up runs advance the buffers, so it must never run on live rows."""
         if self.graphs.executor != "cuda_graph":
             return
-        todo = [(bucket, key) for bucket in reversed(buckets or self.buckets) for key in self._keys(bucket)
-                if key not in self.graphs.graphs]
+        todo = [(bucket, n) for bucket in reversed(buckets or self.buckets) for n in sorted({1, self.steps_per_graph})
+                if self._key(bucket, n) not in self.graphs.graphs]
         if not todo:
             return
         pad = self.cache.alloc_slots(1)
         try:
-            for bucket, key in todo:
+            for bucket, n in todo:
                 self._fill(torch.zeros(0, dtype=torch.int64, device=pad.device), bucket, pad)
-                n = key[2] if len(key) > 2 else 1
-                self.graphs.capture(key, lambda b=bucket, n=n: self._steps_fn(b, n))
+                self.graphs.capture(self._key(bucket, n), lambda b=bucket, n=n: self._steps_fn(b, n))
         finally:
             self.cache.free_slots(pad)
 
@@ -1052,10 +1051,10 @@ class DecodeRunner:
         if on_step is None and self.steps_per_graph > 1:
             k = self.steps_per_graph
             for _ in range(steps // k):
-                self._run(("decode", bucket, k))
+                self._run(bucket, k)
             done = steps // k * k
         for i in range(done, steps):
-            self._run(("decode", bucket))
+            self._run(bucket, 1)
             if on_step is not None:
                 on_step(i)
         if bucket > bs:
