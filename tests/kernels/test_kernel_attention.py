@@ -108,9 +108,8 @@ def test_fused_merge_is_the_merge_kernel(monkeypatch):
     monkeypatch.setenv(A.MERGE_ENV, "last")
     with pytest.raises(ValueError, match="SPEC_ATTN_MERGE must be 'auto', 'kernel' or 'fused', got 'last'"):
         triton_attention(q, cache, 1, attn, 0.25)
-    monkeypatch.delenv(A.MERGE_ENV)  # auto: fused up to FUSED_MERGE_ROWS rows
-    assert [A.merge_mode(t) for t in (1, A.FUSED_MERGE_ROWS, A.FUSED_MERGE_ROWS + 1, 8)] == [
-        "fused", "fused", "kernel", "kernel"]
+    monkeypatch.delenv(A.MERGE_ENV)  # auto: fused at FUSED_MERGE_ROWS rows only (2)
+    assert [A.merge_mode(t) for t in (1, 2, 3, 8)] == ["kernel", "fused", "kernel", "kernel"]
 
 
 def test_split_kernel_compiles_for_hopper_with_pdl():

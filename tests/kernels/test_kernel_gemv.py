@@ -111,7 +111,7 @@ def test_gpu_llama_shapes(m, n, monkeypatch):
             GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(128, 128, 2, swap=True)]
     if m <= 4:
         cfgs += [GemvConfig(8, 512, 1, mulred=True), GemvConfig(16, 256, 2, num_warps=8, mulred=True),
-                 GemvConfig(4, 1024, 4, mulred=True)]
+                 GemvConfig(4, 1024, 4, mulred=True), GemvConfig(4, 2048, 1, mulred=True)]
     for cfg in cfgs:
         _close(triton_linear(x, w, config=cfg), ref, torch.bfloat16)
 
@@ -210,6 +210,21 @@ def test_rope_epilogue_builds_for_hopper_with_pdl():
         kernel = ir[: ir.index("tt.func private")]  # the kernel's own body (helpers follow, not inlined yet)
         call = kernel.find("._rope_inputs_")  # up front: called by the kernel, before the wait
         assert (0 <= call < kernel.index("griddepcontrol.wait")) == case["EARLY_EPI"], case
+
+
+def test_one_row_mulred_accumulates_in_two_dims():
+    """At one row the multiply-and-reduce GEMV keeps a 2-D `(BLOCK_N, BLOCK_K)` accumulator and
+    loads x as a vector, so the products stay in the weight tile's layout (the 3-D `(1, BLOCK_N,
+    BLOCK_K)` form cost a shared-memory layout conversion per tile on sm90: 125 against 105 µs per
+    8B layer in `bench/explore_sync.py`'s chains). Two rows keep the 3-D form."""
+    types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr", "kc_ptr", "vc_ptr")}
+    types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
+    cases = [dict(BLOCK_M=m, BLOCK_N=4, BLOCK_K=2048, SWAP=False, MULRED=True, SPLIT_K=1, EVEN_K=even, HAS_BIAS=False,
+                  DOT_F32=False, EPI=epi, HD2=64, PDL=True) for m in (1, 2) for even in (True, False) for epi in (0, 1)]
+    irs = hopper_build("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
+    for case, ir in zip(cases, irs):
+        three_d = f"tensor<{case['BLOCK_M']}x4x2048xf32>" in ir
+        assert three_d == (case["BLOCK_M"] > 1), case
 
 
 def test_rope_epilogue_one_row_strided_views():

@@ -67,12 +67,14 @@ _GPU = dict(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
 MERGE_ENV = "SPEC_ATTN_MERGE"
 """`SPEC_ATTN_MERGE=fused`: the split kernel's last program per (row block, KV head) merges the
 partials (no second kernel); `kernel`: the merge kernel does; `auto` (default): fused for calls of
-at most `FUSED_MERGE_ROWS` query rows. Read at each call."""
-FUSED_MERGE_ROWS = 2
-"""The fused merge's row limit under `auto`. On the H200 (`bench/results/explore/attn_merge_ab.json`)
-it ran plain decode (1 row) 0.01 ms per step faster and the STANDALONE draft graph (2 rows per step)
-2.84 -> 2.80 ms, but the 8-row tree verify 4.42 -> 4.47 ms: there one program merges 32 (row, head)
-pairs on the critical path, while the merge kernel's launch overlaps the split kernel's tail."""
+`FUSED_MERGE_ROWS` query rows only. Read at each call."""
+FUSED_MERGE_ROWS = (2,)
+"""The row counts `auto` merges fused. On the H200 (`bench/results/explore/attn_merge_ab.json`) it
+ran the STANDALONE draft graph (2 rows per step) 2.84 -> 2.80 ms, but the 8-row tree verify
+4.42 -> 4.47 ms: there one program merges 32 (row, head) pairs on the critical path, while the merge
+kernel's launch overlaps the split kernel's tail. Plain decode (1 row) gained 0.01 ms per step then;
+since its o projection became a one-row multiply-and-reduce GEMV (16 KB weight tiles), the merge
+kernel runs it 3.906-3.927 -> 3.887-3.902 ms per step (`bench/results/explore/mulred_row1_s16.json`)."""
 
 EARLY_ENV = "SPEC_ATTN_EARLY"
 """`SPEC_ATTN_EARLY=0`: the split kernel waits for the previous kernel (PDL) before it reads
@@ -421,11 +423,11 @@ def _plan(t: int, bs: int, hkv: int, g: int, e: int, max_context: int, device: t
 
 def merge_mode(rows: int) -> str:
     """How the partials of a call with `rows` query rows are merged: "kernel" (a second kernel) or
-    "fused" (`SPEC_ATTN_MERGE`, default "auto": fused up to `FUSED_MERGE_ROWS` rows)."""
+    "fused" (`SPEC_ATTN_MERGE`, default "auto": fused at `FUSED_MERGE_ROWS` rows)."""
     mode = os.environ.get(MERGE_ENV, "auto")
     require(mode in ("auto", "kernel", "fused"), f"{MERGE_ENV} must be 'auto', 'kernel' or 'fused', got {mode!r}")
     if mode == "auto":
-        return "fused" if rows <= FUSED_MERGE_ROWS else "kernel"
+        return "fused" if rows in FUSED_MERGE_ROWS else "kernel"
     return mode
 
 

@@ -6,7 +6,8 @@ SPLIT_K)` slab of `w` in `(BLOCK_N, BLOCK_K)` tiles (16-byte loads along K, soft
 and multiplies it with the `M` rows of `x` (padded to 16 for `tl.dot`), accumulating in float32.
 For at most `MULRED_MAX_M` rows a configuration may instead multiply and reduce (`mulred`: no
 padding, no `tl.dot`, row tiles down to 2 weight rows), which streams the small projections faster
-at 1-2 rows.
+at 1-2 rows; at one row its accumulator is 2-D, in the weight tile's own layout (no shared-memory
+conversion per tile), and its 4 x 2048 tile streams the 8B projections close to the read ceiling.
 With `SPLIT_K > 1` the programs write float32 partials that a second pass sums in a fixed order
 (deterministic, no atomics) and casts. Block sizes and `SPLIT_K` are tuned per
 `(M bucket, N, K, dtype)` on first use by timing the whole op (both passes) on the device;
@@ -97,10 +98,14 @@ class GemvConfig:
 
 
 @triton.jit
-def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr, MULRED: tl.constexpr):
+def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr, MULRED: tl.constexpr,
+                  ROW1: tl.constexpr = False):
     """`acc + x @ w.T` (`(BLOCK_M, BLOCK_N)`), or with SWAP its transpose `acc + w @ x.T`, or with
-    MULRED the products `x[m, k] * w[n, k]` added into `acc (BLOCK_M, BLOCK_N, BLOCK_K)`."""
-    if MULRED:
+    MULRED the products `x[m, k] * w[n, k]` added into `acc (BLOCK_M, BLOCK_N, BLOCK_K)`, for one
+    row (ROW1) into `acc (BLOCK_N, BLOCK_K)` (see `_gemv_kernel`)."""
+    if MULRED and ROW1:
+        acc = acc + w.to(tl.float32) * x.to(tl.float32)
+    elif MULRED:
         acc = acc + x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     elif DOT_F32:
         x = x.to(tl.float32)
@@ -116,6 +121,20 @@ def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr, MULRED: 
         else:
             acc = tl.dot(x, tl.trans(w), acc)
     return acc
+
+
+@triton.jit
+def _load_x(x_ptr, x_rows, ks, m_ok, k_ok, MASK_K: tl.constexpr, ROW1: tl.constexpr):
+    """The `(BLOCK_M, BLOCK_K)` input tile at columns `ks` (`k_ok` their mask, with MASK_K). One row
+    (ROW1) loads as a vector expanded to `(1, BLOCK_K)`, so it takes the weight tile's layout
+    without a shared-memory conversion in the K loop (a launch has at least one row)."""
+    if ROW1:
+        if MASK_K:
+            return tl.load(x_ptr + ks, mask=k_ok, other=0.0)[None, :]
+        return tl.load(x_ptr + ks)[None, :]
+    if MASK_K:
+        return tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    return tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
 
 
 EPI_NONE: tl.constexpr = tl.constexpr(0)
@@ -229,6 +248,8 @@ def _gemv_kernel(
     w_rows = w_ptr + w_row[:, None].to(tl.int64) * s_wn
     if SWAP:  # acc.T: the weight tile is the dot's left operand
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    elif MULRED and BLOCK_M == 1:  # one row: 2-D products in the weight tile's own layout
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     elif MULRED:  # products, summed over K after the loop
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
     else:
@@ -252,21 +273,23 @@ def _gemv_kernel(
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k1)[None, :], other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-        x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < k1)[None, :], other=0.0)
-        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED)
+        x = _load_x(x_ptr, x_rows, ks, m_ok, ks < k1, True, BLOCK_M == 1)
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED, BLOCK_M == 1)
         first = k0 + BLOCK_K
     for kk in range(first, k1, BLOCK_K):
         ks = kk + rk
         if EVEN_K:
-            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
+            x = _load_x(x_ptr, x_rows, ks, m_ok, ks, False, BLOCK_M == 1)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None], other=0.0)
         else:
             k_ok = ks < k1
-            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            x = _load_x(x_ptr, x_rows, ks, m_ok, k_ok, True, BLOCK_M == 1)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED)
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED, BLOCK_M == 1)
     if SWAP:
         acc = tl.trans(acc)
+    elif MULRED and BLOCK_M == 1:
+        acc = tl.reshape(tl.sum(acc, 1), [1, BLOCK_N])
     elif MULRED:
         acc = tl.sum(acc, 2)
     ok = m_ok[:, None] & n_ok[None, :]
@@ -431,10 +454,13 @@ _TILES = ((32, 256, 4, False), (64, 128, 4, False), (64, 256, 3, False), (128, 1
           (64, 256, 4, True), (64, 128, 5, True), (128, 128, 3, True))
 """(block_n, block_k, num_stages, swap) the tuner tries. The swapped tiles won 2-6 % on the 8B
 shapes in CUDA-graph chains on the H200 (`bench/results/explore/tma_sweep.json`)."""
-_MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4))
+_MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4), (4, 2048, 4))
 """(block_n, block_k, num_warps) of the multiply-and-reduce configs tried for at most 2 rows (the
 first two for 3-4 rows): at one row they streamed the small 8B and 1B projections 10-50 % faster
-than the `tl.dot` tiles in CUDA-graph chains (`bench/results/explore/gemv_sweep.json`)."""
+than the `tl.dot` tiles in CUDA-graph chains (`bench/results/explore/gemv_sweep.json`). With the
+one-row accumulator in the weight tile's layout, 4 x 2048 (16 KB tiles) streams the 8B o, gate/up
+and down projections at one row faster than any other tile in the real decode step: 4.05-4.07 ->
+3.91-3.93 ms per step (`bench/results/explore/mulred_row1_s16.json`)."""
 
 
 def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvConfig]:
