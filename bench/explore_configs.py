@@ -3,7 +3,8 @@
     python3 bench/explore_configs.py --out OUT --base h200.json \
         --variants 'base:[];o_mr4:[{"shape":[4096,4096],"rows":1,"config":{"block_n":4,"block_k":512,"mulred":true}}]'
 
-Each variant is a list of overrides of the base tuning file (`gpu.models.save_decisions`' format):
+Each variant is a list of overrides of the base tuning file (or `{"overrides": [...], "env": {...}}`
+with environment switches set while its step is built and timed) (`gpu.models.save_decisions`' format):
 the GEMV configuration of one weight shape at one row count (`GemvConfig` fields; the rest keep
 the tuned configuration's values), and for a configuration with a K split of the o or down
 projection, `"parts": true` to hand the partials to the next norm (the "parts" epilogue) instead of
@@ -16,6 +17,7 @@ in the base file. Writes `configs.json` under --out.
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -67,8 +69,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = json.loads(Path(a.base).read_text())
     variants = [(v.split(":", 1)[0], json.loads(v.split(":", 1)[1])) for v in a.variants.split(";") if v]
-    files = {}
-    for name, overrides in variants:
+    files, envs = {}, {}
+    for name, spec in variants:
+        overrides = spec.get("overrides", []) if isinstance(spec, dict) else spec
+        envs[name] = spec.get("env", {}) if isinstance(spec, dict) else {}
         files[name] = out / f"tuning_{name}.json"
         files[name].write_text(json.dumps(variant_file(base, overrides)))
     target = E.build_target(E.llama_config(False), torch.bfloat16, "cuda", seed=0)
@@ -78,7 +82,16 @@ def main() -> int:
         for name, _ in (variants if r % 2 == 0 else variants[::-1]):
             M.load_decisions(files[name])  # over the previous variant's: every file holds the same keys
             target.__dict__.pop("_spec_fast_models", None)
-            got = plain_step_ms(target, {})
+            saved = {k: os.environ.get(k) for k in envs[name]}
+            os.environ.update(envs[name])
+            try:
+                got = plain_step_ms(target, {})
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
             row = {"round": r, "variant": name, "ms_per_step": got["ms_per_step"], "graph_ms": got["graph_ms"]}
             res["rounds"].append(row)
             print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)
