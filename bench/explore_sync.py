@@ -248,17 +248,10 @@ def time_graph(run, reps: int) -> float:
 
 def timeline(g) -> list:
     """(start µs from the replay's first kernel, duration µs, name) of each kernel of one replay
-    (the middle one of three, under torch.profiler; PDL on as timed)."""
-    from torch.profiler import ProfilerActivity, profile
+    (`explore_timeline.middle_replay`; PDL on as timed)."""
+    from explore_timeline import middle_replay
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            g.replay()
-        torch.cuda.synchronize()
-    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                    if "cuda" in str(getattr(e, "device_type", "")).lower())
-    n = len(events) // 3
-    step = events[n:2 * n]
+    step = middle_replay(g)
     return [(round(s - step[0][0], 2), round(e - s, 2), name[:60]) for s, e, name in step]
 
 

@@ -20,10 +20,24 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
+def middle_replay(graph) -> list:
+    """`(start µs, end µs, name)` of each CUDA kernel of the middle one of three replays of `graph`
+    under torch.profiler, in start order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                    if "cuda" in str(getattr(e, "device_type", "")).lower())
+    n = len(events) // 3
+    return events[n:2 * n]
+
+
 def main() -> int:
     import bench_e2e as E
     from explore_gemv import _plain_runner
-    from torch.profiler import ProfilerActivity, profile
 
     from spec_runtime.gpu import models as M
     from spec_runtime.kv_cache import KVCache
@@ -46,14 +60,8 @@ def main() -> int:
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                    if "cuda" in str(getattr(e, "device_type", "")).lower())
-    n = len(events) // 3
-    step = events[n:2 * n]  # the middle replay
+    step = middle_replay(graph)
+    n = len(step)
     counts: dict[str, int] = {}
     for _, _, name in step:
         counts[name[:70]] = counts.get(name[:70], 0) + 1
