@@ -101,9 +101,9 @@ class GemvConfig:
 def _tile_product(acc, x, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr, MULRED: tl.constexpr,
                   ROW1: tl.constexpr = False):
     """`acc + x @ w.T` (`(BLOCK_M, BLOCK_N)`), or with SWAP its transpose `acc + w @ x.T`, or with
-    MULRED the products `x[m, k] * w[n, k]` added into `acc (BLOCK_M, BLOCK_N, BLOCK_K)`, for one
-    row (ROW1) into `acc (BLOCK_N, BLOCK_K)` (see `_gemv_kernel`)."""
-    if MULRED and ROW1:
+    MULRED the products `x[m, k] * w[n, k]` added into `acc (BLOCK_M, BLOCK_N, BLOCK_K)`, or for
+    one row (ROW1, a MULRED case) into `acc (BLOCK_N, BLOCK_K)` (see `_gemv_kernel`)."""
+    if ROW1:
         acc = acc + w.to(tl.float32) * x.to(tl.float32)
     elif MULRED:
         acc = acc + x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
@@ -229,6 +229,7 @@ def _gemv_kernel(
     EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False, MULRED: tl.constexpr = False,
     EARLY_EPI: tl.constexpr = False,
 ):
+    ROW1: tl.constexpr = MULRED and BLOCK_M == 1  # one row: 2-D products in the weight tile's own layout
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -248,7 +249,7 @@ def _gemv_kernel(
     w_rows = w_ptr + w_row[:, None].to(tl.int64) * s_wn
     if SWAP:  # acc.T: the weight tile is the dot's left operand
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    elif MULRED and BLOCK_M == 1:  # one row: 2-D products in the weight tile's own layout
+    elif ROW1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     elif MULRED:  # products, summed over K after the loop
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
@@ -273,22 +274,22 @@ def _gemv_kernel(
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < k1)[None, :], other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-        x = _load_x(x_ptr, x_rows, ks, m_ok, ks < k1, True, BLOCK_M == 1)
-        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED, BLOCK_M == 1)
+        x = _load_x(x_ptr, x_rows, ks, m_ok, ks < k1, True, ROW1)
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED, ROW1)
         first = k0 + BLOCK_K
     for kk in range(first, k1, BLOCK_K):
         ks = kk + rk
         if EVEN_K:
-            x = _load_x(x_ptr, x_rows, ks, m_ok, ks, False, BLOCK_M == 1)
+            x = _load_x(x_ptr, x_rows, ks, m_ok, ks, False, ROW1)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None], other=0.0)
         else:
             k_ok = ks < k1
-            x = _load_x(x_ptr, x_rows, ks, m_ok, k_ok, True, BLOCK_M == 1)
+            x = _load_x(x_ptr, x_rows, ks, m_ok, k_ok, True, ROW1)
             w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED, BLOCK_M == 1)
+        acc = _tile_product(acc, x, w, DOT_F32, SWAP, MULRED, ROW1)
     if SWAP:
         acc = tl.trans(acc)
-    elif MULRED and BLOCK_M == 1:
+    elif ROW1:
         acc = tl.reshape(tl.sum(acc, 1), [1, BLOCK_N])
     elif MULRED:
         acc = tl.sum(acc, 2)
