@@ -17,7 +17,6 @@ in the base file. Writes `configs.json` under --out.
 import argparse
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,11 +52,23 @@ def variant_file(base: dict, overrides: list[dict]) -> dict:
     return data
 
 
-def main() -> int:
-    import bench_e2e as E
+def step_with(target, tuning_file: Path) -> dict:
+    """`explore_fusion.plain_step_ms` of `target` under the decisions of `tuning_file`, loaded over
+    the previous ones (files holding the same keys replace them all), the fast models rebuilt."""
     from explore_fusion import plain_step_ms
 
     from spec_runtime.gpu import models as M
+
+    M.load_decisions(tuning_file)
+    target.__dict__.pop("_spec_fast_models", None)
+    got = plain_step_ms(target, {})
+    torch.cuda.empty_cache()
+    return got
+
+
+def main() -> int:
+    import bench_e2e as E
+    from explore_fusion import _set_env
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
@@ -80,23 +91,12 @@ def main() -> int:
     t0 = time.time()
     for r in range(a.rounds):
         for name, _ in (variants if r % 2 == 0 else variants[::-1]):
-            M.load_decisions(files[name])  # over the previous variant's: every file holds the same keys
-            target.__dict__.pop("_spec_fast_models", None)
-            saved = {k: os.environ.get(k) for k in envs[name]}
-            os.environ.update(envs[name])
-            try:
-                got = plain_step_ms(target, {})
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+            _set_env(envs[name], list(envs.values()), keep_decisions=True)  # the file sets the decisions
+            got = step_with(target, files[name])
             row = {"round": r, "variant": name, "ms_per_step": got["ms_per_step"], "graph_ms": got["graph_ms"]}
             res["rounds"].append(row)
             print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)
             (out / "configs.json").write_text(json.dumps(res, indent=1))
-            torch.cuda.empty_cache()
     return 0
 
 

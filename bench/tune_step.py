@@ -41,10 +41,7 @@ def current(data: dict, shape: list) -> dict:
 
 def main() -> int:
     import bench_e2e as E
-    from explore_configs import variant_file
-    from explore_fusion import plain_step_ms
-
-    from spec_runtime.gpu import models as M
+    from explore_configs import step_with, variant_file
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
@@ -61,11 +58,7 @@ def main() -> int:
 
     def step_ms(d: dict) -> float:
         scratch.write_text(json.dumps(d))
-        M.load_decisions(scratch)
-        target.__dict__.pop("_spec_fast_models", None)
-        got = plain_step_ms(target, {})
-        torch.cuda.empty_cache()
-        return got["ms_per_step"]
+        return step_with(target, scratch)["ms_per_step"]
 
     base_ms = best_ms = step_ms(data)
     log["steps"].append({"shape": None, "config": "base", "ms_per_step": base_ms})
