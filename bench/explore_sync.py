@@ -221,7 +221,10 @@ def build(mode: int, weights, layout: list, bn: int, bk: int, sched: int, per_sm
     return run, info
 
 
-def time_graph(run, reps: int) -> float:
+def time_graph(run, reps: int) -> tuple:
+    """(ms per replay of `run` captured in a CUDA graph, its output after the first replay, the graph)."""
+    from explore_gemv import _graph_ms
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -234,16 +237,7 @@ def time_graph(run, reps: int) -> float:
     g.replay()
     torch.cuda.synchronize()
     ref = out.clone()
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps, ref, g
+    return _graph_ms(g, reps, rounds=1), ref, g  # 5 warm-up replays, then `reps` timed back to back
 
 
 def timeline(g) -> list:

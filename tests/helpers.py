@@ -8,3 +8,12 @@ def first_seen_at(output: list[int], start: int) -> int:
         if output[j] not in output[:j]:
             return output[j]
     raise AssertionError(f"no token first seen at index >= {start} in {output}")
+
+
+def drop_generated(cache, rows, lens) -> None:
+    """Undo a `DecodeRunner.generate` on the slot table: free the slots each of `rows` took past its
+    committed length `lens[i]` and clear those entries, so the same generation can run again."""
+    for r, n in zip(rows.tolist(), lens.tolist()):
+        row = cache.req_to_token[r]
+        cache.free_slots(row[n:][row[n:] >= 0])
+        row[n:] = -1

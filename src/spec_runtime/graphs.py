@@ -967,8 +967,8 @@ class DecodeRunner:
                          slots.view(bucket, 1))
         hidden, _ = self.fast.forward(b.input_ids[:bucket], b.positions[:bucket], attn, self.cache)
         tokens = self.fast.greedy_tokens(hidden)
-        self._advance(tokens, b.input_ids, b.positions, b.seq_lens, b.req_pool_indices, b.out_slots, self.cache.req_to_token,
-                b.history, b.plan, b.step, b.nlive)
+        self._advance(tokens, b.input_ids, b.positions, b.seq_lens, b.req_pool_indices, b.out_slots,
+                      self.cache.req_to_token, b.history, b.plan, b.step, b.nlive)
         return tokens
 
     def _steps_fn(self, bucket: int, n: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ from spec_runtime.graphs import DecodeRunner
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
-from tests.helpers import first_seen_at
+from tests.helpers import drop_generated, first_seen_at
 
 pytestmark = pytest.mark.gpu
 
@@ -173,10 +173,7 @@ def test_decode_runner_graphs_match_target_only(gpu_models) -> None:
     assert runner.graphs.calls[("decode", 4, 8)] == 1 and runner.graphs.calls[("decode", 4)] == 3
     # a runner never captured captures its bucket's graphs on padding before the first step (a capture's
     # warm-up runs advance the buffers: on live rows they would skip tokens)
-    for r in range(3):
-        row = cache.req_to_token[r]
-        cache.free_slots(row[lens[r]:][row[lens[r]:] >= 0])
-        row[lens[r]:] = -1
+    drop_generated(cache, rows, lens)
     fresh = DecodeRunner(target, cache, max_bs=4, executor="cuda_graph", buckets=(1, 2, 4), fast_target=runner.fast)
     assert fresh.generate(rows, first, lens, steps=11).tolist() == want
     assert sorted(fresh.graphs.graphs) == [("decode", 4), ("decode", 4, 8)]

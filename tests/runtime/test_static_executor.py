@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import first_seen_at
+from tests.helpers import drop_generated, first_seen_at
 
 import spec_schema
 from spec_runtime import buffers as B
@@ -369,10 +369,7 @@ def test_decode_runner_matches_target_only(request, load_pair) -> None:
     assert cache.num_free_slots == free - 3 * 9  # the padding row's slot went back
     assert runner.graphs.calls[("decode", 4, 8)] == 1 and runner.graphs.calls[("decode", 4)] == 1
     # the same tokens one step per call, with the host callback after each step
-    for r in range(3):
-        row = cache.req_to_token[r]
-        cache.free_slots(row[lens[r]:][row[lens[r]:] >= 0])
-        row[lens[r]:] = -1
+    drop_generated(cache, rows, lens)
     again = runner.generate(rows, first, lens, steps=9, on_step=calls.append)
     assert again.tolist() == want and calls == list(range(9))
 
