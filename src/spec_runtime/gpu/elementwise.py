@@ -3,9 +3,10 @@
 At decode a layer is a handful of weight-streaming GEMVs and a swarm of tiny elementwise ops; in a
 CUDA graph each tiny op still costs a few microseconds, so these fuse them:
 
-- `rmsnorm` / `add_rmsnorm`: (residual add +) RMSNorm, float32 statistics, `weight * normed.to(dtype)`
-  (the rounding steps of `models.llama.RMSNorm`), one program per row; the added delta may be a
-  GEMV's unreduced split-K partials (`kernels.gemv.SplitKParts`), summed here instead;
+- `rmsnorm` / `add_rmsnorm` / `embed_rmsnorm`: (residual add or embedding gather +) RMSNorm,
+  float32 statistics, `weight * normed.to(dtype)` (the rounding steps of `models.llama.RMSNorm`),
+  one program per row; the added delta may be a GEMV's unreduced split-K partials
+  (`kernels.gemv.SplitKParts`), summed here instead;
 - `rope_store`: RoPE on q and k from a float32 cos/sin table indexed by position, k and v stored
   into the KV cache at their slots, one program per (row, head);
 - `silu_mul`: `silu(gate) * up` of a fused gate/up output.
@@ -24,7 +25,9 @@ from spec_runtime.kernels.gemv import SplitKParts
 
 __all__ = [
     "add_rmsnorm",
+    "embed_rmsnorm",
     "reference_add_rmsnorm",
+    "reference_embed_rmsnorm",
     "reference_rmsnorm",
     "reference_rope_store",
     "reference_silu_mul",
@@ -69,7 +72,10 @@ def _rmsnorm_kernel(
     out_ptr,  # (T, H) normed rows (output)
     H, s_x, s_d, s_s, s_o, eps,
     s_part,  # stride between the delta's split-K partials (NPARTS > 0)
+    ids_ptr,  # (T,) token ids (GATHER: x is the embedding table, row `ids[row]` is read)
+    V,  # the embedding table's rows (GATHER)
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, NPARTS: tl.constexpr = 0, PDL: tl.constexpr = False,
+    GATHER: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
         gdc_wait()
@@ -77,7 +83,13 @@ def _rmsnorm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0)
+    if GATHER:  # the embedding row of the token, stored as the residual stream
+        tok = tl.load(ids_ptr + row).to(tl.int64)
+        ok = (tok >= 0) & (tok < V)  # callers check ids; a bad one reads nothing (zeros)
+        x = tl.load(x_ptr + tok * s_x + cols, mask=mask & ok, other=0.0)
+        tl.store(sum_ptr + row * s_s + cols, x, mask=mask)
+    else:
+        x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0)
     if HAS_DELTA:
         if NPARTS > 0:  # float32 split-K partials of a GEMV: summed in split order, rounded as its reduce
             acc = tl.zeros([BLOCK], tl.float32)
@@ -131,9 +143,41 @@ def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
         warps = 16 if total is not x and block >= 1024 else (8 if block >= 4096 else 4)
         _rmsnorm_kernel[(t,)](
             x, delta, weight, total, out, h, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), eps,
-            s_part, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts, num_warps=warps, **pdl_options(x.device),
+            s_part, x, 0, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts, num_warps=warps,
+            **pdl_options(x.device),
         )
     return total, out
+
+
+def reference_embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(table[ids], rmsnorm(table[ids]))`."""
+    x = F.embedding(ids, table)
+    return x, reference_rmsnorm(x, weight, eps)
+
+
+def embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(table[ids], rmsnorm(table[ids]))` in one kernel (`reference_embed_rmsnorm`): a forward's
+    embedding gather and its first RMSNorm, so the gather is not a launch of its own (torch's
+    gather also launches without programmatic dependent launch). The ids are not checked here
+    (no sync): an id outside the table reads a zero row."""
+    if ids.dim() != 1 or table.dim() != 2 or weight.shape != (table.shape[1],):
+        raise ValueError(f"embed_rmsnorm: ids must be (T,), table (V, H) and weight (H,), got "
+                         f"{tuple(ids.shape)}, {tuple(table.shape)} and {tuple(weight.shape)}")
+    if table.stride(1) != 1:
+        raise ValueError("embed_rmsnorm: the table's rows must be contiguous")
+    t, (v, h) = ids.shape[0], table.shape
+    x = torch.empty((t, h), dtype=table.dtype, device=table.device)
+    out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, table.dtype), device=table.device)
+    if t:
+        block = _pow2(h)
+        _rmsnorm_kernel[(t,)](
+            table, table, weight, x, out, h, table.stride(0), 0, x.stride(0), out.stride(0), eps, 0, ids, v,
+            HAS_DELTA=False, BLOCK=block, GATHER=True, num_warps=8 if block >= 4096 else 4,
+            **pdl_options(table.device),
+        )
+    return x, out
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

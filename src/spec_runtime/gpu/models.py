@@ -256,6 +256,11 @@ def _lin(m: torch.nn.Linear) -> Linear:
 # ---- the backend: which implementation of each piece -------------------------------------------
 
 
+EMBED_NORM_ENV = "SPEC_EMBED_NORM"
+"""`SPEC_EMBED_NORM=0`: the forward's embedding gather is torch's, then the first RMSNorm
+(`FastBackend.embed_rmsnorm`). Read at each call."""
+
+
 class FastBackend:
     """The implementations the fast models call, resolved once from `FastOptions` and the device."""
 
@@ -332,6 +337,17 @@ class FastBackend:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(x.dtype)
+
+    def embed_rmsnorm(self, ids: torch.Tensor, table: torch.Tensor, weight: Optional[torch.Tensor],
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(embedding(ids), rmsnorm(embedding(ids)))`: with the Triton kernels one launch
+        (`elementwise.embed_rmsnorm`, off with `SPEC_EMBED_NORM=0`). On the H200 the plain decode
+        step ran 3.903-3.906 -> 3.892-3.899 ms, STANDALONE 7.997-8.013 -> 7.968-7.998 ms/iter
+        (`bench/results/explore/embed_norm_s19.json`)."""
+        if self.elementwise == "triton" and weight is not None and os.environ.get(EMBED_NORM_ENV, "1") != "0":
+            return self._ew.embed_rmsnorm(ids, table, weight, eps)
+        x = F.embedding(ids, table)
+        return x, self.rmsnorm(x, weight, eps)
 
     def add_rmsnorm(self, x: torch.Tensor, delta: Any, weight: Optional[torch.Tensor],
                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1022,11 +1038,15 @@ class FastTarget:
         self.arch.check_max_context(cache.req_to_token.shape[1])
         wanted = self.model._check_aux_ids(aux_layer_ids)
         be = self.be
-        x = F.embedding(input_ids, self.embed)
         captured: dict[int, torch.Tensor] = {}
         pending: Optional[torch.Tensor] = None
+        if not self.layers:
+            x = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
-            x, normed = be.add_rmsnorm(x, pending, layer.in_norm, layer.eps)
+            if i == 0:  # the embedding gather and the first norm in one launch
+                x, normed = be.embed_rmsnorm(input_ids, self.embed, layer.in_norm, layer.eps)
+            else:
+                x, normed = be.add_rmsnorm(x, pending, layer.in_norm, layer.eps)
             if i in wanted:
                 captured[i] = x
             a = layer.attn(normed, self.rope, positions, attn, cache, i, defer=True)
