@@ -46,3 +46,5 @@ def test_embed_rmsnorm_bad_ids_and_shapes():
         ew.embed_rmsnorm(torch.zeros(3, dtype=torch.int64, device=DEVICE), table.t(), torch.ones(9, device=DEVICE), 1e-6)
     e, n = ew.embed_rmsnorm(torch.zeros(0, dtype=torch.int64, device=DEVICE), table, weight, 1e-6)
     assert e.shape == n.shape == (0, 32)
+    ids = torch.tensor([[4, 0], [2, 0], [7, 0]], device=DEVICE)[:, 0]  # a strided view
+    assert torch.equal(ew.embed_rmsnorm(ids, table, weight, 1e-6)[0], table[ids])

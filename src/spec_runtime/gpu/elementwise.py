@@ -161,12 +161,14 @@ def embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
     """`(table[ids], rmsnorm(table[ids]))` in one kernel (`reference_embed_rmsnorm`): a forward's
     embedding gather and its first RMSNorm, so the gather is not a launch of its own (torch's
     gather also launches without programmatic dependent launch). The ids are not checked here
-    (no sync): an id outside the table reads a zero row."""
+    (no sync; `SpecEngine` checks prompts against the vocabulary): an id outside the table reads a
+    zero row."""
     if ids.dim() != 1 or table.dim() != 2 or weight.shape != (table.shape[1],):
         raise ValueError(f"embed_rmsnorm: ids must be (T,), table (V, H) and weight (H,), got "
                          f"{tuple(ids.shape)}, {tuple(table.shape)} and {tuple(weight.shape)}")
     if table.stride(1) != 1:
         raise ValueError("embed_rmsnorm: the table's rows must be contiguous")
+    ids = ids if ids.stride(0) == 1 else ids.contiguous()  # the kernel reads ids[row] at unit stride
     t, (v, h) = ids.shape[0], table.shape
     x = torch.empty((t, h), dtype=table.dtype, device=table.device)
     out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, table.dtype), device=table.device)
