@@ -134,19 +134,26 @@ def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
         delta, total = x, x
     if t:
         block = _pow2(h)
-        # The residual add reads one or more rows per output row (several float32 split-K partials):
-        # 16 warps keep more loads in flight. On the H200 the 1B down projection's add + RMSNorm of
-        # 4 partials went 14.9 -> 13.1 µs in the setup's chain and the STANDALONE verify and
-        # draft-extend graphs 0.07-0.1 ms faster each (bench/results/explore/norm_parts_warps_ab.json,
-        # 16 warps for partials only). Every add uses the same count, so summing the partials here
-        # stays bit for bit the reduce kernel then the add (the row sum's order follows the warps).
-        warps = 16 if total is not x and block >= 1024 else (8 if block >= 4096 else 4)
         _rmsnorm_kernel[(t,)](
             x, delta, weight, total, out, h, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), eps,
-            s_part, x, 0, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts, num_warps=warps,
-            **pdl_options(x.device),
+            s_part, x, 0, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts,
+            num_warps=_norm_warps(block, total is not x), **pdl_options(x.device),
         )
     return total, out
+
+
+def _norm_warps(block: int, adds: bool) -> int:
+    """Warps of `_rmsnorm_kernel` for rows of `block` columns. The row sum's order follows the
+    warps, so every launch without an add (the plain and the embedding-gather norms) must use the
+    same count to give the same bits, and so must every add.
+
+    The residual add reads one or more rows per output row (several float32 split-K partials):
+    16 warps keep more loads in flight. On the H200 the 1B down projection's add + RMSNorm of
+    4 partials went 14.9 -> 13.1 µs in the setup's chain and the STANDALONE verify and
+    draft-extend graphs 0.07-0.1 ms faster each (bench/results/explore/norm_parts_warps_ab.json,
+    16 warps for partials only). Every add uses the same count, so summing the partials here
+    stays bit for bit the reduce kernel then the add."""
+    return 16 if adds and block >= 1024 else (8 if block >= 4096 else 4)
 
 
 def reference_embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
@@ -176,7 +183,7 @@ def embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
         block = _pow2(h)
         _rmsnorm_kernel[(t,)](
             table, table, weight, x, out, h, table.stride(0), 0, x.stride(0), out.stride(0), eps, 0, ids, v,
-            HAS_DELTA=False, BLOCK=block, GATHER=True, num_warps=8 if block >= 4096 else 4,
+            HAS_DELTA=False, BLOCK=block, GATHER=True, num_warps=_norm_warps(block, False),
             **pdl_options(table.device),
         )
     return x, out
