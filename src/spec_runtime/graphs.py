@@ -11,8 +11,8 @@ decides how the core runs:
 
 - "static": called eagerly on the buffer views (CPU tests run exactly the buffer/padding code);
 - "cuda_graph": replayed from a CUDA graph captured per (phase, flavor, bucket). Graphs are captured
-  largest bucket first into one shared memory pool, each after two warm-up runs on a side stream;
-  outputs alias the graph's memory, so they are cloned when sliced. A batch size between buckets
+  largest bucket first into one shared memory pool, each after two warm-up runs on a side stream
+  and replayed once right after (the upload a first replay does); outputs alias the graph's memory, so they are cloned when sliced. A batch size between buckets
   pads to the next bucket. Greedy verification is captured up front; sampling verification (coins
   pre-drawn into the buffers) on first use.
 
@@ -91,9 +91,11 @@ class GraphSet:
         return g.out
 
     def capture(self, key: tuple, fn: Callable[[], Any], warmup: int = 2) -> _Graph:
-        """Warm up `fn` on a side stream (compiles, tunes, allocates), then capture it into the pool.
+        """Warm up `fn` on a side stream (compiles, tunes, allocates), capture it into the pool, and
+        replay the graph once (its upload).
 
-        The buffers `fn` reads must hold valid data (live rows or padding): warm-up runs execute.
+        The buffers `fn` reads must hold valid data (live rows or padding): warm-up runs and that
+        replay execute.
         A capture that programmatic dependent launch invalidated (the stream capture refused a
         programmatic edge) is redone with PDL off for this graph (counted in `pdl_fallbacks`)."""
         from .kernels._common import pdl, pdl_suppressed
@@ -133,6 +135,11 @@ class GraphSet:
                 gc.enable()
         if self.pool is None:
             self.pool = graph.pool()
+        # One replay here, on the same (padding) buffers as the warm-up runs: a graph's first
+        # replay also uploads it to the device, which cost the first timed 255-step plain decode
+        # on the H200 0.009-0.014 ms per step (2-3.5 ms once, an 8-step graph of ~2000 kernels;
+        # bench/results/explore/tail_prefetch_s20.json, `ms_per_step_runs`); a setup cost, not a request's.
+        graph.replay()
         torch.cuda.synchronize()
         self.graphs[key] = _Graph(graph, out)
 

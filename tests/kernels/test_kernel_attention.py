@@ -300,3 +300,80 @@ def test_gpu_mqa_large_group_uses_dot_for_extras():
     attn = AttnBatch.extend(torch.tensor([0, 1], device="cuda"), torch.tensor([100, 200], device="cuda"),
                             torch.tensor([5, 20], device="cuda"), cache.alloc_slots(25))
     _check(torch.randn(25, 32, 64, device="cuda").bfloat16(), cache, attn, atol=2e-2, rtol=2e-2)
+
+
+def test_tail_prefetch_plan(monkeypatch):
+    """The tail prefetch's runs end exactly at the weight's end, are whole 128-byte lines, stay
+    within the budget and half the weight; it is off for other row counts, the fused merge, a
+    strided weight, `SPEC_ATTN_TAIL_MB=0` and under the interpreter; a bad budget is refused."""
+    from spec_runtime.kernels import attention as A
+
+    monkeypatch.setattr(A, "interpreting", lambda: False)
+    w = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    progs, args = A.tail_prefetch_plan(w, 1, False, 1, 8, 128)
+    assert progs == 4 and args["PF_PROGS"] == 4 and args["PF_THREADS"] == 128
+    runs = 8 * progs * 128
+    assert args["pf_start"] + runs * args["PF_ELEMS"] == w.numel()
+    assert args["PF_BYTES"] == args["PF_ELEMS"] * 2 and args["PF_BYTES"] % 128 == 0
+    assert runs * args["PF_BYTES"] == 12 << 20  # 12 MiB of the 32 MiB weight
+    small = torch.empty(2048, 2048, dtype=torch.bfloat16, device="meta")  # 8 MiB: half of it at most
+    _, args = A.tail_prefetch_plan(small, 1, False, 1, 8, 128)
+    assert 0 < 4096 * args["PF_BYTES"] <= 4 << 20
+    assert A.tail_prefetch_plan(w, 2, False, 1, 8, 128) == (0, {})
+    assert A.tail_prefetch_plan(w, 1, True, 1, 8, 128) == (0, {})
+    assert A.tail_prefetch_plan(w.t(), 1, False, 1, 8, 128) == (0, {})
+    assert A.tail_prefetch_plan(None, 1, False, 1, 8, 128) == (0, {})
+    assert A.tail_prefetch_plan(torch.empty(16, 16, device="meta"), 1, False, 1, 8, 128) == (0, {})  # < a line each
+    monkeypatch.setenv(A.TAIL_ENV, "0")
+    assert A.tail_prefetch_plan(w, 1, False, 1, 8, 128) == (0, {})
+    monkeypatch.setenv(A.TAIL_ENV, "lots")
+    with pytest.raises(ValueError, match="SPEC_ATTN_TAIL_MB must be a non-negative number of megabytes, got 'lots'"):
+        A.tail_prefetch_plan(w, 1, False, 1, 8, 128)
+    monkeypatch.delenv(A.TAIL_ENV)
+    monkeypatch.setattr(A, "interpreting", lambda: True)
+    assert A.tail_prefetch_plan(w, 1, False, 1, 8, 128) == (0, {})  # the interpreter (CI): inline PTX is off
+
+
+def test_tail_prefetch_builds_for_hopper():
+    """The tail-prefetch programs (inline PTX through ptxas): one bulk L2 prefetch per thread,
+    after a PDL wait of their own; without them the kernel has no prefetch at all."""
+    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "pf_ptr")}
+    types.update({n: "*i64" for n in ("rt_ptr", "req_pool_ptr", "prefix_ptr", "indptr_ptr", "extra_ptr")})
+    types.update({n: "*fp32" for n in ("mid_o_ptr", "mid_m_ptr", "mid_l_ptr")}, count_ptr="*i32", qk_scale="fp32")
+    base = dict(G=4, GP=4, D=128, BLOCK_M=1, BLOCK_R=16, BLOCK_N=128, BLOCK_E=1, BLOCK_J=16, NUM_SPLITS=4,
+                SEARCH_ITERS=1, DOT_F32=False, PDL=True, NSP=8, EARLY=True, EARLY_KV=True)
+    with_tail, without = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,
+                                      [dict(base, PF_PROGS=4, PF_ELEMS=1536, PF_BYTES=3072), base], ptx=True)
+    assert with_tail.count("cp.async.bulk.prefetch.L2") == 1
+    assert with_tail.count("griddepcontrol.wait") == without.count("griddepcontrol.wait") + 1
+    assert with_tail.index("griddepcontrol.wait") < with_tail.index("cp.async.bulk.prefetch.L2")
+    assert "prefetch" not in without
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("prefix", [[1], [300]])
+def test_gpu_decode_tail_prefetch_same_bits(prefix, monkeypatch):
+    """A one-row decode given the next weight (the tail prefetch on, its programs added) gives
+    the bits of the call without it, and the prefetch programs run (a graph of 20 calls, the way
+    the decode step runs them, under PDL when the GPU has it)."""
+    from spec_runtime.kernels import attention as A
+
+    cache = _llama_cache(prefix)
+    bs = len(prefix)
+    attn = AttnBatch.extend(torch.arange(bs, device="cuda"), torch.tensor(prefix, device="cuda"),
+                            torch.ones(bs, dtype=torch.int64, device="cuda"), cache.alloc_slots(bs))
+    q = torch.randn(bs, 32, 128, device="cuda").bfloat16()
+    o_weight = torch.randn(4096, 4096, device="cuda").bfloat16()
+    assert A.tail_prefetch_plan(o_weight, bs, False, 1, 8, 128)[0] > 0
+    want = _check(q, cache, attn, atol=2e-2, rtol=2e-2)
+    got = triton_attention(q, cache, 1, attn, 128 ** -0.5, next_weight=o_weight)
+    assert torch.equal(got, want)
+    outs = []
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            outs.append(triton_attention(q, cache, 1, attn, 128 ** -0.5, next_weight=o_weight))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, want) for o in outs)

@@ -961,7 +961,11 @@ class _AttnBlock:
             else:
                 q, k, v = self.q(x), self.k(x), self.v(x)
             q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
-        out = self.attention(q, cache, layer, attn, hd ** -0.5).reshape(t, nh * hd)
+        if self.attention is self.be._triton_attention:
+            out = self.attention(q, cache, layer, attn, hd ** -0.5, next_weight=self.o.weight)
+        else:
+            out = self.attention(q, cache, layer, attn, hd ** -0.5)
+        out = out.reshape(t, nh * hd)
         return self.o.parts(out) if defer else self.o(out)
 
 

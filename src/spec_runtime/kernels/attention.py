@@ -23,6 +23,8 @@ ever go to extra slots (`AttnBatch.out_slots`), so the prefix's were written by 
 Those calls also skip pass 2: the last program of each (row block, KV head) to finish (an
 arrival counter, acquire-release, reset by that program) merges the block's partials itself. Both merges add the
 splits in the same order, so they give the same bits (`SPEC_ATTN_MERGE` overrides the choice).
+One-row calls given the next GEMV's weight add programs that only ask L2 for that weight's last
+rows while HBM would idle (the tail prefetch, `TAIL_ENV`); the results do not change.
 
 Precondition (every `AttnBatch` builder meets it): the extra slots of one row are distinct. The
 reference de-duplicates them; this kernel would count a repeated slot twice.
@@ -97,6 +99,46 @@ PREFETCH_ENV = "SPEC_ATTN_PREFETCH"
 asks L2 for its first tile's K and V rows before the wait, so the gathers after it need not go to
 HBM (the weight stream evicts the cache between forwards). Off by default: on the H200 it gained
 nothing (`bench/results/explore/bookkeeping_rope_ab.json`). Read at each call."""
+
+
+TAIL_ENV = "SPEC_ATTN_TAIL_MB"
+"""`SPEC_ATTN_TAIL_MB=MB`: the budget of the tail prefetch (default `TAIL_MB`; 0 turns it off).
+Calls of `TAIL_ROWS` query rows (plain decode) that are given the next projection's weight add
+about `TAIL_PROGRAMS` programs to the split kernel. After the PDL wait (the QKV GEMV is done, so
+HBM idles until the o projection streams) they ask L2 for the last `min(MB, half the weight)` of
+it (`cp.async.bulk.prefetch.L2`): the rows the o GEMV's later programs read, when the first
+ones have long started. On the H200 (8B, o weight 33.5 MB) 12 MB over 32 programs ran plain decode
+3.885-3.896 -> 3.878-3.881 ms/step on slower machines, 3.835-3.847 -> 3.834-3.835 on a faster one;
+64 programs, 2 per KV head, 16 or 20 MB, and 8-row calls (tree verify) were slower
+(`bench/results/explore/tail_prefetch_s20.json`). Read at each call; off under the interpreter
+(inline PTX) and with the fused merge (its arrival count)."""
+TAIL_MB = 12.0
+TAIL_ROWS = (1,)
+TAIL_PROGRAMS = 32
+
+
+def tail_prefetch_plan(w: torch.Tensor | None, t: int, fused: bool, blocks: int, hkv: int,
+                       threads: int) -> tuple[int, dict]:
+    """The tail prefetch of a call with `t` query rows before a GEMV over `w`: (programs per (row
+    block, KV head), the split kernel's arguments), or `(0, {})` when off. Each of the
+    `blocks * hkv * programs * threads` threads asks for one run of `per` elements (a multiple of
+    a 128-byte line); the runs end at the weight's end."""
+    raw = os.environ.get(TAIL_ENV, str(TAIL_MB))
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    require(mb >= 0, f"{TAIL_ENV} must be a non-negative number of megabytes, got {raw!r}")
+    if mb == 0 or w is None or t not in TAIL_ROWS or fused or interpreting() or not w.is_contiguous():
+        return 0, {}
+    progs = cdiv(TAIL_PROGRAMS, blocks * hkv)
+    n = blocks * hkv * progs * threads
+    line = 128 // w.element_size()
+    per = min(int(mb * (1 << 20)), w.numel() * w.element_size() // 2) // w.element_size() // n // line * line
+    if per == 0:
+        return 0, {}
+    return progs, dict(pf_ptr=w, pf_start=w.numel() - per * n, PF_PROGS=progs, PF_ELEMS=per, PF_THREADS=threads,
+                       PF_BYTES=per * w.element_size())
 
 
 @triton.jit
@@ -240,6 +282,9 @@ def _attn_split_kernel(
     FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, EARLY: tl.constexpr = True,
     PREFETCH: tl.constexpr = False, KV_PARTS: tl.constexpr = 1, KV_LINE: tl.constexpr = 64,
     EARLY_KV: tl.constexpr = False,
+    # the tail prefetch (TAIL_ENV): programs NS .. NS + PF_PROGS - 1 of axis 2 ask L2 for a weight's end
+    pf_ptr=None, pf_start=0, PF_PROGS: tl.constexpr = 0, PF_ELEMS: tl.constexpr = 0,
+    PF_THREADS: tl.constexpr = 128, PF_BYTES: tl.constexpr = 0,
 ):
     if PDL and not EARLY:
         gdc_wait()
@@ -260,6 +305,17 @@ def _attn_split_kernel(
     rvalid = (i < BLOCK_M * GP) & (g < G) & (row < T)
     d = tl.arange(0, D)
     q_ptrs = q_ptr + row[:, None].to(tl.int64) * s_qt + head[:, None] * s_qh + d[None, :] * s_qd
+    if PF_PROGS > 0:
+        if split >= NS:  # a tail-prefetch program (see TAIL_ENV), one run of PF_ELEMS per thread
+            if PDL and EARLY:
+                gdc_wait()
+                gdc_launch_dependents()
+            p = (tl.program_id(0) * tl.num_programs(1) + kvh) * PF_PROGS + (split - NS)
+            th = tl.arange(0, PF_THREADS)
+            at = pf_ptr + pf_start + (p * PF_THREADS + th).to(tl.int64) * PF_ELEMS
+            nbytes = tl.full([PF_THREADS], PF_BYTES, tl.int32)
+            tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                                      [at, nbytes], dtype=tl.int32, is_pure=False, pack=1)
     if split < NUM_SPLITS:
         # Share `split` of each request's prefix, shared by all its rows in the block. The first
         # request's sizes and first slot tile are loaded before the wait (`*_0`).
@@ -314,7 +370,7 @@ def _attn_split_kernel(
             hi = tl.where(later, tl.load(indptr_ptr + r + 1, mask=later, other=0), hi_0)
             in_r = rvalid & (row >= lo) & (row < hi)
             _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, in_r, D)
-    else:
+    elif split < NS:
         # Chunk `split - NUM_SPLITS` of the extra slots: a tile holds BLOCK_E slots of each of the
         # BLOCK_M rows (flattened), and row i sees only the slots of its own query row. The first
         # tile's slots are loaded before the wait.
@@ -348,7 +404,7 @@ def _attn_split_kernel(
                 s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
             )
         _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, rvalid, D)
-    if FUSED_MERGE:
+    if FUSED_MERGE:  # (never with tail-prefetch programs)
         # Every thread's partial stores come before the counter's release (the barrier, then an
         # acquire-release add at GPU scope); the last arrival merges the block and resets it.
         tl.debug_barrier()
@@ -458,7 +514,8 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def triton_attention(
-    q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float, *, num_splits: int | None = None
+    q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float, *, num_splits: int | None = None,
+    next_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over the KV cache (GQA, ragged prefixes, extra slots), `torch_attention`'s contract.
 
@@ -469,6 +526,7 @@ def triton_attention(
         attn: the batch description; the extra slots of a row must be distinct.
         scale: softmax scale.
         num_splits: prefix splits per row block (default: enough programs for two waves).
+        next_weight: the `(N, K)` weight the next GEMV streams, for the tail prefetch (`TAIL_ENV`).
 
     Returns:
         `(T, Hq, D)` in q's dtype; rows that see no key are zeros.
@@ -492,7 +550,8 @@ def triton_attention(
     line = max(1, 128 // k.element_size())  # K/V elements per 128-byte line (SPEC_ATTN_PREFETCH)
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
     early_kv = early and early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
-    _attn_split_kernel[(plan["blocks"], hkv, ns)](
+    pf_progs, pf_args = tail_prefetch_plan(next_weight, t, fused, plan["blocks"], hkv, 32 * _GPU["num_warps"])
+    _attn_split_kernel[(plan["blocks"], hkv, ns + pf_progs)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
         mid_o, mid_m, mid_l, out, counts,
         t, bs, hq, ns, e, plan["e_chunk"], scale * _LOG2E,
@@ -504,7 +563,7 @@ def triton_attention(
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
         FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=early,
         PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
-        KV_LINE=line, KV_PARTS=cdiv(d, line), EARLY_KV=early_kv,
+        KV_LINE=line, KV_PARTS=cdiv(d, line), EARLY_KV=early_kv, **pf_args,
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:
