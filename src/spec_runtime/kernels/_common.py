@@ -128,5 +128,36 @@ def _shim_interpreter_index() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def _shim_interpreter_dot() -> None:
+    """Triton's interpreter runs a float32 `tl.dot` as numpy's float32 matmul, whose BLAS kernel
+    (picked by the CPU: OpenBLAS's Haswell and Zen kernels, not its SkylakeX one) can round an
+    element differently depending on where it sits in the tile. Two kernels that compute the same
+    dot over differently arranged tiles (a GEMV and its epilogue variant, which pairs rows) then
+    disagree in the last bit on some machines. Patched to multiply in float64 (float32 products
+    are exact there) and round the sum once: the same bits wherever an element sits. Only under
+    `TRITON_INTERPRET=1`, idempotent."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - triton without the interpreter
+        return
+    import numpy as np
+
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    original = getattr(builder, "create_dot", None)
+    if original is None or getattr(original, "_spec_runtime_shim", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        acc = d.data
+        if acc.dtype != np.float32 or a.data.dtype not in (np.float32, np.float16) or a.data.dtype != b.data.dtype:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        prod = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)).astype(np.float32)
+        return interpreter.TensorHandle(prod + acc, d.dtype.scalar)
+
+    create_dot._spec_runtime_shim = True
+    builder.create_dot = create_dot
+
+
 if interpreting():
     _shim_interpreter_index()
+    _shim_interpreter_dot()
