@@ -12,9 +12,10 @@ decides how the core runs:
 - "static": called eagerly on the buffer views (CPU tests run exactly the buffer/padding code);
 - "cuda_graph": replayed from a CUDA graph captured per (phase, flavor, bucket). Graphs are captured
   largest bucket first into one shared memory pool, each after two warm-up runs on a side stream
-  and replayed once right after (the upload a first replay does); outputs alias the graph's memory, so they are cloned when sliced. A batch size between buckets
-  pads to the next bucket. Greedy verification is captured up front; sampling verification (coins
-  pre-drawn into the buffers) on first use.
+  and replayed once right after (the upload a first replay does); outputs alias the graph's memory,
+  so they are cloned when sliced. A batch size between buckets pads to the next bucket. Greedy
+  verification is captured up front; sampling verification (coins pre-drawn into the buffers) on
+  first use.
 
 Buffers are allocated and graphs captured on first use (or by `setup()`), so faults injected after
 the engine is built still reach the allocation. Checks stand aside during capture

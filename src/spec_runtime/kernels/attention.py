@@ -108,7 +108,7 @@ about `TAIL_PROGRAMS` programs to the split kernel. After the PDL wait (the QKV 
 HBM idles until the o projection streams) they ask L2 for the last `min(MB, half the weight)` of
 it (`cp.async.bulk.prefetch.L2`): the rows the o GEMV's later programs read, when the first
 ones have long started. On the H200 (8B, o weight 33.5 MB) 12 MB over 32 programs ran plain decode
-3.885-3.896 -> 3.878-3.881 ms/step on slower machines, 3.835-3.847 -> 3.834-3.835 on a faster one;
+3.885-3.896 -> 3.878-3.881 ms/step on slower machines, 3.845-3.846 -> 3.823-3.833 on a faster one;
 64 programs, 2 per KV head, 16 or 20 MB, and 8-row calls (tree verify) were slower
 (`bench/results/explore/tail_prefetch_s20.json`). Read at each call; off under the interpreter
 (inline PTX) and with the fused merge (its arrival count)."""
