@@ -112,13 +112,19 @@ def test_fused_merge_is_the_merge_kernel(monkeypatch):
     assert [A.merge_mode(t) for t in (1, 2, 3, 8)] == ["kernel", "fused", "kernel", "kernel"]
 
 
+def _split_kernel_types(**extra: str) -> dict:
+    """`hopper_build` argument types of `_attn_split_kernel` (bf16 tensors), plus `extra`."""
+    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    types.update({n: "*i64" for n in ("rt_ptr", "req_pool_ptr", "prefix_ptr", "indptr_ptr", "extra_ptr")})
+    types.update({n: "*fp32" for n in ("mid_o_ptr", "mid_m_ptr", "mid_l_ptr")}, count_ptr="*i32", qk_scale="fp32")
+    return {**types, **extra}
+
+
 def test_split_kernel_compiles_for_hopper_with_pdl():
     """The PDL paths (the batch description read before the wait, or everything after it), with
     either merge, build for sm90: the interpreter runs neither PDL path, nor does it type-check
     the branches the way the compiler does."""
-    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
-    types.update({n: "*i64" for n in ("rt_ptr", "req_pool_ptr", "prefix_ptr", "indptr_ptr", "extra_ptr")})
-    types.update({n: "*fp32" for n in ("mid_o_ptr", "mid_m_ptr", "mid_l_ptr")}, count_ptr="*i32", qk_scale="fp32")
+    types = _split_kernel_types()
     base = dict(G=4, GP=4, D=64, BLOCK_M=2, BLOCK_R=16, BLOCK_N=128, BLOCK_E=4, BLOCK_J=16, NUM_SPLITS=4,
                 SEARCH_ITERS=2, DOT_F32=False, PDL=True, NSP=8)
     cases = [dict(base, EARLY=early, FUSED_MERGE=fused) for early in (True, False) for fused in (True, False)]
@@ -337,9 +343,7 @@ def test_tail_prefetch_plan(monkeypatch):
 def test_tail_prefetch_builds_for_hopper():
     """The tail-prefetch programs (inline PTX through ptxas): one bulk L2 prefetch per thread,
     after a PDL wait of their own; without them the kernel has no prefetch at all."""
-    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "pf_ptr")}
-    types.update({n: "*i64" for n in ("rt_ptr", "req_pool_ptr", "prefix_ptr", "indptr_ptr", "extra_ptr")})
-    types.update({n: "*fp32" for n in ("mid_o_ptr", "mid_m_ptr", "mid_l_ptr")}, count_ptr="*i32", qk_scale="fp32")
+    types = _split_kernel_types(pf_ptr="*bf16")
     base = dict(G=4, GP=4, D=128, BLOCK_M=1, BLOCK_R=16, BLOCK_N=128, BLOCK_E=1, BLOCK_J=16, NUM_SPLITS=4,
                 SEARCH_ITERS=1, DOT_F32=False, PDL=True, NSP=8, EARLY=True, EARLY_KV=True)
     with_tail, without = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,

@@ -961,11 +961,9 @@ class _AttnBlock:
             else:
                 q, k, v = self.q(x), self.k(x), self.v(x)
             q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
-        if self.attention is self.be._triton_attention:
-            out = self.attention(q, cache, layer, attn, hd ** -0.5, next_weight=self.o.weight)
-        else:
-            out = self.attention(q, cache, layer, attn, hd ** -0.5)
-        out = out.reshape(t, nh * hd)
+        # the Triton attention prefetches the o weight's tail into L2 (kernels.attention.TAIL_ENV)
+        tail = {"next_weight": self.o.weight} if self.attention is self.be._triton_attention else {}
+        out = self.attention(q, cache, layer, attn, hd ** -0.5, **tail).reshape(t, nh * hd)
         return self.o.parts(out) if defer else self.o(out)
 
 
