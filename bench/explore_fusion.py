@@ -32,8 +32,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8) -> dict:
-    """ms per plain decode step (bs=1, prompt 128; the faster of two timed runs) and tokens/s."""
+def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8, cache=None, runner=None) -> dict:
+    """ms per plain decode step (bs=1, prompt 128; the faster of two timed runs) and tokens/s;
+    `cache`: a KV cache to use (default: a new one); `runner`: a captured `DecodeRunner` to time
+    (default: a new one over `cache`)."""
     import bench_e2e as E
     from explore_gemv import _graph_ms
 
@@ -42,9 +44,14 @@ def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8
     from spec_runtime.kv_cache import KVCache
 
     ctx = 128 + steps + 9
-    cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype, "cuda")
-    runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast, steps_per_graph=steps_per_graph)
-    runner.capture()
+    if runner is None:
+        if cache is None:
+            cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype,
+                            "cuda")
+        runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast,
+                              steps_per_graph=steps_per_graph)
+        runner.capture()
+    cache = runner.cache
     prompt = torch.tensor(E.random_prompts(1, 128, target.vocab_size, seed=1)[0], device="cuda")
     rows = torch.zeros(1, dtype=torch.int64, device="cuda")
     times: list[float] = []

@@ -1,6 +1,6 @@
 """Exploration (H200): where a bs=1 speculative iteration spends its device time.
 
-    python3 bench/explore_iter.py --out $OUT/iter [--algorithms EAGLE3,STANDALONE]
+    python3 bench/explore_iter.py --out $OUT/iter [--algorithms EAGLE3,STANDALONE] [--tuning-file h200.json]
 
 For each algorithm (simulated acceptance, CUDA graphs, launch-ahead on), a 256-token generation is
 run with a CUDA event pair around every graph replay: the device time of each graph (verify,
@@ -168,7 +168,12 @@ def main() -> int:
     p.add_argument("--algorithms", default="EAGLE3,STANDALONE")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--before-read", default="1", help="launch-before-read batch limits to time in turn (0: off)")
+    p.add_argument("--tuning-file", default=None, help="load setup decisions (gpu.models.save_decisions) first")
     a = p.parse_args()
+    if a.tuning_file:
+        from spec_runtime.gpu import models as M
+
+        M.load_decisions(a.tuning_file)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     sims = E.parse_sim("EAGLE3=5.4,STANDALONE=3.6,EAGLE=3.6")
