@@ -112,6 +112,38 @@ def test_fused_merge_is_the_merge_kernel(monkeypatch):
     assert [A.merge_mode(t) for t in (1, 2, 3, 8)] == ["kernel", "fused", "kernel", "kernel"]
 
 
+def test_skip_empty_splits_is_bit_for_bit(monkeypatch):
+    """`SPEC_ATTN_SKIP_EMPTY=1` (empty prefix splits leave before the wait, the merge adds only
+    the splits that hold keys) gives the bits of `=0` (every split stores an empty partial), with
+    both merges, while the partial buffers hold NaNs from an earlier allocation: a skipped split's
+    slots are never read. `auto` skips above one row; a bad value is named."""
+    from spec_runtime.kernels import attention as A
+
+    gen = torch.Generator().manual_seed(11)
+    cases = list(_merge_cases(DEVICE, gen))
+    cache = cases[0][1]  # decode rows with prefixes 21, 0, 5 and 4 splits: most shares are empty
+    ones = torch.ones(3, dtype=torch.int64, device=DEVICE)
+    cases.append((torch.randn(3, 4, 16, device=DEVICE), cache,
+                  AttnBatch.extend(torch.tensor([1, 3, 0], device=DEVICE), torch.tensor([21, 0, 5], device=DEVICE),
+                                   ones, cache.alloc_slots(3)), 4))
+    for merge in ("kernel", "fused"):
+        monkeypatch.setenv(A.MERGE_ENV, merge)
+        for q, cache, attn, splits in cases:
+            outs = []
+            for skip in ("0", "1"):
+                monkeypatch.setenv(A.SKIP_EMPTY_ENV, skip)
+                torch.full((1 << 16,), float("nan"), device=DEVICE)  # freed: the buffers may reuse it
+                outs.append(triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits))
+            assert torch.equal(outs[0], outs[1]), (merge, splits)
+            torch.testing.assert_close(outs[1], torch_attention(q, cache, 1, attn, q.shape[-1] ** -0.5),
+                                       atol=2e-5, rtol=2e-5)
+    monkeypatch.delenv(A.SKIP_EMPTY_ENV)
+    assert [A.skip_empty_mode(t) for t in (1, 2, 8)] == [False, True, True]
+    monkeypatch.setenv(A.SKIP_EMPTY_ENV, "yes")
+    with pytest.raises(ValueError, match="SPEC_ATTN_SKIP_EMPTY must be 'auto', '1' or '0', got 'yes'"):
+        A.skip_empty_mode(3)
+
+
 def _split_kernel_types(**extra: str) -> dict:
     """`hopper_build` argument types of `_attn_split_kernel` (bf16 tensors), plus `extra`."""
     types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}

@@ -101,6 +101,19 @@ HBM (the weight stream evicts the cache between forwards). Off by default: on th
 nothing (`bench/results/explore/bookkeeping_rope_ab.json`). Read at each call."""
 
 
+SKIP_EMPTY_ENV = "SPEC_ATTN_SKIP_EMPTY"
+"""`SPEC_ATTN_SKIP_EMPTY=1`: a prefix split program whose block is one request with no keys in
+its share (the prefix ends before the split's chunk) leaves before its PDL wait, and the merge
+adds only the splits that hold keys (`_splits_used`, from the prefix lengths); `0`: every split
+runs and stores an empty partial; `auto` (default): on for calls of more than
+`SKIP_EMPTY_MIN_ROWS` rows. Bit for bit the same output either way (an empty partial adds zeros).
+The decode graphs size their splits for the longest context, so early in a request most splits
+are empty. On the H200 (`bench/results/explore/skip_empty_s21.json`) it ran the STANDALONE
+verify graph (8 rows) 4.20-4.21 -> 4.19 ms and its draft-extend 0.988 -> 0.976 ms, but the
+one-row plain decode step 3.846-3.853 -> 3.855-3.861 ms (not understood), hence `auto`. Never
+with the fused merge (it counts every program's arrival). Read at each call."""
+SKIP_EMPTY_MIN_ROWS = 1
+
 TAIL_ENV = "SPEC_ATTN_TAIL_MB"
 """`SPEC_ATTN_TAIL_MB=MB`: the budget of the tail prefetch (default `TAIL_MB`; 0 turns it off).
 Calls of `TAIL_ROWS` query rows (plain decode) that are given the next projection's weight add
@@ -192,22 +205,47 @@ def _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_
 
 
 @triton.jit
-def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS, s_ot, s_oh, s_od,
-                D: tl.constexpr, NSP: tl.constexpr):
-    """Merge the `NS` partials of each (row, head) pair (vectors) into `out`, adding the splits in
-    order. Loads bypass L1 (`.cg`): in the fused merge other programs wrote them."""
+def _splits_used(indptr_ptr, prefix_ptr, bs, row, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SEARCH_ITERS: tl.constexpr, SKIP_EMPTY: tl.constexpr):
+    """Per row: how many prefix splits hold keys of its request (all `NUM_SPLITS` unless
+    `SKIP_EMPTY`); the split kernel's chunking."""
+    if SKIP_EMPTY:
+        r = tl.minimum(_request_of_row(indptr_ptr, bs, row, SEARCH_ITERS), bs - 1)
+        p_len = tl.load(prefix_ptr + r).to(tl.int64)
+        chunk = tl.cdiv(tl.cdiv(p_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        return tl.where(p_len > 0, tl.cdiv(p_len, tl.maximum(chunk, 1)), 0).to(tl.int32)
+    else:
+        return tl.zeros_like(row).to(tl.int32) + NUM_SPLITS
+
+
+@triton.jit
+def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS, s_ot, s_oh, s_od, used,
+                D: tl.constexpr, NSP: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """Merge the partials of each (row, head) pair (vectors) into `out`, adding the splits in
+    order: prefix splits `0 .. used - 1` (`used` per pair: the splits that hold keys of its
+    request; the others are empty, maybe never written) and the extra splits `NUM_SPLITS .. NS - 1`.
+    Loads bypass L1 (`.cg`): in the fused merge other programs wrote them."""
     d = tl.arange(0, D)
     s = tl.arange(0, NSP)
     idx = (row.to(tl.int64) * Hq + head) * NS
-    m = tl.load(mid_m_ptr + idx[:, None] + s[None, :], mask=ok[:, None] & (s[None, :] < NS), other=float("-inf"),
+    live = (s[None, :] < used[:, None]) | ((s[None, :] >= NUM_SPLITS) & (s[None, :] < NS))
+    m = tl.load(mid_m_ptr + idx[:, None] + s[None, :], mask=ok[:, None] & live, other=float("-inf"),
                 cache_modifier=".cg")
     m_max = tl.max(m, 1)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     total = tl.zeros_like(m_safe)
     acc = tl.zeros([m.shape[0], D], tl.float32)
-    for sp in range(NS):  # fixed order: both merges give the same bits
+    # fixed order: both merges give the same bits; an empty split would add zeros
+    for sp in range(tl.max(tl.where(ok, used, 0), 0)):
+        k_ok = ok & (sp < used)
+        w = tl.exp2(tl.load(mid_m_ptr + idx + sp, mask=k_ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
+        total += w * tl.load(mid_l_ptr + idx + sp, mask=k_ok, other=0.0, cache_modifier=".cg")  # no key: weight 0
+        o = tl.load(mid_o_ptr + (idx + sp)[:, None] * D + d[None, :], mask=k_ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+        acc += w[:, None] * o
+    for sp in range(NUM_SPLITS, NS):
         w = tl.exp2(tl.load(mid_m_ptr + idx + sp, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
-        total += w * tl.load(mid_l_ptr + idx + sp, mask=ok, other=0.0, cache_modifier=".cg")  # no key: weight 0
+        total += w * tl.load(mid_l_ptr + idx + sp, mask=ok, other=0.0, cache_modifier=".cg")
         o = tl.load(mid_o_ptr + (idx + sp)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
         acc += w[:, None] * o
     res = tl.where(total[:, None] > 0, acc / tl.where(total > 0, total, 1.0)[:, None], 0.0)  # no key: zeros
@@ -281,7 +319,7 @@ def _attn_split_kernel(
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
     FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, EARLY: tl.constexpr = True,
     PREFETCH: tl.constexpr = False, KV_PARTS: tl.constexpr = 1, KV_LINE: tl.constexpr = 64,
-    EARLY_KV: tl.constexpr = False,
+    EARLY_KV: tl.constexpr = False, SKIP_EMPTY: tl.constexpr = False,
     # the tail prefetch (TAIL_ENV): programs NS .. NS + PF_PROGS - 1 of axis 2 ask L2 for a weight's end
     pf_ptr=None, pf_start=0, PF_PROGS: tl.constexpr = 0, PF_ELEMS: tl.constexpr = 0,
     PF_THREADS: tl.constexpr = 128, PF_BYTES: tl.constexpr = 0,
@@ -326,50 +364,57 @@ def _attn_split_kernel(
         lo_0 = tl.load(indptr_ptr + r_first)
         hi_0 = tl.load(indptr_ptr + r_first + 1)
         chunk_0 = tl.cdiv(tl.cdiv(p_len_0, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        cols_0 = split * chunk_0 + tl.arange(0, BLOCK_N)
-        ok_0 = cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0)
-        slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=ok_0, other=0).to(tl.int64)
-        if PREFETCH:  # the first tile's K/V rows toward L2 while the previous kernel runs
-            _prefetch_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
-        if EARLY_KV:  # the first tile of this share of the committed prefix (see the module)
-            kt0, vt0 = _load_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, D)
-        if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
-            gdc_wait()
-            gdc_launch_dependents()
-        q = _load_q(q_ptrs, rvalid, DOT_F32)
-        for r in range(r_first, r_last + 1):
-            later = r != r_first  # (a block across requests; the first one's values are in hand)
-            p_len = tl.where(later, tl.load(prefix_ptr + r, mask=later, other=0).to(tl.int64), p_len_0)
-            req = tl.where(later, tl.load(req_pool_ptr + r, mask=later, other=0).to(tl.int64), req_0)
-            chunk = tl.cdiv(tl.cdiv(p_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-            c0 = split * chunk
-            c1 = tl.minimum(c0 + chunk, p_len)
-            m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_R], tl.float32)
-            acc = tl.zeros([BLOCK_R, D], tl.float32)
-            for start in range(c0, c1, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                cmask = cols < c1
-                loaded = later | (start != c0)
-                slot = tl.load(rt_ptr + req * s_rt + cols, mask=cmask & loaded, other=0).to(tl.int64)
-                slot = tl.where(loaded, slot, slot_p0)
-                if EARLY_KV:
-                    if loaded:
+        if SKIP_EMPTY and not FUSED_MERGE:
+            # a block of one request whose share is empty (its prefix ends before this split)
+            # leaves at once, before the wait; the merge skips the split (`_splits_used`)
+            live = (r_first != r_last) | (split * chunk_0 < p_len_0)
+        else:  # (the fused merge counts every program's arrival)
+            live = split >= 0
+        if live:
+            cols_0 = split * chunk_0 + tl.arange(0, BLOCK_N)
+            ok_0 = cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0)
+            slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=ok_0, other=0).to(tl.int64)
+            if PREFETCH:  # the first tile's K/V rows toward L2 while the previous kernel runs
+                _prefetch_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
+            if EARLY_KV:  # the first tile of this share of the committed prefix (see the module)
+                kt0, vt0 = _load_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, D)
+            if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
+                gdc_wait()
+                gdc_launch_dependents()
+            q = _load_q(q_ptrs, rvalid, DOT_F32)
+            for r in range(r_first, r_last + 1):
+                later = r != r_first  # (a block across requests; the first one's values are in hand)
+                p_len = tl.where(later, tl.load(prefix_ptr + r, mask=later, other=0).to(tl.int64), p_len_0)
+                req = tl.where(later, tl.load(req_pool_ptr + r, mask=later, other=0).to(tl.int64), req_0)
+                chunk = tl.cdiv(tl.cdiv(p_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+                c0 = split * chunk
+                c1 = tl.minimum(c0 + chunk, p_len)
+                m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+                l_i = tl.zeros([BLOCK_R], tl.float32)
+                acc = tl.zeros([BLOCK_R, D], tl.float32)
+                for start in range(c0, c1, BLOCK_N):
+                    cols = start + tl.arange(0, BLOCK_N)
+                    cmask = cols < c1
+                    loaded = later | (start != c0)
+                    slot = tl.load(rt_ptr + req * s_rt + cols, mask=cmask & loaded, other=0).to(tl.int64)
+                    slot = tl.where(loaded, slot, slot_p0)
+                    if EARLY_KV:
+                        if loaded:
+                            m_i, l_i, acc = _attend_tile(
+                                q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
+                                s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
+                            )
+                        else:  # the tile loaded before the wait
+                            m_i, l_i, acc = _attend_kv(q, kt0, vt0, cmask[None, :], m_i, l_i, acc, qk_scale, DOT_F32)
+                    else:
                         m_i, l_i, acc = _attend_tile(
                             q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
                             s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
                         )
-                    else:  # the tile loaded before the wait
-                        m_i, l_i, acc = _attend_kv(q, kt0, vt0, cmask[None, :], m_i, l_i, acc, qk_scale, DOT_F32)
-                else:
-                    m_i, l_i, acc = _attend_tile(
-                        q, k_ptr, v_ptr, slot, cmask, cmask[None, :], m_i, l_i, acc, qk_scale,
-                        s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, kvh, D, DOT_F32,
-                    )
-            lo = tl.where(later, tl.load(indptr_ptr + r, mask=later, other=0), lo_0)
-            hi = tl.where(later, tl.load(indptr_ptr + r + 1, mask=later, other=0), hi_0)
-            in_r = rvalid & (row >= lo) & (row < hi)
-            _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, in_r, D)
+                lo = tl.where(later, tl.load(indptr_ptr + r, mask=later, other=0), lo_0)
+                hi = tl.where(later, tl.load(indptr_ptr + r + 1, mask=later, other=0), hi_0)
+                in_r = rvalid & (row >= lo) & (row < hi)
+                _store_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, row, head, split, Hq, NS, m_i, l_i, acc, in_r, D)
     elif split < NS:
         # Chunk `split - NUM_SPLITS` of the extra slots: a tile holds BLOCK_E slots of each of the
         # BLOCK_M rows (flattened), and row i sees only the slots of its own query row. The first
@@ -411,7 +456,9 @@ def _attn_split_kernel(
         counter = count_ptr + tl.program_id(0) * tl.num_programs(1) + kvh
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")
         if arrived == NS - 1:
-            _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, rvalid, Hq, NS, s_ot, s_oh, s_od, D, NSP)
+            used = tl.zeros_like(row).to(tl.int32) + NUM_SPLITS  # (every program ran: none skipped)
+            _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, rvalid, Hq, NS, s_ot, s_oh, s_od, used,
+                        D, NSP, NUM_SPLITS)
             tl.atomic_xchg(counter, 0)
 
 
@@ -422,14 +469,18 @@ def _attn_merge_kernel(
     mid_l_ptr,  # (T, Hq, NS) float32 partial sums
     out_ptr,  # (T, Hq, D) attention output in q's dtype (output)
     Hq, NS, s_ot, s_oh, s_od,
-    D: tl.constexpr, NSP: tl.constexpr, HB: tl.constexpr, PDL: tl.constexpr = False,
+    indptr_ptr, prefix_ptr, bs,  # the batch's row ranges and prefix lengths (SKIP_EMPTY)
+    D: tl.constexpr, NSP: tl.constexpr, HB: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEARCH_ITERS: tl.constexpr, SKIP_EMPTY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    h = tl.program_id(1) * HB + tl.arange(0, HB)
+    t = tl.zeros_like(h) + tl.program_id(0)
+    used = _splits_used(indptr_ptr, prefix_ptr, bs, t, NUM_SPLITS, BLOCK_N, SEARCH_ITERS, SKIP_EMPTY)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    h = tl.program_id(1) * HB + tl.arange(0, HB)
-    t = tl.zeros_like(h) + tl.program_id(0)
-    _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, t, h, h < Hq, Hq, NS, s_ot, s_oh, s_od, D, NSP)
+    _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, t, h, h < Hq, Hq, NS, s_ot, s_oh, s_od, used, D, NSP,
+                NUM_SPLITS)
 
 
 def _check_inputs(q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch) -> None:
@@ -485,6 +536,14 @@ def merge_mode(rows: int) -> str:
     if mode == "auto":
         return "fused" if rows in FUSED_MERGE_ROWS else "kernel"
     return mode
+
+
+def skip_empty_mode(rows: int) -> bool:
+    """Whether a call with `rows` query rows skips empty prefix splits (`SKIP_EMPTY_ENV`, default
+    "auto": calls of more than `SKIP_EMPTY_MIN_ROWS` rows; never with the fused merge)."""
+    mode = os.environ.get(SKIP_EMPTY_ENV, "auto")
+    require(mode in ("auto", "1", "0"), f"{SKIP_EMPTY_ENV} must be 'auto', '1' or '0', got {mode!r}")
+    return rows > SKIP_EMPTY_MIN_ROWS if mode == "auto" else mode == "1"
 
 
 def early_kv_mode(rows: int) -> bool:
@@ -550,6 +609,7 @@ def triton_attention(
     line = max(1, 128 // k.element_size())  # K/V elements per 128-byte line (SPEC_ATTN_PREFETCH)
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
     early_kv = early and early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
+    skip = skip_empty_mode(t)
     pf_progs, pf_args = tail_prefetch_plan(next_weight, t, fused, plan["blocks"], hkv, 32 * _GPU["num_warps"])
     _attn_split_kernel[(plan["blocks"], hkv, ns + pf_progs)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
@@ -563,7 +623,7 @@ def triton_attention(
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
         FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=early,
         PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
-        KV_LINE=line, KV_PARTS=cdiv(d, line), EARLY_KV=early_kv, **pf_args,
+        KV_LINE=line, KV_PARTS=cdiv(d, line), EARLY_KV=early_kv, SKIP_EMPTY=skip, **pf_args,
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:
@@ -571,6 +631,8 @@ def triton_attention(
     hb = next_pow2(hq) if interpreting() else plan["GP"]  # GPU: one program per (row, KV head)
     _attn_merge_kernel[(t, cdiv(hq, hb))](
         mid_o, mid_m, mid_l, out, hq, ns, out.stride(0), out.stride(1), out.stride(2),
-        D=d, NSP=next_pow2(ns), HB=hb, num_warps=4 if d >= 128 else 2, **pdl_options(q.device),
+        attn.qo_indptr, attn.prefix_lens, bs, D=d, NSP=next_pow2(ns), HB=hb, NUM_SPLITS=plan["NUM_SPLITS"],
+        BLOCK_N=plan["BLOCK_N"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), SKIP_EMPTY=skip,
+        num_warps=4 if d >= 128 else 2, **pdl_options(q.device),
     )
     return out
