@@ -108,10 +108,11 @@ adds only the splits that hold keys (`_splits_used`, from the prefix lengths); `
 runs and stores an empty partial; `auto` (default): on for calls of more than
 `SKIP_EMPTY_MIN_ROWS` rows. Bit for bit the same output either way (an empty partial adds zeros).
 The decode graphs size their splits for the longest context, so early in a request most splits
-are empty. On the H200 (`bench/results/explore/skip_empty_s21.json`) it ran the STANDALONE
-verify graph (8 rows) 4.20-4.21 -> 4.19 ms and its draft-extend 0.988 -> 0.976 ms, but the
-one-row plain decode step 3.846-3.853 -> 3.855-3.861 ms (not understood), hence `auto`. Never
-with the fused merge (it counts every program's arrival). Read at each call."""
+are empty. On the H200 (`bench/results/explore/session21.json`, sections `skip_empty_*`) it ran
+the STANDALONE verify graph (8 rows) 4.269-4.270 -> 4.256-4.259 ms and its draft-extend 0.992 ->
+0.980-0.982 ms (8.037-8.050 -> 8.016-8.022 ms per iteration), but on for one-row calls too the
+plain decode step 3.846-3.853 -> 3.855-3.861 ms (not understood), hence `auto`. Never with the
+fused merge (it counts every program's arrival). Read at each call."""
 SKIP_EMPTY_MIN_ROWS = 1
 
 TAIL_ENV = "SPEC_ATTN_TAIL_MB"
