@@ -68,7 +68,7 @@ def to_arena(target) -> int:
 
 def main() -> int:
     import bench_e2e as E
-    from explore_fusion import plain_step_ms
+    from explore_fusion import plain_cache, plain_runner, plain_step_ms
 
     from spec_runtime.gpu import models as M
 
@@ -99,26 +99,13 @@ def main() -> int:
         (out / "drift.json").write_text(json.dumps(res, indent=1))
 
     start = time.time()
-    first_cache = None
-    if a.keep_cache:  # every drift timing on the first timing's KV cache
-        from spec_runtime.kv_cache import KVCache
-
-        ctx = 128 + 255 + 9
-        first_cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype,
-                              "cuda")
+    first_cache = plain_cache(target) if a.keep_cache else None  # every drift timing on one KV cache
     while time.time() - start < a.seconds:
         timed("drift", cache=first_cache)
     if a.runners:  # several runners alive at once, each timed in turn, twice
-        from spec_runtime.graphs import DecodeRunner
-        from spec_runtime.kv_cache import KVCache
-
-        ctx = 128 + 255 + 9
         runners = []
         for _ in range(a.runners):
-            cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype,
-                            "cuda")
-            runners.append(DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast={}))
-            runners[-1].capture()
+            runners.append(plain_runner(target, {}, plain_cache(target)))
             res.setdefault("runner_buffers", []).append(
                 {k: hex(v.data_ptr()) for k, v in vars(runners[-1].bufs).items() if isinstance(v, torch.Tensor)})
         for _ in range(2):

@@ -32,6 +32,24 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
+def plain_cache(target, steps: int = 255):
+    """A one-request KV cache for `plain_step_ms` (a 128-token prompt, then `steps` steps)."""
+    from spec_runtime.kv_cache import KVCache
+
+    ctx = 128 + steps + 9
+    return KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype, "cuda")
+
+
+def plain_runner(target, fast: dict, cache, steps_per_graph: int = 8):
+    """A captured bs=1 `DecodeRunner` over `cache` (CUDA graphs of `steps_per_graph` steps)."""
+    from spec_runtime.graphs import DecodeRunner
+
+    runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast,
+                          steps_per_graph=steps_per_graph)
+    runner.capture()
+    return runner
+
+
 def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8, cache=None, runner=None) -> dict:
     """ms per plain decode step (bs=1, prompt 128; the faster of two timed runs) and tokens/s;
     `cache`: a KV cache to use (default: a new one); `runner`: a captured `DecodeRunner` to time
@@ -40,17 +58,9 @@ def plain_step_ms(target, fast: dict, steps: int = 255, steps_per_graph: int = 8
     from explore_gemv import _graph_ms
 
     from spec_runtime.attention import AttnBatch
-    from spec_runtime.graphs import DecodeRunner
-    from spec_runtime.kv_cache import KVCache
 
-    ctx = 128 + steps + 9
     if runner is None:
-        if cache is None:
-            cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, ctx + 2, 2, ctx, target.dtype,
-                            "cuda")
-        runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast,
-                              steps_per_graph=steps_per_graph)
-        runner.capture()
+        runner = plain_runner(target, fast, cache if cache is not None else plain_cache(target, steps), steps_per_graph)
     cache = runner.cache
     prompt = torch.tensor(E.random_prompts(1, 128, target.vocab_size, seed=1)[0], device="cuda")
     rows = torch.zeros(1, dtype=torch.int64, device="cuda")

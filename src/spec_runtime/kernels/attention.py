@@ -220,6 +220,16 @@ def _splits_used(indptr_ptr, prefix_ptr, bs, row, NUM_SPLITS: tl.constexpr, BLOC
 
 
 @triton.jit
+def _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, at, ok, m_safe, total, acc, D: tl.constexpr):
+    """One partial (index `at` per pair, where `ok`) added to the merge's sum and accumulator."""
+    d = tl.arange(0, D)
+    w = tl.exp2(tl.load(mid_m_ptr + at, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
+    total += w * tl.load(mid_l_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")  # no key: weight 0
+    o = tl.load(mid_o_ptr + at[:, None] * D + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
+    return total, acc + w[:, None] * o
+
+
+@triton.jit
 def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS, s_ot, s_oh, s_od, used,
                 D: tl.constexpr, NSP: tl.constexpr, NUM_SPLITS: tl.constexpr):
     """Merge the partials of each (row, head) pair (vectors) into `out`, adding the splits in
@@ -238,17 +248,9 @@ def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS,
     acc = tl.zeros([m.shape[0], D], tl.float32)
     # fixed order: both merges give the same bits; an empty split would add zeros
     for sp in range(tl.max(tl.where(ok, used, 0), 0)):
-        k_ok = ok & (sp < used)
-        w = tl.exp2(tl.load(mid_m_ptr + idx + sp, mask=k_ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
-        total += w * tl.load(mid_l_ptr + idx + sp, mask=k_ok, other=0.0, cache_modifier=".cg")  # no key: weight 0
-        o = tl.load(mid_o_ptr + (idx + sp)[:, None] * D + d[None, :], mask=k_ok[:, None], other=0.0,
-                    cache_modifier=".cg")
-        acc += w[:, None] * o
+        total, acc = _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx + sp, ok & (sp < used), m_safe, total, acc, D)
     for sp in range(NUM_SPLITS, NS):
-        w = tl.exp2(tl.load(mid_m_ptr + idx + sp, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
-        total += w * tl.load(mid_l_ptr + idx + sp, mask=ok, other=0.0, cache_modifier=".cg")
-        o = tl.load(mid_o_ptr + (idx + sp)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
-        acc += w[:, None] * o
+        total, acc = _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx + sp, ok, m_safe, total, acc, D)
     res = tl.where(total[:, None] > 0, acc / tl.where(total > 0, total, 1.0)[:, None], 0.0)  # no key: zeros
     tl.store(out_ptr + row.to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
              res.to(out_ptr.dtype.element_ty), mask=ok[:, None])
@@ -365,11 +367,11 @@ def _attn_split_kernel(
         lo_0 = tl.load(indptr_ptr + r_first)
         hi_0 = tl.load(indptr_ptr + r_first + 1)
         chunk_0 = tl.cdiv(tl.cdiv(p_len_0, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        if SKIP_EMPTY and not FUSED_MERGE:
+        if SKIP_EMPTY:  # (never with the fused merge: it counts every program's arrival)
             # a block of one request whose share is empty (its prefix ends before this split)
             # leaves at once, before the wait; the merge skips the split (`_splits_used`)
             live = (r_first != r_last) | (split * chunk_0 < p_len_0)
-        else:  # (the fused merge counts every program's arrival)
+        else:
             live = split >= 0
         if live:
             cols_0 = split * chunk_0 + tl.arange(0, BLOCK_N)
@@ -457,7 +459,7 @@ def _attn_split_kernel(
         counter = count_ptr + tl.program_id(0) * tl.num_programs(1) + kvh
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")
         if arrived == NS - 1:
-            used = tl.zeros_like(row).to(tl.int32) + NUM_SPLITS  # (every program ran: none skipped)
+            used = _splits_used(indptr_ptr, prefix_ptr, bs, row, NUM_SPLITS, BLOCK_N, SEARCH_ITERS, False)  # all ran
             _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, rvalid, Hq, NS, s_ot, s_oh, s_od, used,
                         D, NSP, NUM_SPLITS)
             tl.atomic_xchg(counter, 0)
@@ -610,7 +612,7 @@ def triton_attention(
     line = max(1, 128 // k.element_size())  # K/V elements per 128-byte line (SPEC_ATTN_PREFETCH)
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
     early_kv = early and early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
-    skip = skip_empty_mode(t)
+    skip = skip_empty_mode(t) and not fused  # the fused merge counts every program's arrival
     pf_progs, pf_args = tail_prefetch_plan(next_weight, t, fused, plan["blocks"], hkv, 32 * _GPU["num_warps"])
     _attn_split_kernel[(plan["blocks"], hkv, ns + pf_progs)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
