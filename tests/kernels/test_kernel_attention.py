@@ -112,6 +112,23 @@ def test_fused_merge_is_the_merge_kernel(monkeypatch):
     assert [A.merge_mode(t) for t in (1, 2, 3, 8)] == ["kernel", "fused", "kernel", "kernel"]
 
 
+def test_merge_unroll_keeps_the_order(monkeypatch):
+    """The merge adds `MERGE_UNROLL` partials per trip of its loop (unrolled, so their loads are in
+    flight together): one at a time, 2 (a loop of several trips) or 8 (one trip) give the same
+    bits, with both merges; the order of the additions does not depend on it."""
+    from spec_runtime.kernels import attention as A
+
+    gen = torch.Generator().manual_seed(5)
+    for q, cache, attn, splits in _merge_cases(DEVICE, gen):
+        for merge in ("kernel", "fused"):
+            monkeypatch.setenv(A.MERGE_ENV, merge)
+            got = {}
+            for unroll in (1, 2, 8):
+                monkeypatch.setattr(A, "MERGE_UNROLL", unroll)
+                got[unroll] = triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits)
+            assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[8]), merge
+
+
 def test_skip_empty_splits_is_bit_for_bit(monkeypatch):
     """`SPEC_ATTN_SKIP_EMPTY=1` (empty prefix splits leave before the wait, the merge adds only
     the splits that hold keys) gives the bits of `=0` (every split stores an empty partial), with

@@ -101,6 +101,15 @@ HBM (the weight stream evicts the cache between forwards). Off by default: on th
 nothing (`bench/results/explore/bookkeeping_rope_ab.json`). Read at each call."""
 
 
+MERGE_UNROLL = 8
+"""Partials the merge (kernel or fused) adds per trip of its loop, unrolled so that their loads
+are in flight together instead of one L2 round trip per partial; the order, and so the bits, is
+the rolled loop's. On the H200 (`bench/results/explore/session22.json`) it ran plain decode
+3.896-3.908 -> 3.838-3.840 ms/step, STANDALONE 8.003-8.016 -> 7.965-7.974 ms/iter and EAGLE-3
+5.583-5.591 -> 5.559-5.579, in one process: the one-row merge kernel had cost about 1.9 µs per
+layer (leaving it out ran 3.837-3.844), nearly all of it the five partials loaded one after the
+other."""
+
 SKIP_EMPTY_ENV = "SPEC_ATTN_SKIP_EMPTY"
 """`SPEC_ATTN_SKIP_EMPTY=1`: a prefix split program whose block is one request with no keys in
 its share (the prefix ends before the split's chunk) leaves before its PDL wait, and the merge
@@ -230,8 +239,21 @@ def _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, at, ok, m_safe, total, acc, D:
 
 
 @triton.jit
+def _add_splits(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx, ok, used, c0, NS, m_safe, total, acc, D: tl.constexpr,
+                NUM_SPLITS: tl.constexpr, UNROLL: tl.constexpr):
+    """Splits `c0 .. c0 + UNROLL - 1` of each pair added in order, those that are live: the prefix
+    splits below `used` and the extra splits (from `NUM_SPLITS` to `NS`); the others add exact
+    zeros (masked loads: weight 0, partial 0)."""
+    for j in tl.static_range(UNROLL):
+        sp = c0 + j
+        live = ok & (((sp < NUM_SPLITS) & (sp < used)) | ((sp >= NUM_SPLITS) & (sp < NS)))
+        total, acc = _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx + sp, live, m_safe, total, acc, D)
+    return total, acc
+
+
+@triton.jit
 def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS, s_ot, s_oh, s_od, used,
-                D: tl.constexpr, NSP: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                D: tl.constexpr, NSP: tl.constexpr, NUM_SPLITS: tl.constexpr, UNROLL: tl.constexpr):
     """Merge the partials of each (row, head) pair (vectors) into `out`, adding the splits in
     order: prefix splits `0 .. used - 1` (`used` per pair: the splits that hold keys of its
     request; the others are empty, maybe never written) and the extra splits `NUM_SPLITS .. NS - 1`.
@@ -246,11 +268,15 @@ def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS,
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     total = tl.zeros_like(m_safe)
     acc = tl.zeros([m.shape[0], D], tl.float32)
-    # fixed order: both merges give the same bits; an empty split would add zeros
-    for sp in range(tl.max(tl.where(ok, used, 0), 0)):
-        total, acc = _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx + sp, ok & (sp < used), m_safe, total, acc, D)
-    for sp in range(NUM_SPLITS, NS):
-        total, acc = _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx + sp, ok, m_safe, total, acc, D)
+    # Fixed order (both merges give the same bits), `UNROLL` splits per trip, unrolled so that
+    # their loads are in flight together.
+    if NSP == UNROLL:
+        total, acc = _add_splits(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx, ok, used, 0, NS, m_safe, total, acc, D,
+                                 NUM_SPLITS, UNROLL)
+    else:
+        for c0 in range(0, NSP, UNROLL):
+            total, acc = _add_splits(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx, ok, used, c0, NS, m_safe, total, acc, D,
+                                     NUM_SPLITS, UNROLL)
     res = tl.where(total[:, None] > 0, acc / tl.where(total > 0, total, 1.0)[:, None], 0.0)  # no key: zeros
     tl.store(out_ptr + row.to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
              res.to(out_ptr.dtype.element_ty), mask=ok[:, None])
@@ -320,7 +346,7 @@ def _attn_split_kernel(
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
-    FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, EARLY: tl.constexpr = True,
+    FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, MERGE_UNROLL: tl.constexpr = 1, EARLY: tl.constexpr = True,
     PREFETCH: tl.constexpr = False, KV_PARTS: tl.constexpr = 1, KV_LINE: tl.constexpr = 64,
     EARLY_KV: tl.constexpr = False, SKIP_EMPTY: tl.constexpr = False,
     # the tail prefetch (TAIL_ENV): programs NS .. NS + PF_PROGS - 1 of axis 2 ask L2 for a weight's end
@@ -461,7 +487,7 @@ def _attn_split_kernel(
         if arrived == NS - 1:
             used = _splits_used(indptr_ptr, prefix_ptr, bs, row, NUM_SPLITS, BLOCK_N, SEARCH_ITERS, False)  # all ran
             _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, rvalid, Hq, NS, s_ot, s_oh, s_od, used,
-                        D, NSP, NUM_SPLITS)
+                        D, NSP, NUM_SPLITS, MERGE_UNROLL)
             tl.atomic_xchg(counter, 0)
 
 
@@ -474,7 +500,8 @@ def _attn_merge_kernel(
     Hq, NS, s_ot, s_oh, s_od,
     indptr_ptr, prefix_ptr, bs,  # the batch's row ranges and prefix lengths (SKIP_EMPTY)
     D: tl.constexpr, NSP: tl.constexpr, HB: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-    SEARCH_ITERS: tl.constexpr, SKIP_EMPTY: tl.constexpr = False, PDL: tl.constexpr = False,
+    SEARCH_ITERS: tl.constexpr, MERGE_UNROLL: tl.constexpr, SKIP_EMPTY: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     t = tl.zeros_like(h) + tl.program_id(0)
@@ -483,7 +510,7 @@ def _attn_merge_kernel(
         gdc_wait()
         gdc_launch_dependents()
     _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, t, h, h < Hq, Hq, NS, s_ot, s_oh, s_od, used, D, NSP,
-                NUM_SPLITS)
+                NUM_SPLITS, MERGE_UNROLL)
 
 
 def _check_inputs(q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch) -> None:
@@ -613,6 +640,7 @@ def triton_attention(
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
     early_kv = early and early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
     skip = skip_empty_mode(t) and not fused  # the fused merge counts every program's arrival
+    unroll = min(next_pow2(ns), MERGE_UNROLL)
     pf_progs, pf_args = tail_prefetch_plan(next_weight, t, fused, plan["blocks"], hkv, 32 * _GPU["num_warps"])
     _attn_split_kernel[(plan["blocks"], hkv, ns + pf_progs)](
         q, k, v, rt, attn.req_pool_indices, attn.prefix_lens, attn.qo_indptr, extra,
@@ -624,7 +652,7 @@ def triton_attention(
         G=hq // hkv, GP=plan["GP"], D=d, BLOCK_M=plan["BLOCK_M"], BLOCK_R=plan["BLOCK_R"],
         BLOCK_N=plan["BLOCK_N"], BLOCK_E=plan["BLOCK_E"], BLOCK_J=plan["BLOCK_J"],
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
-        FUSED_MERGE=fused, NSP=next_pow2(ns), EARLY=early,
+        FUSED_MERGE=fused, NSP=next_pow2(ns), MERGE_UNROLL=unroll, EARLY=early,
         PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
         KV_LINE=line, KV_PARTS=cdiv(d, line), EARLY_KV=early_kv, SKIP_EMPTY=skip, **pf_args,
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
@@ -635,7 +663,7 @@ def triton_attention(
     _attn_merge_kernel[(t, cdiv(hq, hb))](
         mid_o, mid_m, mid_l, out, hq, ns, out.stride(0), out.stride(1), out.stride(2),
         attn.qo_indptr, attn.prefix_lens, bs, D=d, NSP=next_pow2(ns), HB=hb, NUM_SPLITS=plan["NUM_SPLITS"],
-        BLOCK_N=plan["BLOCK_N"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), SKIP_EMPTY=skip,
+        BLOCK_N=plan["BLOCK_N"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), MERGE_UNROLL=unroll, SKIP_EMPTY=skip,
         num_warps=4 if d >= 128 else 2, **pdl_options(q.device),
     )
     return out
