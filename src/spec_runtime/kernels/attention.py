@@ -239,14 +239,20 @@ def _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, at, ok, m_safe, total, acc, D:
 
 
 @triton.jit
+def _live_split(sp, used, NS, NUM_SPLITS: tl.constexpr):
+    """Whether split `sp` holds a partial the merge adds: a prefix split below `used` (at most
+    `NUM_SPLITS`) or an extra split (`NUM_SPLITS .. NS - 1`)."""
+    return (sp < used) | ((sp >= NUM_SPLITS) & (sp < NS))
+
+
+@triton.jit
 def _add_splits(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx, ok, used, c0, NS, m_safe, total, acc, D: tl.constexpr,
                 NUM_SPLITS: tl.constexpr, UNROLL: tl.constexpr):
-    """Splits `c0 .. c0 + UNROLL - 1` of each pair added in order, those that are live: the prefix
-    splits below `used` and the extra splits (from `NUM_SPLITS` to `NS`); the others add exact
-    zeros (masked loads: weight 0, partial 0)."""
+    """Splits `c0 .. c0 + UNROLL - 1` of each pair added in order, those that are live
+    (`_live_split`); the others add exact zeros (masked loads: weight 0, partial 0)."""
     for j in tl.static_range(UNROLL):
         sp = c0 + j
-        live = ok & (((sp < NUM_SPLITS) & (sp < used)) | ((sp >= NUM_SPLITS) & (sp < NS)))
+        live = ok & _live_split(sp, used, NS, NUM_SPLITS)
         total, acc = _add_partial(mid_o_ptr, mid_m_ptr, mid_l_ptr, idx + sp, live, m_safe, total, acc, D)
     return total, acc
 
@@ -261,7 +267,7 @@ def _merge_rows(mid_o_ptr, mid_m_ptr, mid_l_ptr, out_ptr, row, head, ok, Hq, NS,
     d = tl.arange(0, D)
     s = tl.arange(0, NSP)
     idx = (row.to(tl.int64) * Hq + head) * NS
-    live = (s[None, :] < used[:, None]) | ((s[None, :] >= NUM_SPLITS) & (s[None, :] < NS))
+    live = _live_split(s[None, :], used[:, None], NS, NUM_SPLITS)
     m = tl.load(mid_m_ptr + idx[:, None] + s[None, :], mask=ok[:, None] & live, other=float("-inf"),
                 cache_modifier=".cg")
     m_max = tl.max(m, 1)
@@ -568,20 +574,23 @@ def merge_mode(rows: int) -> str:
     return mode
 
 
+def _auto_switch(env: str, auto: bool) -> bool:
+    """An on/off switch read from `env` at each call: "1" on, "0" off, "auto" (the default) `auto`."""
+    mode = os.environ.get(env, "auto")
+    require(mode in ("auto", "1", "0"), f"{env} must be 'auto', '1' or '0', got {mode!r}")
+    return auto if mode == "auto" else mode == "1"
+
+
 def skip_empty_mode(rows: int) -> bool:
     """Whether a call with `rows` query rows skips empty prefix splits (`SKIP_EMPTY_ENV`, default
     "auto": calls of more than `SKIP_EMPTY_MIN_ROWS` rows; never with the fused merge)."""
-    mode = os.environ.get(SKIP_EMPTY_ENV, "auto")
-    require(mode in ("auto", "1", "0"), f"{SKIP_EMPTY_ENV} must be 'auto', '1' or '0', got {mode!r}")
-    return rows > SKIP_EMPTY_MIN_ROWS if mode == "auto" else mode == "1"
+    return _auto_switch(SKIP_EMPTY_ENV, rows > SKIP_EMPTY_MIN_ROWS)
 
 
 def early_kv_mode(rows: int) -> bool:
     """Whether a call with `rows` query rows loads its first committed K/V tile before the PDL wait
     (`SPEC_ATTN_EARLY_KV`, default "auto": up to `EARLY_KV_ROWS` rows)."""
-    mode = os.environ.get(EARLY_KV_ENV, "auto")
-    require(mode in ("auto", "1", "0"), f"{EARLY_KV_ENV} must be 'auto', '1' or '0', got {mode!r}")
-    return rows <= EARLY_KV_ROWS if mode == "auto" else mode == "1"
+    return _auto_switch(EARLY_KV_ENV, rows <= EARLY_KV_ROWS)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
