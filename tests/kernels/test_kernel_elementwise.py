@@ -48,3 +48,76 @@ def test_embed_rmsnorm_bad_ids_and_shapes():
     assert e.shape == n.shape == (0, 32)
     ids = torch.tensor([[4, 0], [2, 0], [7, 0]], device=DEVICE)[:, 0]  # a strided view
     assert torch.equal(ew.embed_rmsnorm(ids, table, weight, 1e-6)[0], table[ids])
+
+
+@pytest.mark.parametrize("mode", ["auto", "0", "1"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_add_rmsnorm_between_gemvs_same_bits(rows, mode, monkeypatch):
+    """`between_gemvs` (residual loaded before the PDL wait; at one row, or any row count with
+    the switch at 1, the next kernel triggered before it) moves loads and the trigger only: the
+    sum and the normed rows are bit for bit the plain launch's, for a whole delta and for split-K
+    partials, and stay the torch reference's."""
+    from spec_runtime.kernels.gemv import SplitKParts
+
+    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, mode)
+    hidden = 4096 if ON_GPU else 48
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(torch.bfloat16).to(DEVICE)
+    parts = torch.randn(3, rows, hidden, generator=gen).to(DEVICE)  # float32 partials
+    for delta in (parts.sum(0).to(torch.bfloat16), SplitKParts(parts, torch.bfloat16)):
+        plain = ew.add_rmsnorm(x, delta, w, 1e-5)
+        chained = ew.add_rmsnorm(x, delta, w, 1e-5, between_gemvs=True)
+        for a, b in zip(chained, plain):
+            assert torch.equal(a, b)
+    ref = ew.reference_add_rmsnorm(x, parts.sum(0).to(torch.bfloat16), w, 1e-5)
+    for a, b in zip(ew.add_rmsnorm(x, parts.sum(0).to(torch.bfloat16), w, 1e-5, between_gemvs=True), ref):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_trigger_first_switch(monkeypatch):
+    """`SPEC_NORM_TRIGGER_FIRST`: auto triggers first at `TRIGGER_FIRST_ROWS` rows only, 0 never,
+    1 at any row count; another value is refused, the variable named."""
+    monkeypatch.delenv(ew.TRIGGER_FIRST_ENV, raising=False)
+    assert ew.trigger_first(1) and not ew.trigger_first(ew.TRIGGER_FIRST_ROWS + 1)
+    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "0")
+    assert not ew.trigger_first(1)
+    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "1")
+    assert ew.trigger_first(8)
+    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "yes")
+    with pytest.raises(ValueError, match="SPEC_NORM_TRIGGER_FIRST must be 'auto', '0' or '1', got 'yes'"):
+        ew.trigger_first(1)
+
+
+def test_fast_forward_marks_only_the_layer_norms_between_gemvs(tmp_path, monkeypatch):
+    """`FastTarget.forward` makes the promise of `add_rmsnorm(between_gemvs=True)` for the norms
+    after the down projection (before QKV) and after the o projection (before gate/up) only: not
+    for the embedding's norm (its ids come from the kernel just before) or the final norm (its
+    next kernel is the caller's). The output is the reference model's."""
+    from spec_runtime.attention import AttnBatch
+    from spec_runtime.gpu.models import FastBackend, FastOptions, FastTarget
+    from spec_runtime.kv_cache import KVCache
+    from spec_runtime.models.loading import load_target
+    from spec_runtime.tiny import build_tiny_target
+
+    model = load_target(build_tiny_target(tmp_path / "t", num_layers=3, seed=5), device=DEVICE)
+    fast = FastTarget(model, FastBackend(FastOptions(elementwise="triton", attention="reference" if not ON_GPU
+                                                     else "triton", linear="torch"), DEVICE), 64)
+    calls: list[tuple[int, bool]] = []
+    real = ew.add_rmsnorm
+
+    def spy(x, delta, weight, eps, *, between_gemvs=False):
+        calls.append((x.shape[0], between_gemvs))
+        return real(x, delta, weight, eps, between_gemvs=between_gemvs)
+
+    monkeypatch.setattr(ew, "add_rmsnorm", spy)
+    cache = KVCache(model.num_layers, model.num_kv_heads, model.head_dim, 16, 1, 16, model.dtype, DEVICE)
+    ids = torch.tensor([5, 17, 99], device=DEVICE)
+    attn = AttnBatch.extend(torch.tensor([0], device=DEVICE), torch.tensor([0], device=DEVICE),
+                            torch.tensor([3], device=DEVICE), cache.alloc_slots(3))
+    with torch.inference_mode():
+        got, _ = fast.forward(ids, torch.arange(3, device=DEVICE), attn, cache)
+        want, _ = model.forward(ids, torch.arange(3, device=DEVICE), attn, cache)
+    # per layer: post-attention (between), then the next layer's input norm (between); the final norm not
+    assert calls == [(3, True)] * (2 * model.num_layers - 1) + [(3, False)]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

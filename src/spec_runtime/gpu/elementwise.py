@@ -14,6 +14,8 @@ CUDA graph each tiny op still costs a few microseconds, so these fuse them:
 Every launcher reads shapes and strides only (no values): capturable.
 """
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -75,20 +77,30 @@ def _rmsnorm_kernel(
     ids_ptr,  # (T,) token ids (GATHER: x is the embedding table, row `ids[row]` is read)
     V,  # the embedding table's rows (GATHER)
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, NPARTS: tl.constexpr = 0, PDL: tl.constexpr = False,
-    GATHER: tl.constexpr = False,
+    GATHER: tl.constexpr = False, X_READY: tl.constexpr = False, TRIGGER_FIRST: tl.constexpr = False,
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
+    # The weight is never written during a forward: loaded before the PDL wait, off the critical
+    # path (after the reduction it was an HBM miss queued behind the next GEMV's first tiles).
+    # X_READY: the caller vouches that x was written before the previous kernel started (see
+    # `add_rmsnorm`), so it is loaded here too.
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    if X_READY and not GATHER:
+        x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0)
+    if PDL:  # programmatic dependent launch: wait for the previous kernel before any other access
+        if TRIGGER_FIRST:  # the next kernel's programs may start now (see `add_rmsnorm`)
+            gdc_launch_dependents()
+        gdc_wait()
+        if not TRIGGER_FIRST:
+            gdc_launch_dependents()
     if GATHER:  # the embedding row of the token, stored as the residual stream
         tok = tl.load(ids_ptr + row).to(tl.int64)
         ok = (tok >= 0) & (tok < V)  # callers check ids; a bad one reads nothing (zeros)
         x = tl.load(x_ptr + tok * s_x + cols, mask=mask & ok, other=0.0)
         tl.store(sum_ptr + row * s_s + cols, x, mask=mask)
-    else:
+    elif not X_READY:
         x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0)
     if HAS_DELTA:
         if NPARTS > 0:  # float32 split-K partials of a GEMV: summed in split order, rounded as its reduce
@@ -103,12 +115,30 @@ def _rmsnorm_kernel(
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
     normed = (xf * rstd).to(x_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     y = w.to(tl.float32) * normed.to(tl.float32)
     tl.store(out_ptr + row * s_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
+TRIGGER_FIRST_ENV = "SPEC_NORM_TRIGGER_FIRST"
+"""`auto` (default): an add + RMSNorm between two GEMVs (`add_rmsnorm(between_gemvs=True)`) of
+`TRIGGER_FIRST_ROWS` rows lets the next kernel's programs start before its own PDL wait; `0`:
+never; `1`: at any row count. Read at each launch."""
+TRIGGER_FIRST_ROWS = 1
+"""Rows up to which `auto` triggers first. On the H200 (8B shape) the plain bs=1 decode step ran
+3.766-3.787 -> 3.718-3.728 ms with the norms triggering first and loading the residual early, but
+triggering first at 2 rows (the STANDALONE draft) and 8 rows (the verify) was slower: draft graph
+2.670 -> 2.746 ms, verify 4.197 -> 4.40 (`bench/results/explore/session23.json`)."""
+
+
+def trigger_first(rows: int) -> bool:
+    """Whether an add + RMSNorm between two GEMVs of `rows` rows triggers before its wait."""
+    mode = os.environ.get(TRIGGER_FIRST_ENV, "auto")
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"{TRIGGER_FIRST_ENV} must be 'auto', '0' or '1', got {mode!r}")
+    return mode == "1" or (mode == "auto" and rows <= TRIGGER_FIRST_ROWS)
+
+
+def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float, between_gemvs: bool = False):
     if x.dim() != 2 or weight.shape != (x.shape[1],):
         raise ValueError(f"rmsnorm: x must be (T, H) and weight (H,), got {tuple(x.shape)} and {tuple(weight.shape)}")
     t, h = x.shape
@@ -136,7 +166,8 @@ def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float):
         block = _pow2(h)
         _rmsnorm_kernel[(t,)](
             x, delta, weight, total, out, h, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), eps,
-            s_part, x, 0, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts,
+            s_part, x, 0, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts, X_READY=between_gemvs,
+            TRIGGER_FIRST=between_gemvs and trigger_first(t),
             num_warps=_norm_warps(block, total is not x), **pdl_options(x.device),
         )
     return total, out
@@ -195,11 +226,21 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rmsnorm(x: torch.Tensor, delta: "torch.Tensor | SplitKParts", weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                eps: float, *, between_gemvs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`(x + delta, rmsnorm(x + delta))` in one pass (`reference_add_rmsnorm`). `delta` may be a
     GEMV's unreduced `SplitKParts` (of x's dtype): summed here as the GEMV's reduce would, which
-    saves that kernel."""
-    return _norm_launch(x, delta, weight, eps)
+    saves that kernel.
+
+    `between_gemvs` (the fast forward's norms after the first) is the caller's promise, under
+    programmatic dependent launch, that (1) `x` was written by a norm at least three launches back,
+    each launch in between a kernel that cannot finish before the one ahead of it (its programs
+    wait on it: the layer's GEMVs and attention), so `x` is complete once the kernel ahead of this
+    one has started its programs, and is loaded before the wait; and (2) the next launch is a GEMV
+    whose programs read nothing before their own wait but weights and inputs written before the
+    forward began, so at `TRIGGER_FIRST_ROWS` rows (`trigger_first`) this kernel lets them start
+    before its wait: their first weight tiles stream while the GEMV ahead of this norm finishes.
+    Same bits either way."""
+    return _norm_launch(x, delta, weight, eps, between_gemvs)
 
 
 # ---- SiLU and multiply ---------------------------------------------------------------------------

@@ -350,13 +350,14 @@ class FastBackend:
         return x, self.rmsnorm(x, weight, eps)
 
     def add_rmsnorm(self, x: torch.Tensor, delta: Any, weight: Optional[torch.Tensor],
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    eps: float, between_gemvs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`(x + delta, rmsnorm(x + delta))` (delta None: no add; `SplitKParts`: a GEMV's
-        unreduced output, summed by the Triton kernel)."""
+        unreduced output, summed by the Triton kernel); `between_gemvs`: the caller's promise of
+        `elementwise.add_rmsnorm`, for the layers' norms in `FastTarget.forward`."""
         if delta is None:
             return x, self.rmsnorm(x, weight, eps)
         if self.elementwise == "triton" and weight is not None:
-            return self._ew.add_rmsnorm(x, delta, weight, eps)
+            return self._ew.add_rmsnorm(x, delta, weight, eps, between_gemvs=between_gemvs)
         if not isinstance(delta, torch.Tensor):
             delta = delta.sum()
         x = x + delta
@@ -1047,12 +1048,12 @@ class FastTarget:
         for i, layer in enumerate(self.layers):
             if i == 0:  # the embedding gather and the first norm in one launch
                 x, normed = be.embed_rmsnorm(input_ids, self.embed, layer.in_norm, layer.eps)
-            else:
-                x, normed = be.add_rmsnorm(x, pending, layer.in_norm, layer.eps)
+            else:  # after the down projection, before the QKV one (see `elementwise.add_rmsnorm`)
+                x, normed = be.add_rmsnorm(x, pending, layer.in_norm, layer.eps, between_gemvs=True)
             if i in wanted:
                 captured[i] = x
             a = layer.attn(normed, self.rope, positions, attn, cache, i, defer=True)
-            x, normed = be.add_rmsnorm(x, a, layer.post_norm, layer.eps)
+            x, normed = be.add_rmsnorm(x, a, layer.post_norm, layer.eps, between_gemvs=True)
             pending = layer.mlp(normed, defer=True)
         x, hidden = be.add_rmsnorm(x, pending, self.norm, self.eps)
         if aux_layer_ids is None:
