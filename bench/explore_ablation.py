@@ -104,14 +104,15 @@ def left_out(parts: tuple[str, ...]):
         setattr(owner, name, value)
 
     if "norm" in parts:
-        patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps: (x, x))
+        patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps, between_gemvs=False: (x, x))
     if "norm_spacer" in parts:
-        patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps: (x, spacer(x)))
+        patch(M.FastBackend, "add_rmsnorm",
+              lambda self, x, delta, weight, eps, between_gemvs=False: (x, spacer(x)))
     if "norm_then_spacer" in parts:
         real = M.FastBackend.add_rmsnorm
 
-        def norm_then_spacer(self, x, delta, weight, eps):
-            new_x, normed = real(self, x, delta, weight, eps)
+        def norm_then_spacer(self, x, delta, weight, eps, between_gemvs=False):
+            new_x, normed = real(self, x, delta, weight, eps, between_gemvs)
             return new_x, spacer(normed)
 
         patch(M.FastBackend, "add_rmsnorm", norm_then_spacer)
