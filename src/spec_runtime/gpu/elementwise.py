@@ -83,9 +83,8 @@ def _rmsnorm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     # The weight is never written during a forward: loaded before the PDL wait, off the critical
-    # path (after the reduction it was an HBM miss queued behind the next GEMV's first tiles).
-    # X_READY: the caller vouches that x was written before the previous kernel started (see
-    # `add_rmsnorm`), so it is loaded here too.
+    # path. X_READY: the caller vouches that x is complete once the kernel ahead of this one has
+    # started its programs (see `add_rmsnorm`), so it is loaded here too.
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     if X_READY and not GATHER:
         x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0)
@@ -125,9 +124,9 @@ TRIGGER_FIRST_ENV = "SPEC_NORM_TRIGGER_FIRST"
 never; `1`: at any row count. Read at each launch."""
 TRIGGER_FIRST_ROWS = 1
 """Rows up to which `auto` triggers first. On the H200 (8B shape) the plain bs=1 decode step ran
-3.766-3.787 -> 3.718-3.728 ms with the norms triggering first and loading the residual early, but
-triggering first at 2 rows (the STANDALONE draft) and 8 rows (the verify) was slower: draft graph
-2.670 -> 2.746 ms, verify 4.197 -> 4.40 (`bench/results/explore/session23.json`)."""
+3.829-3.832 -> 3.761-3.774 ms with the trigger on (in one process, alternating), but triggering
+first at 2 rows (the STANDALONE draft) and 8 rows (the verify) was slower: draft graph 2.670 ->
+2.746 ms, verify 4.197 -> 4.40 (`bench/results/explore/session23.json`)."""
 
 
 def trigger_first(rows: int) -> bool:
@@ -231,7 +230,7 @@ def add_rmsnorm(x: torch.Tensor, delta: "torch.Tensor | SplitKParts", weight: to
     GEMV's unreduced `SplitKParts` (of x's dtype): summed here as the GEMV's reduce would, which
     saves that kernel.
 
-    `between_gemvs` (the fast forward's norms after the first) is the caller's promise, under
+    `between_gemvs` (the fast forward's norms inside its layers, but the first) is the caller's promise, under
     programmatic dependent launch, that (1) `x` was written by a norm at least three launches back,
     each launch in between a kernel that cannot finish before the one ahead of it (its programs
     wait on it: the layer's GEMVs and attention), so `x` is complete once the kernel ahead of this
