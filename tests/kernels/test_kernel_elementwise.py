@@ -85,7 +85,7 @@ def test_trigger_first_switch(monkeypatch):
     monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "1")
     assert ew.trigger_first(8)
     monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "yes")
-    with pytest.raises(ValueError, match="SPEC_NORM_TRIGGER_FIRST must be 'auto', '0' or '1', got 'yes'"):
+    with pytest.raises(ValueError, match="SPEC_NORM_TRIGGER_FIRST must be 'auto', '1' or '0', got 'yes'"):
         ew.trigger_first(1)
 
 

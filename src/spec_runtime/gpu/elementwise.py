@@ -14,15 +14,13 @@ CUDA graph each tiny op still costs a few microseconds, so these fuse them:
 Every launcher reads shapes and strides only (no values): capturable.
 """
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._common import pdl_options
+from spec_runtime.kernels._common import auto_switch, pdl_options
 from spec_runtime.kernels.gemv import SplitKParts
 
 __all__ = [
@@ -131,10 +129,7 @@ first at 2 rows (the STANDALONE draft) and 8 rows (the verify) was slower: draft
 
 def trigger_first(rows: int) -> bool:
     """Whether an add + RMSNorm between two GEMVs of `rows` rows triggers before its wait."""
-    mode = os.environ.get(TRIGGER_FIRST_ENV, "auto")
-    if mode not in ("auto", "0", "1"):
-        raise ValueError(f"{TRIGGER_FIRST_ENV} must be 'auto', '0' or '1', got {mode!r}")
-    return mode == "1" or (mode == "auto" and rows <= TRIGGER_FIRST_ROWS)
+    return auto_switch(TRIGGER_FIRST_ENV, rows <= TRIGGER_FIRST_ROWS)
 
 
 def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float, between_gemvs: bool = False):

@@ -86,6 +86,13 @@ def require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def auto_switch(env: str, auto: bool) -> bool:
+    """An on/off switch read from `env` at each call: "1" on, "0" off, "auto" (the default) `auto`."""
+    mode = os.environ.get(env, "auto")
+    require(mode in ("auto", "1", "0"), f"{env} must be 'auto', '1' or '0', got {mode!r}")
+    return auto if mode == "auto" else mode == "1"
+
+
 def check_tensor(
     name: str,
     t: torch.Tensor,

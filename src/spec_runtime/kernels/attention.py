@@ -44,6 +44,7 @@ from spec_runtime.attention import AttnBatch, torch_attention
 from spec_runtime.kernels._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    auto_switch,
     cdiv,
     check_head_dim,
     check_tensor,
@@ -574,23 +575,16 @@ def merge_mode(rows: int) -> str:
     return mode
 
 
-def _auto_switch(env: str, auto: bool) -> bool:
-    """An on/off switch read from `env` at each call: "1" on, "0" off, "auto" (the default) `auto`."""
-    mode = os.environ.get(env, "auto")
-    require(mode in ("auto", "1", "0"), f"{env} must be 'auto', '1' or '0', got {mode!r}")
-    return auto if mode == "auto" else mode == "1"
-
-
 def skip_empty_mode(rows: int) -> bool:
     """Whether a call with `rows` query rows skips empty prefix splits (`SKIP_EMPTY_ENV`, default
     "auto": calls of more than `SKIP_EMPTY_MIN_ROWS` rows; never with the fused merge)."""
-    return _auto_switch(SKIP_EMPTY_ENV, rows > SKIP_EMPTY_MIN_ROWS)
+    return auto_switch(SKIP_EMPTY_ENV, rows > SKIP_EMPTY_MIN_ROWS)
 
 
 def early_kv_mode(rows: int) -> bool:
     """Whether a call with `rows` query rows loads its first committed K/V tile before the PDL wait
     (`SPEC_ATTN_EARLY_KV`, default "auto": up to `EARLY_KV_ROWS` rows)."""
-    return _auto_switch(EARLY_KV_ENV, rows <= EARLY_KV_ROWS)
+    return auto_switch(EARLY_KV_ENV, rows <= EARLY_KV_ROWS)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
