@@ -7,10 +7,19 @@ when it is unset. Depends on torch, jaxtyping, beartype and pydantic only.
 """
 
 from . import _strict
-from ._contract import BOUNDARY_CALLS, boundary, check, reference_checker, standing_aside
+from ._contract import (
+    BOUNDARY_CALLS,
+    boundary,
+    check,
+    check_merge,
+    reference_checker,
+    standing_aside,
+    view_of,
+)
 from .config import TRAITS, AlgorithmTraits, ModelDims, SpecAlgorithm, SpecConfig, max_tree_nodes, traits
 from .errors import SpecContractError
 from .phases import DraftExtendInput, DraftInput, HiddenFloat, VerifyInput, VerifyOutput
+from .policy import IndexPolicy
 from .widths import Width, hidden_width
 
 STRICT_LEVEL: int = _strict.LEVEL
@@ -39,6 +48,9 @@ __all__ = [
     "boundary",
     "BOUNDARY_CALLS",
     "check",
+    "check_merge",
+    "view_of",
+    "IndexPolicy",
     "reference_checker",
     "standing_aside",
 ]

@@ -26,6 +26,7 @@ from . import _strict
 from ._plan import Bound, Context, check_fields, plan_for
 from .config import SpecConfig
 from .errors import SpecContractError
+from .policy import IndexPolicy
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,6 +81,7 @@ def _check(
     ctx: Context,
     getter: Callable[[Any, str], Any],
     values: bool,
+    policy: Optional[IndexPolicy] = None,
 ) -> None:
     plan = plan_for(cls)
     bound: Bound = {}
@@ -88,7 +90,7 @@ def _check(
         axes, expect = _config_facts(cls, config)
         bound = dict(axes)
     try:
-        nested = check_fields(obj, plan, ctx, bound, getter, expect)
+        nested = check_fields(obj, plan, ctx, bound, getter, expect, policy.plans(cls) if policy else None)
     except SpecContractError as err:
         raise err from _reference_verdict(obj, cls, getter)
     host = getattr(cls, "_host_problem", None)
@@ -99,7 +101,7 @@ def _check(
         if config is not None and getattr(value, "_spec_checked", None) is config:
             continue
         _check(value, f.phase_cls, config, Context(f"{ctx.cls_name}.{f.name}", ctx.producer, ctx.consumer),
-               getattr, values)
+               getattr, values, policy.nested(f.name) if policy else None)
     if values:
         _check_values(obj, cls, config, ctx, getter)
 
@@ -181,18 +183,56 @@ def check(
     values: Optional[bool] = None,
     producer: Optional[str] = None,
     consumer: Optional[str] = None,
+    index_dtypes: Optional[IndexPolicy] = None,
 ) -> None:
     """Check any object with the fields of phase class `cls` against the contract.
 
     `obj` may be a foreign engine's own class: its attributes are read by our field names, or through
     `mapping` (our field name -> its attribute name). With `config`, the config-known sizes (hidden
     widths, vocab, topk, num_draft ...) and the width rule's dtypes and None-ness are checked too.
-    `values` adds the value invariants (default: only at SPEC_STRICT=2). Runs whatever SPEC_STRICT
-    says; raises `SpecContractError`.
+    `values` adds the value invariants (default: only at SPEC_STRICT=2). `index_dtypes` is an
+    engine's declared `IndexPolicy`: the index dtypes its layout uses where the contract's own
+    layout has int64 (or int32) (no other check changes). Runs whatever SPEC_STRICT says; raises
+    `SpecContractError`.
     """
+    if index_dtypes is not None and index_dtypes.cls is not cls:
+        raise TypeError(f"index_dtypes is a policy for {index_dtypes.cls.__name__}, not {cls.__name__}")
     getter = getattr if isinstance(obj, cls) else _foreign_getter(cls, mapping or {})
     ctx = Context(cls.__name__, producer, consumer)
-    _check(obj, cls, config, ctx, getter, _strict.LEVEL >= 2 if values is None else values)
+    _check(obj, cls, config, ctx, getter, _strict.LEVEL >= 2 if values is None else values, index_dtypes)
+
+
+def check_merge(left: Any, right: Any, cls: type, *, mapping: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse a merge of two batches whose tensor fields differ in dtype (one dtype per field).
+
+    `torch.cat` promotes mixed index dtypes (int32 with int64) silently; an engine's `merge_batch`
+    calls this first. A field absent or None on either side is skipped (presence is the field
+    check's business). Runs whatever SPEC_STRICT says; raises `SpecContractError`.
+    """
+    lget = getattr if isinstance(left, cls) else _foreign_getter(cls, mapping or {})
+    rget = getattr if isinstance(right, cls) else _foreign_getter(cls, mapping or {})
+    for f in plan_for(cls).fields:
+        if f.kind != "tensor":
+            continue
+        a, b = lget(left, f.name), rget(right, f.name)
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype != b.dtype:
+            raise SpecContractError(
+                f"{cls.__name__}.merge_batch: {f.name} is {a.dtype} on the left and {b.dtype} on the right; "
+                "one dtype per field across a merge (torch.cat would promote silently)",
+                cls_name=cls.__name__, field=f.name,
+            )
+
+
+def view_of(cls: type[T], fields: Mapping[str, Any]) -> T:
+    """An instance of phase class `cls` holding `fields` as they are, without the construction check.
+
+    For adapters presenting an engine's tensors as the contract's fields (views, never copies):
+    `check` the view first, with the engine's `IndexPolicy`, then hand it on.
+    """
+    obj = object.__new__(cls)
+    for f in plan_for(cls).fields:
+        object.__setattr__(obj, f.name, fields.get(f.name))
+    return obj
 
 
 def _foreign_getter(cls: type, mapping: Mapping[str, str]) -> Callable[[Any, str], Any]:

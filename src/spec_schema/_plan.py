@@ -111,16 +111,21 @@ def check_fields(
     bound: Bound,
     getter: Callable[[Any, str], Any],
     expect: Mapping[str, tuple[Any, str]],
+    index_dtypes: Optional[Mapping[str, FieldPlan]] = None,
 ) -> list[tuple[FieldPlan, Any]]:
     """Check every field's type, rank, dtype, device and axes; return the nested phase objects.
 
     `bound` starts with the config-known axes and collects the rest; `expect` maps a field to a
     required (dtype or None, origin) from the config (the width rule's dtype, or None for
-    algorithms that never carry the field). Hot path: a few comparisons per tensor, no value reads.
+    algorithms that never carry the field); `index_dtypes` replaces the plans of index fields
+    whose dtype an engine's policy declares (`IndexPolicy.plans`). Hot path: a few comparisons per
+    tensor, no value reads.
     """
     device = None
     nested = []
     for f in plan.fields:
+        if index_dtypes:
+            f = index_dtypes.get(f.name, f)
         value = getter(obj, f.name)
         want = expect.get(f.name) if expect else None
         if value is None:
