@@ -1,4 +1,5 @@
-"""Fault injection for the bug zoo: each historical bug class of DESIGN.md, re-injectable on demand.
+"""Fault injection for the bug zoo: each historical bug class of DESIGN.md, re-injectable on demand,
+and the planted sampling bugs the statistical tests must detect (`SAMPLING_FAULTS`).
 
 Normal runs never enable a fault: `active()` is a set lookup that is False unless a test entered
 `inject(...)`. Each fault is injected at one marked site in the runtime (grep for its name).
@@ -21,6 +22,14 @@ FAULTS: dict[str, str] = {
     "accept_counts_drafts_only": "drafts-only accept counts are used where bonus-included counts belong",
 }
 
+# Bugs the contract cannot see: shapes and dtypes stay right, only the law of the sampled tokens
+# changes. Not bug-zoo cases (their greedy scenario is blind to them): the statistical tests of
+# tests/runtime/test_engine_sampling_chain.py must fail with each one injected.
+SAMPLING_FAULTS: dict[str, str] = {
+    "chain_coin_reused": "sampled verification reuses one coin for every acceptance test along a path",
+    "accept_ratio_1_3x": "sampled verification accepts a draft with min(1, 1.3 * target/draft) (not target/draft)",
+}
+
 _ACTIVE: set[str] = set()
 
 
@@ -32,8 +41,8 @@ def active(name: str) -> bool:
 @contextlib.contextmanager
 def inject(name: str) -> Iterator[None]:
     """Enable one fault for the duration of the block."""
-    if name not in FAULTS:
-        raise KeyError(f"unknown fault {name!r}; known: {sorted(FAULTS)}")
+    if name not in FAULTS and name not in SAMPLING_FAULTS:
+        raise KeyError(f"unknown fault {name!r}; known: {sorted(FAULTS) + sorted(SAMPLING_FAULTS)}")
     _ACTIVE.add(name)
     try:
         yield

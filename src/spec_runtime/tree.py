@@ -21,6 +21,7 @@ Tree layout (DESIGN.md): node 0 is the root (the bonus token); node ``i >= 1`` i
 
 import torch
 
+from spec_runtime import faults
 from spec_runtime.sampling import sample_from_probs
 
 __all__ = [
@@ -531,6 +532,8 @@ def _accept_child(q_cur, candidates, is_child, rank, u):
     """One level of tree sampling over the children with distinct tokens: (found (bs,), child (bs,))."""
     n, vocab = candidates.shape[1], q_cur.shape[1]
     mass = torch.where(is_child, q_cur.gather(1, candidates.clamp(0, vocab - 1)), 0.0)
+    if faults.active("accept_ratio_1_3x"):  # bug zoo: each child accepted with 1.3 x its target mass
+        mass = mass * 1.3
     # prob_acc in try order; a sequential cumsum of non-negatives is monotone even when rounded.
     order = torch.sort(torch.where(is_child, rank, n), dim=1, stable=True).indices
     running = torch.cumsum(mass.gather(1, order), dim=1)
@@ -582,6 +585,8 @@ def verify_chain_rejection(
     tokens, p, q = draft_tokens.long(), draft_probs.float(), target_probs.float()
     p_x = p.gather(2, tokens[:, :, None]).squeeze(2)
     q_x = q[:, :k].gather(2, tokens[:, :, None]).squeeze(2)
+    if faults.active("accept_ratio_1_3x"):  # bug zoo: accept with min(1, 1.3 q/p)
+        q_x = q_x * 1.3
     # q >= p: always accept draft token; q < p: accept with probability q/p (u * p < q).
     # A token the target gives no mass is never accepted.
     accept = (q_x > 0) & ((q_x >= p_x) | (uniform.float() * p_x < q_x))

@@ -273,16 +273,19 @@ def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor, predict: Option
         predicts, accept_index, num_correct = greedy(*trees, predict, steps)
         return accept_index, _tokens_at(predicts, accept_index), num_correct
     probs = ops.probs(logits, c.temperature, c.top_k, c.top_p)
+    uniforms = c.uniforms
+    if faults.active("chain_coin_reused"):  # bug zoo: one coin for every node (every level of a path)
+        uniforms = uniforms[:, :1].expand_as(uniforms)
     if c.draft_probs is not None:
         tokens, num_correct = verify_chain_rejection(
-            c.draft_token[:, 1:], c.draft_probs[:, : n - 1], probs, c.uniforms[:, : n - 1], c.uniform_final
+            c.draft_token[:, 1:], c.draft_probs[:, : n - 1], probs, uniforms[:, : n - 1], c.uniform_final
         )
         # A chain's accepted nodes are its first num_correct + 1 rows.
         cols = torch.arange(n, device=logits.device)
         index = torch.where(cols <= num_correct[:, None].long(), c.retrieve_index, -1)
         return index, tokens, num_correct
     tree_sampling = ops.verify_tree_sampling or verify_tree_sampling
-    predicts, accept_index, num_correct = tree_sampling(*trees, probs, c.uniforms, c.uniform_final, steps)
+    predicts, accept_index, num_correct = tree_sampling(*trees, probs, uniforms, c.uniform_final, steps)
     return accept_index, _tokens_at(predicts, accept_index), num_correct
 
 
