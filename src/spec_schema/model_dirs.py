@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
+from pydantic import ValidationError
 
 from .config import ModelDims, SpecAlgorithm, SpecConfig
 
@@ -85,8 +86,12 @@ def _dims(model_dir: Path, dtype: Optional[Union[str, torch.dtype]]) -> ModelDim
         return ModelDims.from_hf_config(config, dtype=dtype)
     except KeyError as error:
         raise ValueError(f"{model_dir / 'config.json'}: missing key {error.args[0]!r}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"{model_dir / 'config.json'}: {field + ': ' if field else ''}{first['msg']}") from None
     except ValueError as error:
-        raise ValueError(f"{model_dir / 'config.json'}: {error}".splitlines()[0]) from None
+        raise ValueError(f"{model_dir / 'config.json'}: {error}") from None
 
 
 def check_eagle3_fc(target: ModelDims, head: ModelDims, head_dir: PathLike) -> None:

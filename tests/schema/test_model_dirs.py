@@ -99,6 +99,9 @@ def test_errors_name_the_file(tmp_path):
     target = model_dir(tmp_path, "t", {k: v for k, v in LLAMA.items() if k != "vocab_size"}, {})
     with pytest.raises(ValueError, match=re.escape(f"{target / 'config.json'}: missing key 'vocab_size'")):
         SpecConfig.from_model_dirs("STANDALONE", target, target, **TREE)
+    zero = model_dir(tmp_path, "z", {**LLAMA, "hidden_size": 0}, {})
+    with pytest.raises(ValueError, match=re.escape(f"{zero / 'config.json'}: hidden_size: Input should be greater than 0")):
+        SpecConfig.from_model_dirs("STANDALONE", zero, zero, **TREE)
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(struct.pack("<Q", 50) + b"{not json")
     with pytest.raises(ValueError, match=re.escape(f"{bad}: unreadable safetensors header: header truncated: 9 of 50 bytes")):
