@@ -83,7 +83,7 @@ def contract_showcase() -> str:
     cfg = ss.SpecConfig(
         algorithm="EAGLE3",
         target=ss.ModelDims(hidden_size=4096, vocab_size=128256, num_hidden_layers=32),
-        draft=ss.ModelDims(hidden_size=2048, vocab_size=128256, draft_vocab_size=32000),
+        draft=ss.ModelDims(hidden_size=2048, vocab_size=128256, draft_vocab_size=32000, target_hidden_size=4096),
         num_steps=5, topk=4, num_draft_tokens=8,
     )
     live = torch.zeros(2, 2048, dtype=torch.bfloat16)  # the draft's own width, as the draft produced it

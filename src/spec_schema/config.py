@@ -117,6 +117,11 @@ class ModelDims(BaseModel):
     num_aux_hidden_states: Optional[PositiveInt] = Field(
         None, description="EAGLE-3 head: number of aux layers, when the ids are not given"
     )
+    hc_mult: PositiveInt = Field(
+        1,
+        description="mHC hidden multiplier (DeepSeek-V4): the hidden stream this model hands across "
+        "the target-draft boundary is hidden_size x hc_mult wide",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelDims":
@@ -139,6 +144,11 @@ class ModelDims(BaseModel):
         return _TORCH_DTYPES[self.dtype]
 
     @property
+    def spec_hidden_size(self) -> int:
+        """Width of the hidden stream that crosses the target-draft boundary: hidden_size x hc_mult."""
+        return self.hidden_size * self.hc_mult
+
+    @property
     def num_aux(self) -> int:
         """Aux layers an EAGLE-3 head reads: from the ids, else the count, else 3."""
         if self.aux_layer_ids is not None:
@@ -152,7 +162,8 @@ class ModelDims(BaseModel):
         Reads `hidden_size`, `vocab_size`, `num_hidden_layers`, `torch_dtype`/`dtype`, and for
         EAGLE-3 heads `target_hidden_size`, `draft_vocab_size`, `num_aux_hidden_states` and
         `eagle_config.{eagle_aux_hidden_state_layer_ids, use_aux_hidden_state}`. `dtype` overrides
-        the config's dtype (the dtype the model will run in).
+        the config's dtype (the dtype the model will run in). `hc_mult` is read only for the
+        architectures whose engines widen the boundary stream by it (`HC_STREAM_ARCHITECTURES`).
         """
         d = _as_dict(cfg)
         eagle = d.get("eagle_config") or {}
@@ -167,7 +178,23 @@ class ModelDims(BaseModel):
             use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
             aux_layer_ids=tuple(ids) if ids else None,
             num_aux_hidden_states=d.get("num_aux_hidden_states"),
+            hc_mult=_hc_mult(d),
         )
+
+
+# sglang 0.5.23 srt/configs/model_config.py `resolve_spec_hidden_size`: DeepSeek-V4 and Qwen4-Exp carry
+# the hc-flattened stream across the target->draft boundary; other hc models (HY V4) collapse it first.
+# vLLM 0.33.0 v1/spec_decode/llm_base_proposer.py widens by hc_mult for DeepSeek-V4 configs only.
+HC_STREAM_ARCHITECTURES = frozenset({
+    "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark",
+    "Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLMMTP",
+})
+
+
+def _hc_mult(d: Mapping[str, Any]) -> int:
+    arch = (d.get("architectures") or [None])[0]
+    mult = int(d.get("hc_mult") or 1)
+    return mult if arch in HC_STREAM_ARCHITECTURES and mult > 1 else 1
 
 
 def _as_dict(cfg: Any) -> dict[str, Any]:
@@ -216,6 +243,7 @@ class SpecConfig(BaseModel):
         self._check_tree()
         self._check_vocab()
         self._check_aux()
+        self._check_widths()
         return self
 
     def _check_tree(self) -> None:
@@ -261,6 +289,37 @@ class SpecConfig(BaseModel):
         bad = [i for i in ids if not 0 <= i < layers]
         if bad:
             raise ValueError(f"aux_layer_ids {bad} are outside the target's {layers} layers")
+
+    def _check_widths(self) -> None:
+        # Both engines size the draft's input from the *draft* config (sglang eagle_utils.
+        # get_draft_input_from_target_hidden_dim; vLLM llm_base_proposer / llama_eagle3): a config
+        # where that differs from what the target produces crashes them, so it is rejected here.
+        alg, t, d = self.algorithm.value, self.target, self.draft
+        if not self.traits.draft_reads_hidden:
+            return
+        if not self.use_aux:
+            if t.spec_hidden_size != d.spec_hidden_size:
+                raise ValueError(
+                    f"{alg}{' (aux off)' if self.traits.has_aux_layers else ''}: the draft reads the "
+                    f"target's hidden states of width {t.spec_hidden_size} as its own width "
+                    f"{d.spec_hidden_size} (hidden_size x hc_mult); sglang and vLLM size that input "
+                    "from the draft config, so the draft's width must equal the target's"
+                )
+            return
+        if d.target_hidden_size is None and d.hidden_size != t.hidden_size:
+            raise ValueError(
+                f"{alg}: the head (hidden size {d.hidden_size}) has no target_hidden_size, so sglang "
+                f"and vLLM size its fc input as {d.hidden_size} x {self.num_aux} aux layers, but the "
+                f"target captures {t.hidden_size} x {self.num_aux}; set target_hidden_size={t.hidden_size}"
+            )
+
+    @classmethod
+    def from_model_dirs(cls, algorithm: SpecAlgorithm | str, target_dir: Any, draft_dir: Any, **kwargs: Any) -> "SpecConfig":
+        """From a target and a draft directory: config.json and safetensors headers only, no weights
+        read (see `spec_schema.model_dirs.spec_config_from_model_dirs` for the keyword arguments)."""
+        from .model_dirs import spec_config_from_model_dirs
+
+        return spec_config_from_model_dirs(algorithm, target_dir, draft_dir, **kwargs)
 
     @property
     def traits(self) -> AlgorithmTraits:

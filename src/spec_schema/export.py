@@ -190,12 +190,16 @@ _WIDTH_TERMS = {
     "else 3",
     "draft.target_hidden_size or target.hidden_size": "an EAGLE-3 head's target_hidden_size when set, "
     "else the target's hidden_size",
+    "hc_mult": "mHC hidden multiplier (DeepSeek-V4): a model's boundary stream is hidden_size x hc_mult "
+    "wide; 1 elsewhere",
 }
 
 _WIDTH_CANDIDATES: tuple[tuple[Optional[str], Callable[[SpecConfig], Optional[int]]], ...] = (
     (None, lambda c: None),
     ("draft.hidden_size", lambda c: c.draft.hidden_size),
     ("target.hidden_size", lambda c: c.target.hidden_size),
+    ("draft.hidden_size * draft.hc_mult", lambda c: c.draft.hidden_size * c.draft.hc_mult),
+    ("target.hidden_size * target.hc_mult", lambda c: c.target.hidden_size * c.target.hc_mult),
     (
         "draft.target_hidden_size or target.hidden_size",
         lambda c: c.draft.target_hidden_size or c.target.hidden_size,
@@ -206,6 +210,16 @@ _WIDTH_CANDIDATES: tuple[tuple[Optional[str], Callable[[SpecConfig], Optional[in
         lambda c: (c.draft.target_hidden_size or c.target.hidden_size) * c.draft.num_aux,
     ),
 )
+
+
+def _width_candidates(phase: str) -> Any:
+    """Candidates in order of preference: where SpecConfig makes the two models' widths equal (EAGLE,
+    EAGLE-3 aux off), the phase's own producer names the width: the draft's in the decode phase,
+    the target's in the extend phase."""
+    if phase == "draft":
+        return _WIDTH_CANDIDATES
+    return tuple(sorted(_WIDTH_CANDIDATES, key=lambda tc: (tc[0] or "").startswith("draft.hidden")))
+
 
 _DTYPE_CANDIDATES: tuple[tuple[Optional[str], Callable[[SpecConfig], Optional[torch.dtype]]], ...] = (
     (None, lambda c: None),
@@ -223,17 +237,24 @@ def _rule_rows() -> list[tuple[SpecAlgorithm, Optional[bool]]]:
 
 
 def _probes(alg: SpecAlgorithm, aux: Optional[bool]) -> list[SpecConfig]:
-    """Configs of one row that tell the candidate expressions apart (distinct widths and dtypes)."""
+    """Configs of one row that tell the candidate expressions apart (distinct widths and dtypes).
+
+    Where SpecConfig requires the draft's boundary width to equal the target's (EAGLE, EAGLE-3 aux
+    off), the hidden sizes still differ: the two streams are widened by different hc_mult."""
     configs = []
     auxes = (True, False) if aux is None else (aux,)
     dtypes = (("float32", "bfloat16"), ("bfloat16", "float16"))
     aux_sources: tuple[dict[str, Any], ...] = ({}, {"num_aux_hidden_states": 5}, {"aux_layer_ids": (1, 3, 5, 6)})
+    equal = traits(alg).draft_reads_hidden and not (aux and traits(alg).has_aux_layers)
+    t_hidden, t_mult, d_hidden = (384, 4, 768) if equal else (640, 1, 384)
     # A head's target_hidden_size, when set, must equal the target's hidden size (SpecConfig checks it).
-    grid = itertools.product(auxes, (None, 640), dtypes, aux_sources)
+    heads = (None, t_hidden) if equal or not traits(alg).has_aux_layers else (t_hidden,)
+    grid = itertools.product(auxes, heads, dtypes, aux_sources)
     for use_aux, head_target, (t_dtype, d_dtype), source in grid:
-        target = ModelDims(hidden_size=640, vocab_size=1000, dtype=t_dtype, num_hidden_layers=8)
-        draft = ModelDims(hidden_size=384, vocab_size=1000, dtype=d_dtype, target_hidden_size=head_target,
-                          use_aux_hidden_state=use_aux, **source)
+        target = ModelDims(hidden_size=t_hidden, vocab_size=1000, dtype=t_dtype, num_hidden_layers=8,
+                           hc_mult=t_mult)
+        draft = ModelDims(hidden_size=d_hidden, vocab_size=1000, dtype=d_dtype, target_hidden_size=head_target,
+                          use_aux_hidden_state=use_aux, hc_mult=2, **source)
         configs.append(
             SpecConfig(algorithm=alg, target=target, draft=draft, num_steps=3, topk=2, num_draft_tokens=6)
         )
@@ -256,7 +277,7 @@ def _width_rule(phase: str) -> dict[str, Any]:
         label = f"{alg.value} {phase} phase" + ("" if aux is None else f" (aux {'on' if aux else 'off'})")
         row: dict[str, Any] = {
             "algorithm": alg.value,
-            "width": _solve(_WIDTH_CANDIDATES, probes, lambda c: hidden_width(c, phase).size, label + " width"),
+            "width": _solve(_width_candidates(phase), probes, lambda c: hidden_width(c, phase).size, label + " width"),
             "dtype": _solve(_DTYPE_CANDIDATES, probes, lambda c: hidden_width(c, phase).dtype, label + " dtype"),
         }
         if aux is not None:

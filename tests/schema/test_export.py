@@ -42,7 +42,7 @@ def _config(name: str) -> SpecConfig:
     if name == "EAGLE3":
         target = ModelDims(hidden_size=64, vocab_size=VOCAB, dtype="bfloat16", num_hidden_layers=8)
         draft = ModelDims(hidden_size=48, vocab_size=VOCAB, dtype="float16", draft_vocab_size=96,
-                          aux_layer_ids=(1, 4, 5))
+                          aux_layer_ids=(1, 4, 5), target_hidden_size=64)
         return SpecConfig(algorithm="EAGLE3", target=target, draft=draft, num_steps=3, topk=2, num_draft_tokens=6)
     if name == "STANDALONE":
         target = ModelDims(hidden_size=64, vocab_size=VOCAB, dtype="float32")
@@ -356,17 +356,17 @@ def _rows(cls: type, path: str = "hidden_states") -> dict[tuple[str, Any], tuple
 
 def test_width_rule_as_data_matches_the_design_table():
     assert _rows(DraftInput) == {
-        ("EAGLE", None): ("draft.hidden_size", "draft.dtype"),
-        ("EAGLE3", True): ("draft.hidden_size", "draft.dtype"),
-        ("EAGLE3", False): ("draft.hidden_size", "draft.dtype"),
+        ("EAGLE", None): ("draft.hidden_size * draft.hc_mult", "draft.dtype"),
+        ("EAGLE3", True): ("draft.hidden_size * draft.hc_mult", "draft.dtype"),
+        ("EAGLE3", False): ("draft.hidden_size * draft.hc_mult", "draft.dtype"),
         ("STANDALONE", None): (None, None),
     }
     assert _rows(DraftExtendInput) == {
-        ("EAGLE", None): ("target.hidden_size", "target.dtype"),
+        ("EAGLE", None): ("target.hidden_size * target.hc_mult", "target.dtype"),
         # a head's target_hidden_size must equal the target's (SpecConfig validates it), so the rule
         # reads the target's hidden size
         ("EAGLE3", True): ("target.hidden_size * num_aux", "target.dtype"),
-        ("EAGLE3", False): ("target.hidden_size", "target.dtype"),
+        ("EAGLE3", False): ("target.hidden_size * target.hc_mult", "target.dtype"),
         ("STANDALONE", None): (None, None),
     }
     assert _rows(VerifyOutput, "draft_extend_input.hidden_states") == _rows(DraftExtendInput)

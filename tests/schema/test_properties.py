@@ -431,13 +431,13 @@ def _eagle3(target: int, draft: int, **head) -> SpecConfig:
     ("config", "draft", "extend"),
     [
         (example_config("STANDALONE", target_hidden=4096, draft_hidden=2048), None, None),
-        (example_config("EAGLE", target_hidden=4096, draft_hidden=2048), 2048, 4096),
-        (example_config("EAGLE", target_hidden=4480, draft_hidden=2048), 2048, 4480),
-        (_eagle3(4096, 2048), 2048, 4096 * 3),  # aux count defaults to 3
-        (_eagle3(4096, 2048, num_aux_hidden_states=4), 2048, 4096 * 4),
-        (_eagle3(4096, 2048, aux_layer_ids=(1, 30)), 2048, 4096 * 2),
+        (example_config("EAGLE", target_hidden=4096), 4096, 4096),
+        (example_config("EAGLE", target_hidden=4480), 4480, 4480),
+        (_eagle3(4096, 2048, target_hidden_size=4096), 2048, 4096 * 3),  # aux count defaults to 3
+        (_eagle3(4096, 2048, target_hidden_size=4096, num_aux_hidden_states=4), 2048, 4096 * 4),
+        (_eagle3(4096, 2048, target_hidden_size=4096, aux_layer_ids=(1, 30)), 2048, 4096 * 2),
         (_eagle3(4480, 2048, target_hidden_size=4480, aux_layer_ids=(2, 16, 29)), 2048, 4480 * 3),
-        (_eagle3(4096, 2048, use_aux_hidden_state=False), 2048, 4096),
+        (_eagle3(4096, 4096, use_aux_hidden_state=False), 4096, 4096),
     ],
     ids=[
         "standalone",
@@ -463,7 +463,9 @@ def test_width_rule_on_the_historical_configs(config, draft, extend):
 @by_algorithm
 @given(data=st.data())
 def test_historical_pairs_merge_idle_with_live(algorithm, cls, pair, data):
-    config = example_config(algorithm, target_hidden=pair[0], draft_hidden=pair[1])
+    # An EAGLE head is as wide as its target (SpecConfig rejects the pair, as the engines would).
+    eagle = SpecAlgorithm(algorithm) is SpecAlgorithm.EAGLE
+    config = example_config(algorithm, target_hidden=pair[0], draft_hidden=None if eagle else pair[1])
     live = data.draw(phase_inputs(cls, config, bs=LIVE), label="live")
     idle = idle_like(cls, config, live)
     for merged in (idle.merge_batch(live), live.merge_batch(idle)):
@@ -482,7 +484,7 @@ def _config(algorithm="EAGLE", target=None, draft=None, **tree) -> SpecConfig:
     return SpecConfig(
         algorithm=algorithm,
         target=target or ModelDims(hidden_size=64, vocab_size=128),
-        draft=draft or ModelDims(hidden_size=32, vocab_size=128),
+        draft=draft or ModelDims(hidden_size=64, vocab_size=128),
         **tree,
     )
 
@@ -537,6 +539,23 @@ def test_config_topk_1_is_a_chain_of_num_steps_plus_1(num_steps, n):
             },
             "aux_layer_ids [8] are outside the target's 8 layers",
         ),
+        (
+            {"draft": ModelDims(hidden_size=32, vocab_size=128)},
+            "EAGLE: the draft reads the target's hidden states of width 64 as its own width 32",
+        ),
+        (
+            {
+                "algorithm": "EAGLE3",
+                "draft": ModelDims(hidden_size=32, vocab_size=128, use_aux_hidden_state=False,
+                                   target_hidden_size=64),
+            },
+            "EAGLE3 (aux off): the draft reads the target's hidden states of width 64 as its own width 32",
+        ),
+        (
+            {"algorithm": "EAGLE3", "draft": ModelDims(hidden_size=32, vocab_size=128, num_aux_hidden_states=2)},
+            "EAGLE3: the head (hidden size 32) has no target_hidden_size, so sglang and vLLM size its fc "
+            "input as 32 x 2 aux layers, but the target captures 64 x 2; set target_hidden_size=64",
+        ),
     ],
     ids=[
         "tiny-tree",
@@ -545,6 +564,9 @@ def test_config_topk_1_is_a_chain_of_num_steps_plus_1(num_steps, n):
         "target-draft-vocab",
         "eagle-draft-vocab",
         "aux-range",
+        "eagle-narrow-head",
+        "eagle3-aux-off-narrow-head",
+        "eagle3-no-target-hidden-size",
     ],
 )
 def test_config_messages(kwargs, message):

@@ -87,7 +87,7 @@ def example_config(
     algorithm: Union[SpecAlgorithm, str] = SpecAlgorithm.EAGLE,
     *,
     target_hidden: int = 64,
-    draft_hidden: int = 32,
+    draft_hidden: Optional[int] = None,
     vocab: int = 128,
     num_steps: int = 3,
     topk: int = 2,
@@ -99,13 +99,18 @@ def example_config(
 ) -> SpecConfig:
     """A small deterministic config with mismatched widths and dtypes (target 64 f32, draft 32 bf16).
 
-    EAGLE-3 heads get `num_aux_hidden_states = num_aux` (None: the default of 3) and a draft
-    vocabulary of `draft_vocab` (default: half the vocabulary).
+    `draft_hidden` None: 32, except for EAGLE, whose head must be as wide as its target (SpecConfig
+    rejects anything else, as the engines would). EAGLE-3 heads get `target_hidden_size`,
+    `num_aux_hidden_states = num_aux` (None: the default of 3) and a draft vocabulary of
+    `draft_vocab` (default: half the vocabulary).
     """
     algorithm = SpecAlgorithm(algorithm)
+    if draft_hidden is None:
+        draft_hidden = target_hidden if algorithm is SpecAlgorithm.EAGLE else 32
     head: dict[str, Any] = {}
     if algorithm is SpecAlgorithm.EAGLE3:
-        head = {"draft_vocab_size": draft_vocab or max(1, vocab // 2), "num_aux_hidden_states": num_aux}
+        head = {"draft_vocab_size": draft_vocab or max(1, vocab // 2), "num_aux_hidden_states": num_aux,
+                "target_hidden_size": target_hidden}
     return SpecConfig(
         algorithm=algorithm,
         target=ModelDims(
@@ -137,11 +142,13 @@ def spec_configs(
 ) -> SpecConfig:
     """Valid `SpecConfig`s of the given algorithms.
 
-    `mismatched=True`: target and draft hidden sizes always differ (4096/2048, 4480/2048, or small
-    multiples of 8 in 16..96); `False`: they are equal. EAGLE-3 heads read 2-4 aux layers (given as
-    `aux_layer_ids`, `num_aux_hidden_states`, both, or neither: the default 3), sometimes carry
-    `target_hidden_size`, always have a draft vocabulary smaller than the target's, and have aux
-    capture on or off. num_steps 1-5, topk 1-4, num_draft_tokens valid for both; each model's dtype
+    `mismatched=True`: target and draft hidden sizes differ (4096/2048, 4480/2048, or small
+    multiples of 8 in 16..96) wherever the engines allow it: an EAGLE head, and an EAGLE-3 head with
+    aux capture off, read the target's stream as their own width, so theirs are equal (see
+    `SpecConfig`); `False`: they are equal. EAGLE-3 heads read 2-4 aux layers (given as
+    `aux_layer_ids`, `num_aux_hidden_states`, both, or neither: the default 3), carry
+    `target_hidden_size` when their width differs (sometimes when it does not), always have a draft
+    vocabulary smaller than the target's, and have aux capture on or off. num_steps 1-5, topk 1-4, num_draft_tokens valid for both; each model's dtype
     is drawn on its own from float32/bfloat16/float16.
     """
     algorithm = SpecAlgorithm(draw(st.sampled_from([SpecAlgorithm(a) for a in algorithms])))
@@ -169,8 +176,10 @@ def spec_configs(
             head["num_aux_hidden_states"] = num_aux
         head["use_aux_hidden_state"] = draw(st.booleans())
         head["draft_vocab_size"] = draw(st.integers(1, vocab - 1))
-        if draw(st.booleans()):
+        if target_h != draft_h or draw(st.booleans()):
             head["target_hidden_size"] = target_h
+    if algorithm is SpecAlgorithm.EAGLE or head.get("use_aux_hidden_state") is False:
+        draft_h = target_h
     return SpecConfig(
         algorithm=algorithm,
         target=ModelDims(
