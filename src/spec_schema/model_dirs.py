@@ -4,10 +4,12 @@ A safetensors file starts with an 8-byte little-endian header length and a JSON 
 tensor name to its dtype, shape and byte offsets; reading that much is enough to learn every shape.
 Sharded checkpoints are found through `model.safetensors.index.json` (its `weight_map`).
 
-EAGLE-3 heads are cross-checked: `fc.weight` is `[hidden, in_features]` with `in_features = target
-hidden x aux layers`, and the number of aux layers the config implies (`num_aux_hidden_states`, else
-`eagle_config.eagle_aux_hidden_state_layer_ids`, else 3) must agree, since sglang and vLLM size `fc`
-from the config and fail to load a checkpoint whose `fc.weight` disagrees.
+EAGLE-3 heads: `fc.weight` is `[hidden, in_features]` with `in_features = target hidden x aux
+layers`. The checkpoint's tensor is what the head really reads, so the input width comes from it:
+where the config names its aux layers (`num_aux_hidden_states` or
+`eagle_config.eagle_aux_hidden_state_layer_ids`) the two must agree (sglang and vLLM size `fc` from
+the config and fail to load a checkpoint that disagrees); where it names none, the count is
+`in_features / target hidden` (the engines would assume 3: docs/width-rule.md).
 """
 
 import json
@@ -94,19 +96,26 @@ def _dims(model_dir: Path, dtype: Optional[Union[str, torch.dtype]]) -> ModelDim
         raise ValueError(f"{model_dir / 'config.json'}: {error}") from None
 
 
-def check_eagle3_fc(target: ModelDims, head: ModelDims, head_dir: PathLike) -> None:
-    """Check the head's `fc.weight` in_features against target hidden x the config's aux layers."""
+def eagle3_dims_from_fc(target: ModelDims, head: ModelDims, head_dir: PathLike) -> ModelDims:
+    """The head's dims with its input width resolved from `fc.weight` (see the module text).
+
+    Returns `head` unchanged when aux capture is off or no safetensors file holds the head, and with
+    `num_aux_hidden_states` set from `fc.weight` when the config names no aux layers; raises a
+    one-line error naming the file and the tensor when the tensor and the config disagree."""
     if not head.use_aux_hidden_state:
-        return  # with aux off the engines bypass fc (vLLM does not even load it)
+        return head  # with aux off the engines bypass fc (vLLM does not even load it)
     shapes = tensor_shapes(head_dir)
     if not shapes:
-        return  # no safetensors (e.g. pytorch_model.bin): the config alone decides
+        return head  # no safetensors (e.g. pytorch_model.bin): the config alone decides
     found = [(name, *shapes[name]) for name in _FC_NAMES if name in shapes]
     if not found:
         raise ValueError(f"{head_dir}: EAGLE-3 head has no tensor {' or '.join(_FC_NAMES)} in its safetensors files")
     name, shape, path = found[0]
     base = head.target_hidden_size or target.hidden_size
     in_features = shape[-1]
+    named = head.aux_layer_ids is not None or head.num_aux_hidden_states is not None
+    if len(shape) == 2 and not named and in_features % base == 0:
+        return head.model_copy(update={"num_aux_hidden_states": in_features // base})
     if len(shape) != 2 or in_features != base * head.num_aux:
         source = ("eagle_aux_hidden_state_layer_ids" if head.aux_layer_ids is not None
                   else "num_aux_hidden_states" if head.num_aux_hidden_states is not None else "the default")
@@ -115,6 +124,7 @@ def check_eagle3_fc(target: ModelDims, head: ModelDims, head_dir: PathLike) -> N
             f"{base} = {in_features} features, but the config's aux layers ({source}) give "
             f"{head.num_aux} x {base} = {base * head.num_aux}"
         )
+    return head
 
 
 def spec_config_from_model_dirs(
@@ -131,13 +141,13 @@ def spec_config_from_model_dirs(
     """A `SpecConfig` from a target and a draft directory (config.json + safetensors headers).
 
     `dtype` is the dtype both models run in (default: each config's); `draft_dtype` overrides the
-    draft's. An EAGLE-3 head's `fc.weight` must agree with its config's aux layers.
+    draft's. An EAGLE-3 head's input width comes from its `fc.weight` (`eagle3_dims_from_fc`).
     """
     algorithm = SpecAlgorithm(algorithm)
     target = _dims(Path(target_dir), dtype)
     draft = _dims(Path(draft_dir), draft_dtype if draft_dtype is not None else dtype)
     if algorithm is SpecAlgorithm.EAGLE3:
-        check_eagle3_fc(target, draft, draft_dir)
+        draft = eagle3_dims_from_fc(target, draft, draft_dir)
     else:  # EAGLE-3 keys mean nothing to other drafts
         draft = draft.model_copy(update={"draft_vocab_size": None, "aux_layer_ids": None,
                                          "num_aux_hidden_states": None, "target_hidden_size": None})

@@ -59,7 +59,6 @@ def test_eagle3_width_from_config_and_fc_weight(tmp_path):
 @pytest.mark.parametrize(("eagle", "extra", "source", "n"), [
     ({"eagle_aux_hidden_state_layer_ids": [1, 6]}, {}, "eagle_aux_hidden_state_layer_ids", 2),
     ({}, {"num_aux_hidden_states": 4}, "num_aux_hidden_states", 4),
-    ({}, {}, "the default", 3),
 ])
 def test_fc_weight_disagreeing_with_the_aux_layers_is_one_clear_line(tmp_path, eagle, extra, source, n):
     target = model_dir(tmp_path, "t", LLAMA, {})
@@ -72,6 +71,25 @@ def test_fc_weight_disagreeing_with_the_aux_layers_is_one_clear_line(tmp_path, e
     assert message == (
         f"{head / 'model.safetensors'}: tensor model.fc.weight of shape [48, {fc_in}] reads 5 x target hidden 64 = "
         f"{fc_in} features, but the config's aux layers ({source}) give {n} x 64 = {64 * n}"
+    )
+
+
+def test_a_config_naming_no_aux_layers_takes_the_count_from_fc_weight(tmp_path):
+    target = model_dir(tmp_path, "t", LLAMA, {})
+    head = model_dir(tmp_path, "h", eagle3_config(), {"fc.weight": [48, 64 * 5]})
+    config = SpecConfig.from_model_dirs("EAGLE3", target, head, **TREE)
+    assert config.draft.num_aux_hidden_states == 5
+    assert DraftExtendInput.hidden_size_for(config) == 320
+
+
+def test_fc_weight_that_is_no_multiple_of_the_target_hidden_is_one_clear_line(tmp_path):
+    target = model_dir(tmp_path, "t", LLAMA, {})
+    head = model_dir(tmp_path, "h", eagle3_config(), {"fc.weight": [48, 64 * 5 + 8]})
+    with pytest.raises(ValueError) as info:
+        SpecConfig.from_model_dirs("EAGLE3", target, head, **TREE)
+    assert str(info.value) == (
+        f"{head / 'model.safetensors'}: tensor fc.weight of shape [48, 328] reads 5.125 x target hidden 64 = "
+        "328 features, but the config's aux layers (the default) give 3 x 64 = 192"
     )
 
 
