@@ -25,7 +25,8 @@ def _per_call_us(fn, n: int = 2000) -> float:
 
 def main() -> None:
     config = example_config("EAGLE", vocab=32000, num_steps=4, topk=1, num_draft_tokens=5)
-    ns = next(env.vllm_env.__wrapped__())  # the fixture's generator: fakes, interpreter, imports
+    setup = env.vllm_env.__wrapped__()  # the fixture's generator: fakes, interpreter, imports (kept alive)
+    ns = next(setup)
     drafts = [[1, 2, 3, 4]] * 32
     md = env.runner_metadata(ns, drafts, [0] * 32, config.vocab)
     out = ns.SamplerOutput(sampled_token_ids=torch.full((32, 5), -1, dtype=torch.int32), logprobs_tensors=None)
@@ -34,6 +35,7 @@ def main() -> None:
                      ("SamplerOutput (bs=32, width 5)", lambda: adapter.check(out, config, md, values=False)),
                      ("SpecDecodeMetadata, values=True", lambda: adapter.check(md, config, values=True))):
         print(f"{name}: {_per_call_us(fn):.1f} us per check")
+    setup.close()
 
 
 if __name__ == "__main__":

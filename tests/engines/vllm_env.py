@@ -1,7 +1,7 @@
 """vLLM 0.33.0 on CPU for the engine tests: fakes for its heavy imports, its own builders, its kernels.
 
 `vllm_env` (a session fixture) imports vLLM's `SpecDecodeMetadata`, the model runner's
-`_calc_spec_decode_metadata` and the rejection sampler with fake `xgrammar`, `llguidance` and
+`_calc_spec_decode_metadata` and the rejection sampler (`RejectionSampler` with its `Sampler`) with fake `xgrammar`, `llguidance` and
 `vllm.tool_parsers` modules (grammar backends and tool parsers that the import chain touches and these
 tests never run), `CUDA_VISIBLE_DEVICES=""` (so vLLM keeps the real Triton, see
 vllm/triton_utils/importing.py) and `TRITON_INTERPRET=1`, so its Triton kernels run on CPU tensors.
@@ -100,6 +100,7 @@ def vllm_env() -> Any:
         from vllm.v1.sample import rejection_sampler
         from vllm.v1.sample.logits_processor import LogitsProcessors
         from vllm.v1.sample.metadata import SamplingMetadata
+        from vllm.v1.sample.sampler import Sampler
         from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -108,6 +109,7 @@ def vllm_env() -> Any:
         yield SimpleNamespace(
             SpecDecodeMetadata=SpecDecodeMetadata, SamplerOutput=SamplerOutput, SamplingMetadata=SamplingMetadata,
             LogitsProcessors=LogitsProcessors, rejection_sampler=rejection_sampler, GPUModelRunner=GPUModelRunner,
+            rejection_sampler_module=rejection_sampler.RejectionSampler(Sampler()),
         )
         for name in [n for n in sys.modules if any(n == f or n.startswith(f + ".") for f in FAKED)]:
             del sys.modules[name]
@@ -146,14 +148,7 @@ def greedy_sampling(env: Any, bs: int) -> Any:
 
 
 def greedy_verify(env: Any, metadata: Any, logits: torch.Tensor) -> Any:
-    """vLLM's greedy rejection sampling of `metadata` against `logits` ([num_logits, vocab]), as
-    RejectionSampler.forward runs it (bonus: the argmax of the bonus rows, which is what its Sampler
-    picks for greedy requests); returns the `SamplerOutput`."""
+    """vLLM's `RejectionSampler.forward` (its own Sampler picks the bonus tokens) on an all-greedy batch:
+    `logits` are the target's [num_logits, vocab] rows; returns its `SamplerOutput`."""
     bs = len(metadata.num_draft_tokens)
-    bonus = logits[metadata.bonus_logits_indices.long()].argmax(-1, keepdim=True)
-    target = logits[metadata.target_logits_indices.long()].to(torch.float32)
-    out = env.rejection_sampler.rejection_sample(
-        metadata.draft_token_ids, metadata.num_draft_tokens, metadata.max_spec_len, metadata.cu_num_draft_tokens,
-        None, target, bonus, greedy_sampling(env, bs),
-    )
-    return env.SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
+    return env.rejection_sampler_module(metadata, None, logits.clone(), greedy_sampling(env, bs))
