@@ -1,12 +1,13 @@
 """vLLM 0.33.0 on CPU for the engine tests: fakes for its heavy imports, its own builders, its kernels.
 
 `vllm_env` (a session fixture) imports vLLM's `SpecDecodeMetadata`, the model runner's
-`_calc_spec_decode_metadata` and the rejection sampler (`RejectionSampler` with its `Sampler`) with fake `xgrammar`, `llguidance` and
-`vllm.tool_parsers` modules (grammar backends and tool parsers that the import chain touches and these
+`_calc_spec_decode_metadata` and the rejection sampler (`RejectionSampler` with its `Sampler`) with
+fake `xgrammar`, `llguidance` and `vllm.tool_parsers` modules (grammar backends and tool parsers that the import chain touches and these
 tests never run), `CUDA_VISIBLE_DEVICES=""` (so vLLM keeps the real Triton, see
 vllm/triton_utils/importing.py) and `TRITON_INTERPRET=1`, so its Triton kernels run on CPU tensors.
-All of it is undone at the end of the session; nothing here runs at import of spec_schema. Without
-vLLM the tests skip, except under CI=true, where they fail.
+The fakes and CUDA_VISIBLE_DEVICES are in place only while vLLM is imported; TRITON_INTERPRET and
+the interpreter fix (`_interpreter_index_fix`) until the end of the session. Nothing here runs at
+import of spec_schema. Without vLLM the tests skip, except under CI=true, where they fail.
 """
 
 import importlib.abc
@@ -91,28 +92,36 @@ def vllm_env() -> Any:
             pytest.fail("vllm is not installed; CI installs it (scripts/setup_env.sh, --no-deps)")
         pytest.skip("vllm is not installed")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CUDA_VISIBLE_DEVICES", "")
-        mp.setenv("TRITON_INTERPRET", "1")
-        mp.setattr(sys, "meta_path", [_FakeFinder(), *sys.meta_path])
+        mp.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated and when it is launched
         _interpreter_index_fix(mp)
-        from vllm.utils import torch_utils
-        from vllm.v1.outputs import SamplerOutput
-        from vllm.v1.sample import rejection_sampler
-        from vllm.v1.sample.logits_processor import LogitsProcessors
-        from vllm.v1.sample.metadata import SamplingMetadata
-        from vllm.v1.sample.sampler import Sampler
-        from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        yield _import_vllm(mp)
 
-        mp.setattr(torch_utils, "PIN_MEMORY", False)  # no pinned-memory allocator without a device
 
-        yield SimpleNamespace(
-            SpecDecodeMetadata=SpecDecodeMetadata, SamplerOutput=SamplerOutput, SamplingMetadata=SamplingMetadata,
-            LogitsProcessors=LogitsProcessors, rejection_sampler=rejection_sampler, GPUModelRunner=GPUModelRunner,
-            rejection_sampler_module=rejection_sampler.RejectionSampler(Sampler()),
-        )
-        for name in [n for n in sys.modules if any(n == f or n.startswith(f + ".") for f in FAKED)]:
-            del sys.modules[name]
+def _import_vllm(session: pytest.MonkeyPatch) -> Any:
+    """Import vLLM's pieces with the fakes and CUDA_VISIBLE_DEVICES in place only while importing (vLLM
+    reads it when it looks for Triton), so later tests, an sglang import of the same names included,
+    see neither."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_VISIBLE_DEVICES", "")
+        mp.setattr(sys, "meta_path", [_FakeFinder(), *sys.meta_path])
+        try:
+            from vllm.utils import torch_utils
+            from vllm.v1.outputs import SamplerOutput
+            from vllm.v1.sample import rejection_sampler
+            from vllm.v1.sample.logits_processor import LogitsProcessors
+            from vllm.v1.sample.metadata import SamplingMetadata
+            from vllm.v1.sample.sampler import Sampler
+            from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+            from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        finally:
+            for name in [n for n in sys.modules if any(n == f or n.startswith(f + ".") for f in FAKED)]:
+                del sys.modules[name]
+    session.setattr(torch_utils, "PIN_MEMORY", False)  # no pinned-memory allocator without a device
+    return SimpleNamespace(
+        SpecDecodeMetadata=SpecDecodeMetadata, SamplerOutput=SamplerOutput, SamplingMetadata=SamplingMetadata,
+        LogitsProcessors=LogitsProcessors, rejection_sampler=rejection_sampler, GPUModelRunner=GPUModelRunner,
+        rejection_sampler_module=rejection_sampler.RejectionSampler(Sampler()),
+    )
 
 
 def runner_metadata(env: Any, drafts: list[list[int]], gaps: list[int], vocab: int, seed: int = 0) -> Any:
