@@ -1,6 +1,7 @@
 """spec_schema: the typed contract of speculative decoding.
 
-One frozen dataclass per phase (`DraftInput`, `VerifyInput`, `VerifyOutput`, `DraftExtendInput`)
+One frozen dataclass per phase (`DraftInput`, `VerifyInput`, `VerifyOutput`, `DraftExtendInput`;
+the ragged chain form `ChainVerifyInput`, `ChainVerifyOutput`)
 with jaxtyping axes; one width rule (`hidden_width`, `*.hidden_size_for`, `*.dtype_for`); strict
 checking at construction and at `@boundary` functions when SPEC_STRICT is 1 or 2, and nothing at all
 when it is unset. Depends on torch, jaxtyping, beartype and pydantic only.
@@ -16,6 +17,7 @@ from ._contract import (
     standing_aside,
     view_of,
 )
+from .chains import CHAIN_CLASSES, ChainVerifyInput, ChainVerifyOutput
 from .config import TRAITS, AlgorithmTraits, ModelDims, SpecAlgorithm, SpecConfig, max_tree_nodes, traits
 from .errors import SpecContractError
 from .phases import DraftExtendInput, DraftInput, HiddenFloat, VerifyInput, VerifyOutput
@@ -44,6 +46,9 @@ __all__ = [
     "VerifyOutput",
     "DraftExtendInput",
     "HiddenFloat",
+    "CHAIN_CLASSES",
+    "ChainVerifyInput",
+    "ChainVerifyOutput",
     "SpecContractError",
     "boundary",
     "BOUNDARY_CALLS",

@@ -151,6 +151,8 @@ def check_fields(
 
 
 def _expected(f: FieldPlan) -> str:
+    if f.kind != "tensor":
+        return f"a {f.phase_cls.__name__}" if f.phase_cls is not None else "a value"
     return f"a {f.dtype_text} tensor [{' '.join(f.axes)}]"
 
 

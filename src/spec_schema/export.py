@@ -39,7 +39,7 @@ from jaxtyping import AbstractArray
 from pydantic import ConfigDict, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema
 
-from . import PHASE_CLASSES
+from . import CHAIN_CLASSES, PHASE_CLASSES
 from ._plan import FieldPlan, plan_for
 from .config import ModelDims, SpecAlgorithm, SpecConfig, traits
 from .errors import SpecContractError
@@ -76,6 +76,9 @@ AXES: Mapping[str, str] = {
     "(extend phase; see x-width-rule)",
     "vocab": "target vocabulary size",
     "draft_vocab": "draft vocabulary size (EAGLE-3 heads may score a smaller one)",
+    "num_draft_total": "chain form: draft tokens of the whole batch (the sum of the per-request counts)",
+    "num_logits": "chain form: logits rows the target scores, num_draft_total + bs",
+    "chain_width": "chain form: max_spec_len + 1, the longest chain of the batch plus the bonus",
 }
 """Every axis name of the contract (DESIGN.md) and its meaning."""
 
@@ -364,7 +367,7 @@ def _header(name: str) -> dict[str, Any]:
 
 def phase_schema(cls: type) -> dict[str, Any]:
     """The JSON Schema of one phase class, with `x-axes`, `x-none-for` and `x-width-rule`."""
-    with _pydantic_config(tuple(PHASE_CLASSES)):
+    with _pydantic_config(tuple(PHASE_CLASSES) + tuple(CHAIN_CLASSES)):
         body = TypeAdapter(cls).json_schema(schema_generator=SpecGenerateJsonSchema)
     return {**_header(cls.__name__), **body, "x-axes": dict(AXES), "x-none-for": none_for(cls),
             "x-width-rule": width_rules(cls)}
@@ -382,7 +385,7 @@ def _dump(doc: Mapping[str, Any]) -> str:
 
 def generate() -> dict[str, str]:
     """File name -> JSON text of every schema file (deterministic)."""
-    docs = {f"{cls.__name__}.schema.json": phase_schema(cls) for cls in PHASE_CLASSES}
+    docs = {f"{cls.__name__}.schema.json": phase_schema(cls) for cls in (*PHASE_CLASSES, *CHAIN_CLASSES)}
     docs["SpecConfig.schema.json"] = config_schema()
     return {name: _dump(doc) for name, doc in docs.items()}
 

@@ -29,7 +29,8 @@ from spec_schema import (
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "schemas"
-FILES = [f"{cls.__name__}.schema.json" for cls in PHASE_CLASSES] + ["SpecConfig.schema.json"]
+FILES = [f"{cls.__name__}.schema.json" for cls in (*PHASE_CLASSES, *spec_schema.CHAIN_CLASSES)]
+FILES += ["SpecConfig.schema.json"]
 
 # ----------------------------------------------------------------------------------------------
 # Configs and example objects
