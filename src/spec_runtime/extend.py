@@ -211,6 +211,9 @@ def _own_sequence(rt: Runtime, prompts: list[torch.Tensor], first: torch.Tensor,
     ids = torch.cat(parts)
     positions = torch.cat([torch.arange(len(p) + 1, device=rt.device) for p in prompts])
     counts = lens + 1
+    if captured is not None:  # bug zoo only: one captured row per draft row (the root repeats the last)
+        start = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, counts)
+        captured = captured[start + torch.minimum(positions, torch.repeat_interleave(lens - 1, counts))]
     return DraftExtendInput(
         hidden_states=captured,
         input_ids=ids,
