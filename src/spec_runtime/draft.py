@@ -161,9 +161,10 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     steps = ops.config.num_steps
     dev = c.topk_p.device
     records = f.DraftRecords.empty(bs, k, steps, dev)
-    front = f.frontier_step(0, steps, records, c.topk_p, c.topk_index, c.temp_slots, c.seq_lens)
+    draft_lens = _draft_lens(ops, c)
+    front = f.frontier_step(0, steps, records, c.topk_p, c.topk_index, c.temp_slots, draft_lens)
     hidden = None if c.hidden_states is None else c.hidden_states[:, None].expand(bs, k, -1)
-    prefix = c.seq_lens.to(torch.int64)
+    prefix = draft_lens.to(torch.int64)
     qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=dev) * k
     d2t = ops.draft.d2t  # the fast drafts' to_target_ids as a table (None: the same vocabulary)
     for step in range(1, steps):
@@ -173,7 +174,7 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
                               from_target=False)
         logits = logits_into(ops.draft.compute_logits(h), c.draft_logits)
         p, ids = (ops.softmax_topk or softmax_topk)(logits, k)
-        front = f.frontier_step(step, steps, records, p, ids, c.temp_slots, c.seq_lens, front.scores,
+        front = f.frontier_step(step, steps, records, p, ids, c.temp_slots, draft_lens, front.scores,
                                 front.branch_slots, d2t)
         if hidden is not None and front.parent is not None:
             hidden = gather_branches(h.view(bs, k, -1), front.parent)
@@ -193,12 +194,21 @@ def _branch_hidden(hidden: Optional[torch.Tensor], parent: torch.Tensor) -> Opti
     return None if hidden is None else gather_branches(hidden[:, None], parent)
 
 
+def _draft_lens(ops: CoreOps, c: DraftCoreIn) -> torch.Tensor:
+    """`(bs,)` tokens in each request's draft KV: seq_lens plus the draft's KV lead (traits), 1 for a
+    draft that has read the root (its own sequence), 0 for EAGLE heads (their KV ends before it)."""
+    lead = ops.config.traits.draft_kv_lead
+    return c.seq_lens + lead if lead else c.seq_lens
+
+
 def _draft_forward(ops: CoreOps, c: DraftCoreIn, tokens: torch.Tensor, hidden: Optional[torch.Tensor],
                    branch_slots: torch.Tensor, step: int) -> torch.Tensor:
-    """One draft forward over the frontier (bs * topk rows) at depth `step` (position seq_len + step - 1)."""
+    """One draft forward over the frontier (bs * topk rows) at depth `step` (draft position
+    `_draft_lens + step - 1`: the target's position seq_len + step for a draft reading its own sequence)."""
     bs, k = tokens.shape
-    attn = AttnBatch.branches(c.req_pool_indices, c.seq_lens, branch_slots)
-    positions = (c.seq_lens + (step - 1))[:, None].expand(bs, k).reshape(-1)  # repeat_interleave(k), no sync
+    lens = _draft_lens(ops, c)
+    attn = AttnBatch.branches(c.req_pool_indices, lens, branch_slots)
+    positions = (lens + (step - 1))[:, None].expand(bs, k).reshape(-1)  # repeat_interleave(k), no sync
     hidden_in = None if hidden is None else hidden.reshape(bs * k, -1)
     return ops.draft.forward(tokens.reshape(-1), hidden_in, positions, attn, ops.draft_cache, from_target=False)
 

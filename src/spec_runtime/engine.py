@@ -28,6 +28,22 @@ from .verify import StopBatch, verify
 GREEDY = SamplingParams(temperature=0.0)
 
 
+def resolve_executor(executor: str, device: Any) -> str:
+    """The executor a user's "auto" means on `device`: "cuda_graph" on CUDA, "eager" elsewhere (the
+    static-buffer path gains nothing without graphs to replay). Other names pass through, checked.
+    A "cuda_graph" request off CUDA is refused here, before any model is loaded."""
+    from .runtime import EXECUTORS
+
+    kind = torch.device(device).type
+    if executor == "auto":
+        return "cuda_graph" if kind == "cuda" else "eager"
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be auto or one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if executor == "cuda_graph" and kind != "cuda":
+        raise ValueError(f"executor cuda_graph needs a CUDA device, got device {device!r}; use eager or static")
+    return executor
+
+
 class RequestError(ValueError):
     """A request was rejected (empty prompt, too long, bad parameters); other requests go on."""
 
@@ -96,15 +112,20 @@ class SpecEngine:
         max_batch_size: int = 8,
         max_context: int = 1024,
         seed: int = 0,
+        executor: str = "auto",
     ) -> "SpecEngine":
-        """Load a target (directory or transformers model) and a draft directory, and size the caches."""
+        """Load a target (directory or transformers model) and a draft directory, and size the caches.
+
+        `executor`: "auto" (the default) replays CUDA graphs on a CUDA device and runs eagerly
+        elsewhere (`resolve_executor`); "eager", "static" or "cuda_graph" choose explicitly."""
         from .models.loading import DRAFT_LOADERS, load_target
 
         alg = SpecAlgorithm(algorithm)
+        chosen = resolve_executor(executor, device)
         t = load_target(target, dtype, device)
         d = DRAFT_LOADERS[alg](draft, t, dtype, device)
         rt = Runtime.create(t, d, alg, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
-                            max_batch_size=max_batch_size, max_context=max_context, seed=seed)
+                            max_batch_size=max_batch_size, max_context=max_context, seed=seed, executor=chosen)
         eos = t.hf_config.get("eos_token_id")
         return cls(rt, eos_token_ids=[eos] if isinstance(eos, int) else (eos or []))
 

@@ -130,7 +130,7 @@ def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:
     """The draft forward over the accepted rows and the next root's top-k: tensors in, tensors out
     (with a fixed `stride` no host reads; ragged rows build their batch with one sync)."""
     counts = c.num_accept_tokens.long()
-    prefix = c.seq_lens - counts
+    prefix = c.seq_lens - counts + ops.config.traits.draft_kv_lead  # the draft KV before these rows
     if c.stride is None:
         attn = AttnBatch.extend(c.req_pool_indices, prefix, counts, c.out_slots)
         last_rows = torch.cumsum(counts, 0) - 1
@@ -165,8 +165,10 @@ def extend_fixed_stride(req_pool_indices: torch.Tensor, prefix_lens: torch.Tenso
 def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampling: BatchSampling) -> DraftExtendInput:
     """Target extend over new prompts; the first token of each request becomes its bonus token.
 
-    `rows` are the requests' slot-table rows. Returns the draft-extend input of the prompts: the
-    draft reads token t_{j+1} with the target hidden state of position j (DESIGN: the shift).
+    `rows` are the requests' slot-table rows. Returns the draft-extend input of the prompts, by the
+    traits' `draft_sequence`: "shifted" (EAGLE heads) reads token t_{j+1} with the target hidden
+    state of position j, for j < len(prompt); "own" (STANDALONE) reads the prompt and the first token
+    at their own positions 0 .. len(prompt), one row more (the draft's KV lead).
     """
     lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=rt.device)
     ids = torch.cat(prompts).to(rt.device)
@@ -179,10 +181,12 @@ def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampli
     rt.target_cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
     last = torch.cumsum(lens, 0) - 1
     first = _first_tokens(rt, target.compute_logits(hidden[last]), sampling)
-    shifted = torch.roll(ids, -1)
-    shifted[last] = first
     captured = rt.capture(hidden, aux)
     rt.counters.add_hidden(captured)
+    if rt.spec_config.traits.draft_sequence == "own":
+        return _own_sequence(rt, prompts, first, lens, rows, captured)
+    shifted = torch.roll(ids, -1)
+    shifted[last] = first
     return DraftExtendInput(
         hidden_states=captured,
         input_ids=shifted,
@@ -193,6 +197,33 @@ def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampli
         bonus_tokens=first,
         req_pool_indices=rows,
         num_accept_tokens_cpu=tuple(len(p) for p in prompts),
+    )
+
+
+def _own_sequence(rt: Runtime, prompts: list[torch.Tensor], first: torch.Tensor, lens: torch.Tensor,
+                  rows: torch.Tensor, captured: Optional[torch.Tensor]) -> DraftExtendInput:
+    """The prefill's draft-extend input for a draft that reads the target's own sequence: each
+    prompt then its first token, at positions 0 .. len(prompt). `captured` is None (the traits
+    capture nothing for such drafts) but for the bug zoo's planted capture, which the contract rejects."""
+    parts = []
+    for i, p in enumerate(prompts):
+        parts += [p.to(rt.device), first[i : i + 1]]
+    ids = torch.cat(parts)
+    positions = torch.cat([torch.arange(len(p) + 1, device=rt.device) for p in prompts])
+    counts = lens + 1
+    if captured is not None:  # bug zoo only: one captured row per draft row (the root repeats the last)
+        start = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, counts)
+        captured = captured[start + torch.minimum(positions, torch.repeat_interleave(lens - 1, counts))]
+    return DraftExtendInput(
+        hidden_states=captured,
+        input_ids=ids,
+        positions=positions,
+        num_correct_drafts=lens.to(torch.int32),
+        num_accept_tokens=counts.to(torch.int32),
+        seq_lens=lens,
+        bonus_tokens=first,
+        req_pool_indices=rows,
+        num_accept_tokens_cpu=tuple(len(p) + 1 for p in prompts),
     )
 
 

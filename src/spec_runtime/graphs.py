@@ -197,11 +197,12 @@ def _alive(nlive: Optional[torch.Tensor], bucket: int, device: torch.device) -> 
 
 
 def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.Tensor],
-                          target_rt: torch.Tensor, pad_row: int, pad_t, pad_d) -> tuple:
+                          target_rt: torch.Tensor, pad_row: int, pad_t, pad_d, lead: int = 0) -> tuple:
     """The launch-ahead draft-extend graph's steps before its forward, as torch ops (the reference
     of `kernels.bookkeeping.ahead_extend_in`): verify outputs -> the target's slot table (accepted
     nodes at `seq_len + j`) and the draft-extend buffers; requests `>= nlive` (when given) and rows
-    past a request's accepted count get the padding. Returns what `ahead_extend_out_torch` reuses."""
+    past a request's accepted count get the padding; the draft's rows sit at `seq_len + j + lead`
+    (the draft's KV lead, traits). Returns what `ahead_extend_out_torch` reuses."""
     bucket, width = vo.num_correct.shape[0], eb.stride
     dev = vo.num_correct.device
     alive = _alive(nlive, bucket, dev)
@@ -218,9 +219,10 @@ def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[t
     target_rt.index_put_((rows, at), node_slots.reshape(-1))
     n_rows = bucket * width
     ext = torch.where(keep, ext_slots[:bucket], pad_d).reshape(-1)
+    at_draft = torch.where(keep, seq[:, None] + cols + lead, 0).reshape(-1) if lead else at
     copies = [
         (eb.input_ids[:n_rows], torch.where(keep, vo.accept_tokens, 0).reshape(-1)),
-        (eb.positions[:n_rows], at),
+        (eb.positions[:n_rows], at_draft),
         (eb.out_slots[:n_rows], ext),
         (eb.num_accept_tokens[:bucket], _live_or_pad(alive, counts, 1)),
         (eb.seq_lens[:bucket], _live_or_pad(alive, seq + counts, 1)),
@@ -229,7 +231,7 @@ def ahead_extend_in_torch(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[t
     if eb.hidden_states is not None:
         copies.append((eb.hidden_states[:n_rows], vo.captured[acc.reshape(-1)]))
     copy_all(copies)
-    return rows, at, ext, counts, alive
+    return rows, at_draft, ext, counts, alive
 
 
 def ahead_extend_out_torch(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: torch.Tensor,
@@ -657,7 +659,8 @@ class GraphRunner:
         """Undo a launch queued before verify's read. The launched phases still run on the device;
         what they leave behind is undone in stream order after them: the slot-table entries the
         launched draft-extend committed at this verify's positions (both caches, columns
-        `[seq_len, seq_len + num_steps + 1)` of each request, back to -1, which they held before;
+        `[seq_len, seq_len + num_steps + 1)` of each request, the draft's shifted by its KV lead,
+        back to -1, which they held before;
         the host path then commits its own), every slot the launch was given goes back to its pool
         (whatever reuses one writes it after the launch did), the launched results are dropped, and
         the simulated-acceptance draw is rewound."""
@@ -670,8 +673,9 @@ class GraphRunner:
         cols = torch.arange(rt.spec_config.num_steps + 1, device=seq_lens.device)
         rows = req_pool_indices.long()[:, None].expand(-1, cols.shape[0]).reshape(-1)
         at = (seq_lens.long()[:, None] + cols).reshape(-1)
-        for cache in (rt.target_cache, rt.draft_cache):
-            cache.req_to_token.index_put_((rows, at), torch.full_like(at, -1))
+        lead = rt.spec_config.traits.draft_kv_lead  # the draft's columns sit `lead` further
+        for cache, shift in ((rt.target_cache, 0), (rt.draft_cache, lead)):
+            cache.req_to_token.index_put_((rows, at + shift), torch.full_like(at, -1))
         rt.draft_cache.free_slots(launched.ext_slots, check=False)
         rt.target_cache.free_slots(launched.slots, check=False)
         if launched.sim_state is not None:
@@ -846,15 +850,16 @@ class GraphRunner:
         nlive = self._nlive_for(bucket)
         t_rt, d_rt = self.rt.target_cache.req_to_token, self.rt.draft_cache.req_to_token
         pad_t, pad_d = self._pad_slots
+        lead = self.rt.spec_config.traits.draft_kv_lead
         if self.backend.bookkeeping == "triton":
             from .kernels import bookkeeping as BK
 
-            BK.ahead_extend_in(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d)
+            BK.ahead_extend_in(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d, lead)
             out = self._extend_fn(bucket)
             BK.ahead_extend_out(vo, vb, db, out, nlive, d_rt, self._ext_slots, self._scratch, self.pad_row, pad_d,
-                                eb.stride)
+                                eb.stride, lead)
             return out
-        prev = ahead_extend_in_torch(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d)
+        prev = ahead_extend_in_torch(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d, lead)
         out = self._extend_fn(bucket)
         ahead_extend_out_torch(vo, vb, db, out, nlive, d_rt, self._scratch, self.pad_row, pad_d, prev)
         return out

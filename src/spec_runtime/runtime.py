@@ -332,8 +332,12 @@ class Runtime:
         d_reserve = int(static) * (1 + max_batch_size * topk * (num_steps - 1))
         target_cache, t_reserved = _cache_with_reserve(target.num_layers, target.num_kv_heads, target.head_dim,
                                                        t_slots, rows, max_context, target.dtype, device, t_reserve)
+        # a draft reading its own sequence also holds the root: its KV runs `lead` tokens ahead
+        lead = config.traits.draft_kv_lead
+        d_slots += max_batch_size * lead
         draft_cache, d_reserved = _cache_with_reserve(draft.num_layers, draft.num_kv_heads, draft.head_dim,
-                                                      d_slots, rows, max_context, draft.dtype, device, d_reserve)
+                                                      d_slots, rows, max_context + lead, draft.dtype, device,
+                                                      d_reserve)
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
         sim = None if simulate_accept_len is None else SimulatedAccept(simulate_accept_len, seed)
@@ -341,6 +345,9 @@ class Runtime:
                  executor=executor, simulate_accept=sim)
         if static:
             rt.reserved_slots = {"target": t_reserved, "draft": d_reserved}
+            # padded requests of the static path attend `lead` draft tokens of the padding row (their
+            # prefix is the draft's KV lead): point them at the dummy slot
+            draft_cache.req_to_token[rows - 1, :lead] = d_reserved[0]
         if executor != "eager":
             from .graphs import GraphRunner  # lazy: graphs imports the phase modules, which import this one
 

@@ -190,7 +190,7 @@ def _ahead_output(rt: Runtime, inp: VerifyInput, out: VerifyCoreOut, slots: torc
     extend = DraftExtendInput(
         hidden_states=hidden,
         input_ids=accept_tokens[req, j],
-        positions=inp.seq_lens[req] + j,
+        positions=inp.seq_lens[req] + j + rt.spec_config.traits.draft_kv_lead,
         num_correct_drafts=(num_accept - 1).to(torch.int32),
         num_accept_tokens=num_accept.to(torch.int32),
         seq_lens=inp.seq_lens + num_accept,
@@ -412,20 +412,22 @@ def _commit_kv(rt: Runtime, inp: VerifyInput, slots: torch.Tensor, accept_index:
 
 def _extend_input(rt: Runtime, inp: VerifyInput, captured, accept_index, accept_tokens, num_accept,
                   finished, host_counts: tuple[int, ...], index: Optional["_HostIndex"] = None) -> DraftExtendInput:
-    """Draft-extend rows of the unfinished requests: the emitted tokens at positions seq_len + j.
+    """Draft-extend rows of the unfinished requests: the emitted tokens at positions seq_len + j, plus
+    the draft's KV lead (a STANDALONE draft reads token seq_len + 1 + j at its own position).
     `index` (host-built indices of the live requests and their accepted nodes) avoids boolean masks."""
+    lead = rt.spec_config.traits.draft_kv_lead
     if index is None:
         live = ~finished
         acc, tokens, counts = accept_index[live], accept_tokens[live], num_accept[live]
         kept = acc >= 0
         seq_lens = inp.seq_lens[live]
-        positions = (seq_lens[:, None] + torch.arange(acc.shape[1], device=acc.device))[kept]
+        positions = (seq_lens[:, None] + lead + torch.arange(acc.shape[1], device=acc.device))[kept]
         rows, row_tokens = acc[kept], tokens[kept]
         req_pool_indices = inp.req_pool_indices[live]
     else:
         live = index.live
         tokens, counts, seq_lens = accept_tokens[live], num_accept[live], inp.seq_lens[live]
-        positions = seq_lens[index.ext_b] + index.ext_j
+        positions = seq_lens[index.ext_b] + index.ext_j + lead
         rows = accept_index[live[index.ext_b], index.ext_j]
         row_tokens = tokens[index.ext_b, index.ext_j]
         req_pool_indices = inp.req_pool_indices[live]

@@ -26,6 +26,7 @@ class SpecAlgorithm(str, enum.Enum):
 
 
 Capture = Literal["none", "final", "aux"]
+DraftSequence = Literal["shifted", "own"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class AlgorithmTraits:
         shares_lm_head: the draft scores tokens with the target's lm_head unless it carries its own.
         draft_vocab_map: how draft-vocabulary ids become target ids: "identity" or "d2t" offsets.
         has_aux_layers: the algorithm may capture several target layers (EAGLE-3).
+        draft_sequence: what the draft's KV holds. "shifted" (EAGLE heads): the pairs (token
+            t_{j+1}, target hidden state j) at position j, so the draft never reads t_0 and its KV
+            ends one token before the root. "own" (STANDALONE): the target's own tokens at their
+            own positions, from t_0 through the root (see `draft_kv_lead`).
     """
 
     draft_reads_hidden: bool
@@ -52,6 +57,16 @@ class AlgorithmTraits:
     shares_lm_head: bool
     draft_vocab_map: Literal["identity", "d2t"]
     has_aux_layers: bool
+    draft_sequence: DraftSequence
+
+    @property
+    def draft_kv_lead(self) -> int:
+        """How many positions the draft's KV runs ahead of the target's committed KV at each
+        iteration's start: 1 for "own" (the draft has also read the root, the newest token, whose
+        KV the target computes only in the next verify), 0 for "shifted". The draft's rows of a
+        draft-extend sit at `seq_lens - num_accept_tokens + lead + j` and its draft steps at
+        `seq_lens + lead + step - 1`."""
+        return 1 if self.draft_sequence == "own" else 0
 
 
 TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
@@ -63,6 +78,7 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
         shares_lm_head=True,
         draft_vocab_map="identity",
         has_aux_layers=False,
+        draft_sequence="shifted",
     ),
     SpecAlgorithm.EAGLE3: AlgorithmTraits(
         draft_reads_hidden=True,
@@ -72,6 +88,7 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
         shares_lm_head=False,
         draft_vocab_map="d2t",
         has_aux_layers=True,
+        draft_sequence="shifted",
     ),
     SpecAlgorithm.STANDALONE: AlgorithmTraits(
         draft_reads_hidden=False,
@@ -81,6 +98,7 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
         shares_lm_head=False,
         draft_vocab_map="identity",
         has_aux_layers=False,
+        draft_sequence="own",
     ),
 }
 

@@ -307,14 +307,19 @@ class DraftExtendInput(_Batched):
 
     Rows are ragged: request r owns `num_accept_tokens[r]` consecutive rows. `hidden_states` are the
     target's captured states at those rows, of width `hidden_extend` and the target's dtype; None for
-    STANDALONE. `input_ids` are the tokens one position ahead (the accepted drafts, then the bonus).
+    STANDALONE. `input_ids` are the accepted drafts, then the bonus (after prefill: the prompt from its
+    second token, then the first generated token). An EAGLE head reads each one position early, paired
+    with the target's hidden state there; a STANDALONE draft (traits `draft_sequence` "own") reads them
+    at their own positions (its KV lead of 1) and, after prefill, from the prompt's first token.
     """
 
     hidden_states: Optional[HiddenFloat[Tensor, "num_accepted hidden_extend"]] = _doc(
         "target hidden states captured at the accepted rows (target dtype); None when the draft reads none"
     )
     input_ids: Int64[Tensor, " num_accepted"] = _doc("draft input token per row: the next accepted token")
-    positions: Int64[Tensor, " num_accepted"] = _doc("position of each row: seq_lens - num_accept_tokens + j")
+    positions: Int64[Tensor, " num_accepted"] = _doc(
+        "position of each row: seq_lens - num_accept_tokens + lead + j (lead: the draft's KV lead, 0 or 1)"
+    )
     num_correct_drafts: Int32[Tensor, " bs"] = _doc("accepted draft tokens per request (bonus excluded)")
     num_accept_tokens: Int32[Tensor, " bs"] = _doc("rows per request: num_correct_drafts + 1 (bonus included)")
     seq_lens: Int64[Tensor, " bs"] = _doc("tokens with committed target KV per request, after acceptance")
@@ -413,8 +418,11 @@ class DraftExtendInput(_Batched):
                 return "bonus_tokens", "must equal each request's last input id"
             start = torch.repeat_interleave(obj.seq_lens - a, a)
             offset = torch.arange(a.sum(), device=a.device) - torch.repeat_interleave(torch.cumsum(a, 0) - a, a)
-            if not torch.equal(obj.positions, start + offset):
-                return "positions", "must be seq_lens - num_accept_tokens + j for row j of a request"
+            # the draft's KV lead (traits): 0 for shifted pairs, 1 when the draft reads its own sequence
+            leads = (config.traits.draft_kv_lead,) if config is not None else (0, 1)
+            if not any(torch.equal(obj.positions, start + offset + lead) for lead in leads):
+                return "positions", (f"must be seq_lens - num_accept_tokens + {' or '.join(map(str, leads))} + j "
+                                     "for row j of a request (the draft's KV lead)")
         return None
 
 

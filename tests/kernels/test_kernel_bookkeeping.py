@@ -115,12 +115,13 @@ def _ahead_state(gen, bucket: int, hidden: bool, max_bs: int = 4, width: int = 4
     return vo, vb, eb, db, out, ints(500, 600, max_bs, width), ints(700, 800, max_bs, topk, steps), tables
 
 
-@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("hidden,lead", [(False, 0), (True, 0), (False, 1)])
 @pytest.mark.parametrize("bucket,nlive", [(1, None), (3, None), (3, 2), (4, 1)])
-def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden):
+def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden, lead):
     """`ahead_extend_in` / `_out` (two launches) write exactly what the torch path
     (`graphs.ahead_extend_in_torch` / `_out_torch`) writes: both slot tables, every draft-extend
-    and draft buffer, hidden states (EAGLE) or none (STANDALONE), live and padded requests."""
+    and draft buffer, hidden states (EAGLE) or none (STANDALONE), live and padded requests, with the
+    draft's KV lead (1: a STANDALONE draft's rows and slots one position on)."""
     import copy
 
     from spec_runtime import graphs
@@ -134,15 +135,19 @@ def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden):
     for use_kernels in (False, True):
         vo, vb, eb, db, out, ext, scratch, (t_rt, d_rt) = copy.deepcopy(state)
         if use_kernels:
-            BK.ahead_extend_in(vo, vb, eb, ext, nl, t_rt, pad_row, pad_t, pad_d)
-            BK.ahead_extend_out(vo, vb, db, out, nl, d_rt, ext, scratch, pad_row, pad_d, eb.stride)
+            BK.ahead_extend_in(vo, vb, eb, ext, nl, t_rt, pad_row, pad_t, pad_d, lead)
+            BK.ahead_extend_out(vo, vb, db, out, nl, d_rt, ext, scratch, pad_row, pad_d, eb.stride, lead)
         else:
             prev = graphs.ahead_extend_in_torch(vo, vb, eb, ext, nl, t_rt, pad_row, torch.tensor(pad_t),
-                                                torch.tensor(pad_d))
+                                                torch.tensor(pad_d), lead)
             graphs.ahead_extend_out_torch(vo, vb, db, out, nl, d_rt, scratch, pad_row, torch.tensor(pad_d), prev)
         runs.append((eb, db, t_rt, d_rt))
     (eb0, db0, t0, d0), (eb1, db1, t1, d1) = runs
     assert torch.equal(t0, t1) and torch.equal(d0, d1)
+    vb, ext = state[1], state[5]
+    # request 0 is live (nlive >= 1): its first row sits at the draft's own position, in both places
+    assert int(eb1.positions[0]) == int(vb.seq_lens[0]) + lead
+    assert int(d1[vb.req_pool_indices[0], vb.seq_lens[0] + lead]) == int(ext[0, 0])
     assert (t1[pad_row] != -1).any() or bucket == 0  # the padding writes land in the padding row
     for a, b in ((eb0, eb1), (db0, db1)):
         for name, v in vars(a).items():
@@ -163,7 +168,7 @@ def test_ahead_extend_kernels_build_for_hopper():
                  d_topk_p_ptr="*fp32")
     for name, consts in (("_ahead_in_kernel", dict(WP=8, BLOCK_H=1024)),
                          ("_ahead_out_kernel", dict(WP=8, KP=4, KSP=16, BLOCK_H=1024))):
-        cases = [dict(consts, HAS_NLIVE=live) for live in (False, True)]
+        cases = [dict(consts, HAS_NLIVE=live, LEAD=lead) for live in (False, True) for lead in (0, 1)]
         irs = hopper_build("spec_runtime.kernels.bookkeeping", name, types, cases)
         assert all("tt.store" in ir for ir in irs)
 

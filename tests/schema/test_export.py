@@ -142,7 +142,8 @@ def live_draft_extend_input(config: SpecConfig, correct: tuple[int, ...] = (1, 0
     seq_lens = torch.arange(10, 10 + len(correct), dtype=torch.int64) + a
     ids = _ids(g, rows)
     last = torch.cumsum(a.long(), 0) - 1
-    starts = torch.repeat_interleave(seq_lens - a, a)
+    # the draft's KV lead: a STANDALONE draft reads its rows at their own positions, one on
+    starts = torch.repeat_interleave(seq_lens - a + config.traits.draft_kv_lead, a)
     offsets = torch.arange(rows) - torch.repeat_interleave(torch.cumsum(a.long(), 0) - a, a)
     return DraftExtendInput(
         hidden_states=_hidden(config, "extend", rows, g),

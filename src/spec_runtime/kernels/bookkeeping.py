@@ -216,7 +216,7 @@ def _ahead_in_kernel(
     num_correct_ptr, nlive_ptr, acc_idx_ptr, acc_tok_ptr, seq_ptr, req_ptr, tree_slots_ptr, ext_src_ptr, cap_ptr,
     rt_ptr, ids_ptr, pos_ptr, out_slots_ptr, n_acc_ptr, e_seq_ptr, e_req_ptr, e_hid_ptr,
     pad_row, pad_t, pad_d, W, H, s_ai, s_at, s_ext, s_rt, s_cap, s_eh,
-    WP: tl.constexpr, HAS_NLIVE: tl.constexpr, BLOCK_H: tl.constexpr,
+    WP: tl.constexpr, HAS_NLIVE: tl.constexpr, BLOCK_H: tl.constexpr, LEAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -234,7 +234,7 @@ def _ahead_in_kernel(
         tok = tl.load(acc_tok_ptr + b * s_at + j, mask=jm, other=0)
         row0 = b.to(tl.int64) * W
         tl.store(ids_ptr + row0 + j, tl.where(keep, tok, 0).to(ids_ptr.dtype.element_ty), mask=jm)
-        tl.store(pos_ptr + row0 + j, at.to(pos_ptr.dtype.element_ty), mask=jm)
+        tl.store(pos_ptr + row0 + j, tl.where(keep, at + LEAD, 0).to(pos_ptr.dtype.element_ty), mask=jm)
         ext = tl.where(keep, tl.load(ext_src_ptr + b * s_ext + j, mask=jm, other=0), pad_d)
         tl.store(out_slots_ptr + row0 + j, ext.to(out_slots_ptr.dtype.element_ty), mask=jm)
         tl.store(n_acc_ptr + b, tl.where(alive, cnt, 1).to(n_acc_ptr.dtype.element_ty))
@@ -255,6 +255,7 @@ def _ahead_out_kernel(
     hid_ptr, rt_ptr, d_topk_p_ptr, d_topk_i_ptr, d_bonus_ptr, d_seq_ptr, d_req_ptr, d_temp_ptr, d_hid_ptr,
     pad_row, pad_d, W, K, KS, H, s_at, s_ext, s_rt, s_tp, s_ti, s_dp, s_di, s_sc, s_dt, s_h, s_dh,
     WP: tl.constexpr, KP: tl.constexpr, KSP: tl.constexpr, HAS_NLIVE: tl.constexpr, BLOCK_H: tl.constexpr,
+    LEAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -264,7 +265,7 @@ def _ahead_out_kernel(
         seq = tl.load(seq_ptr + b).to(tl.int64)
         req = tl.load(req_ptr + b).to(tl.int64)
         rows = tl.where(keep, req, pad_row)
-        at = tl.where(keep, seq + j, 0)
+        at = tl.where(keep, seq + j + LEAD, 0)  # the draft's own positions (its KV lead)
         ext = tl.where(keep, tl.load(ext_src_ptr + b * s_ext + j, mask=jm, other=0), pad_d)
         tl.store(rt_ptr + rows * s_rt + at, ext.to(rt_ptr.dtype.element_ty), mask=jm)
         bonus = tl.load(acc_tok_ptr + b * s_at + cnt - 1, mask=alive & (cnt >= 1) & (cnt <= W), other=0)
@@ -296,11 +297,12 @@ def _rowwise(t: torch.Tensor, name: str) -> None:
 
 
 def ahead_extend_in(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.Tensor], target_rt: torch.Tensor,
-                    pad_row: int, pad_t, pad_d) -> None:
+                    pad_row: int, pad_t, pad_d, lead: int = 0) -> None:
     """The draft-extend graph's inputs from a verify's outputs, in one launch: for request b of the
     bucket (live: `b < nlive`, or every one when `nlive` is None) and column j < `eb.stride`, where
     j < num_correct[b] + 1 and b is live, point the target's slot `seq_len + j` at the accepted
-    node's tree slot and fill the extend rows (token, position, draft slot from `ext_slots`);
+    node's tree slot and fill the extend rows (token, position `seq_len + j + lead` with the draft's
+    KV lead from the traits, draft slot from `ext_slots`);
     elsewhere write the padding (`pad_row`/`pad_t`/`pad_d`, token 0), and copy every row's
     captured hidden state (EAGLE) into `eb.hidden_states` (`graphs.ahead_extend_in_torch`, the
     reference, bit for bit). `pad_t`, `pad_d`: host ints."""
@@ -324,13 +326,13 @@ def ahead_extend_in(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.T
         target_rt, eb.input_ids, eb.positions, eb.out_slots, eb.num_accept_tokens, eb.seq_lens, eb.req_pool_indices,
         e_hid, int(pad_row), int(pad_t), int(pad_d), width, h, vo.accept_index.stride(0), vo.accept_tokens.stride(0),
         ext_slots.stride(0), target_rt.stride(0), cap.stride(0), e_hid.stride(0),
-        WP=next_pow2(width), HAS_NLIVE=nlive is not None, BLOCK_H=_HIDDEN_BLOCK, num_warps=4,
+        WP=next_pow2(width), HAS_NLIVE=nlive is not None, BLOCK_H=_HIDDEN_BLOCK, LEAD=int(lead), num_warps=4,
     )
 
 
 def ahead_extend_out(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: torch.Tensor, ext_slots: torch.Tensor,
-                     scratch: torch.Tensor, pad_row: int, pad_d, width: int) -> None:
-    """After the draft-extend forward, in one launch: point the draft's slots `seq_len + j` of the
+                     scratch: torch.Tensor, pad_row: int, pad_d, width: int, lead: int = 0) -> None:
+    """After the draft-extend forward, in one launch: point the draft's slots `seq_len + j + lead` of the
     kept rows at their draft slots (padding elsewhere), and fill the draft graph's inputs: top-k,
     bonus token (the last accepted), sequence length, request row, scratch slots and hidden state
     for the live requests, the padding (0, `pad_row`, `pad_d`) for the others
@@ -359,7 +361,7 @@ def ahead_extend_out(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: t
         out.topk_p.stride(0), out.topk_index.stride(0), db.topk_p.stride(0), db.topk_index.stride(0),
         scratch.stride(0), db.temp_slots.stride(0), src_h.stride(0), dst_h.stride(0),
         WP=next_pow2(width), KP=next_pow2(k), KSP=next_pow2(ks), HAS_NLIVE=nlive is not None, BLOCK_H=_HIDDEN_BLOCK,
-        num_warps=4,
+        LEAD=int(lead), num_warps=4,
     )
 
 

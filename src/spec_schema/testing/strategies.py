@@ -365,7 +365,8 @@ def _extend_from(draw: Any, config: SpecConfig, tokens: list[list[int]]) -> dict
     a = torch.tensor([len(t) for t in tokens], dtype=torch.int32)
     seq_lens = torch.tensor([draw(st.integers(len(t), _MAX_SEQ)) for t in tokens], dtype=torch.int64)
     rows = int(a.sum())
-    positions = [s - len(t) + j for s, t in zip(seq_lens.tolist(), tokens) for j in range(len(t))]
+    lead = config.traits.draft_kv_lead  # a draft reading its own sequence sits one position on
+    positions = [s - len(t) + lead + j for s, t in zip(seq_lens.tolist(), tokens) for j in range(len(t))]
     return {
         "hidden_states": _hidden(draw, rows, hidden_width(config, "extend")),
         "input_ids": torch.tensor([x for t in tokens for x in t], dtype=torch.int64),

