@@ -150,11 +150,9 @@ def test_every_single_field_corruption_is_named(objects, data):
     assert str(info.value).startswith(f"sglang {name}.{f.engine} -> {CONTRACT[name].__name__}.{f.contract}:")
 
 
-def test_errors_keep_the_contract_attributes(objects):
+def test_errors_keep_the_contract_attributes(sg):
     config = CONFIGS["EAGLE3"]
-    obj = env.idle_draft_input(SimpleNamespace(eagle_info=type(objects["EAGLE3"][0][1]).__module__ and
-                                               __import__("sys").modules[type(objects["EAGLE3"][0][1]).__module__]),
-                               CONFIGS["EAGLE"])
+    obj = env.idle_draft_input(sg, example_config("EAGLE3", draft_hidden=48))  # sized for another head
     with pytest.raises(SpecContractError) as info:
         adapter.check(obj, config)
     err = info.value
