@@ -79,8 +79,10 @@ NOT_CARRIED = "not carried by sglang on this path (left out of the check)"
 class _Ctx:
     """What a view function may read: the object, the batch, bs, num_draft, the config."""
 
-    def __init__(self, obj: Any, batch: Any, config: Optional[SpecConfig], cls_name: str, bs: Optional[int]):
+    def __init__(self, obj: Any, batch: Any, config: Optional[SpecConfig], cls_name: str, bs: Optional[int],
+                 producer: Optional[str] = None, consumer: Optional[str] = None):
         self.obj, self.batch, self.config, self.cls_name, self.bs = obj, batch, config, cls_name, bs
+        self.producer, self.consumer = producer, consumer
         self.num_draft = config.num_draft_tokens if config is not None else getattr(obj, "draft_token_num", None)
 
 
@@ -277,8 +279,11 @@ def _engine_name(ctx: _Ctx, f: FieldMap) -> str:
 def _fail(ctx: _Ctx, f: FieldMap, axis: Optional[str], text: str, value: Any = None) -> SpecContractError:
     cls = _BY_NAME[ctx.cls_name].contract_cls.__name__
     got = f"; got shape {tuple(value.shape)} dtype {value.dtype}" if isinstance(value, torch.Tensor) else ""
-    return SpecContractError(f"{_engine_name(ctx, f)} -> {cls}.{f.contract}: {text}{got}",
-                             cls_name=cls, field=f.contract, axis=axis)
+    who = [f"producer: {ctx.producer}"] if ctx.producer else []
+    who += [f"consumer: {ctx.consumer}"] if ctx.consumer else []
+    tail = f" [{'; '.join(who)}]" if who else ""
+    return SpecContractError(f"{_engine_name(ctx, f)} -> {cls}.{f.contract}: {text}{got}{tail}",
+                             cls_name=cls, field=f.contract, axis=axis, producer=ctx.producer, consumer=ctx.consumer)
 
 
 # --- check ---------------------------------------------------------------------------------------
@@ -348,8 +353,9 @@ def _extend_path(obj: Any, config: Optional[SpecConfig]) -> str:
     return "idle" if per_req < 0 else "prefill" if per_req == 1 else "decode"
 
 
-def _build(name: str, obj: Any, batch: Any, config: Optional[SpecConfig]) -> tuple[_Ctx, dict[str, Any], set[str]]:
-    ctx = _Ctx(obj, batch, config, name, _bs(obj, batch, name))
+def _build(name: str, obj: Any, batch: Any, config: Optional[SpecConfig], producer: Optional[str] = None,
+           consumer: Optional[str] = None) -> tuple[_Ctx, dict[str, Any], set[str]]:
+    ctx = _Ctx(obj, batch, config, name, _bs(obj, batch, name), producer, consumer)
     fields = {}
     for f in _BY_NAME[name].fields:
         fields[f.contract] = _layout_fn(f)(ctx, f, _fetch(ctx, f.engine))
@@ -414,12 +420,13 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
     cls = cmap.contract_cls
     values = _strict.LEVEL >= 2 if values is None else values
     try:
-        ctx, fields, left_out = _build(name, obj, batch, config)
-        view = view_of(cls, fields)
         if name == "EagleVerifyInput" and config is not None and obj.draft_token_num != config.num_draft_tokens:
             f = next(m for m in cmap.fields if m.contract == "draft_token")
-            raise _fail(ctx, f, "num_draft", f"draft_token_num {obj.draft_token_num}, expected num_draft = "
-                        f"{config.num_draft_tokens} (SpecConfig.num_draft_tokens)")
+            raise _fail(_Ctx(obj, batch, config, name, None, producer, consumer), f, "num_draft",
+                        f"draft_token_num {obj.draft_token_num}, expected num_draft = {config.num_draft_tokens} "
+                        "(SpecConfig.num_draft_tokens)")
+        ctx, fields, left_out = _build(name, obj, batch, config, producer, consumer)
+        view = view_of(cls, fields)
         window = name == "EagleDraftExtendInput" and _extend_path(obj, config) == "decode"
         if window:
             _check_window(ctx, obj, fields)
