@@ -97,12 +97,13 @@ def loaded() -> Iterator[SimpleNamespace]:
     """sglang's modules (attributes named as in `MODULES`) with the fakes and patches above in place."""
     mp = pytest.MonkeyPatch()
     inserted = []
+    stack = contextlib.ExitStack()
     try:
         mp.setenv("TRITON_INTERPRET", "1")
         mp.setenv("TORCHDYNAMO_DISABLE", "1")
         import torch._dynamo.config
 
-        mp.setattr(torch._dynamo.config, "disable", True)  # sglang's torch.compile'd helpers run eagerly
+        stack.enter_context(torch._dynamo.config.patch(disable=True))  # sglang's compiled helpers run eagerly
         # before the fakes: transformers decides once (cached) that torchvision is absent
         import transformers.processing_utils  # noqa: F401 - re-executes transformers/__init__ once
 
@@ -123,6 +124,7 @@ def loaded() -> Iterator[SimpleNamespace]:
             mp.setattr(mod, "get_spec", lambda: settings)
         yield mods
     finally:
+        stack.close()
         mp.undo()
         for name in inserted:
             sys.modules.pop(name, None)
