@@ -3,7 +3,7 @@
 # pytest's exit code 5 (no tests collected) counts as a failure: a suite that collects nothing is broken.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh runtime,test || exit 1
+bash scripts/setup_env.sh runtime,test,engines || exit 1
 export SPEC_STRICT="${SPEC_STRICT:-1}"
 # Tiny models: one intra-op thread is fastest (thread-pool spin-waits dominate otherwise).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
