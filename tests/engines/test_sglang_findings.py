@@ -90,3 +90,20 @@ def test_zero_step_verify_input_has_int32_draft_tokens(sg):
     assert (trivial.draft_token.dtype, tree.draft_token.dtype) == (torch.int32, torch.int64)
     with pytest.raises(SpecContractError, match=r"draft_token -> VerifyInput\.draft_token: dtype torch\.int32"):
         adapter.check(trivial, None, sb)
+
+
+def test_accepted_path_compaction_crashes_on_small_trees(sg):
+    """Found by test_sglang_fuzz: with topk > 1 and num_draft_tokens < num_steps + 1 (a tree smaller than
+    its depth, which sglang's server arguments accept), the accepted-path compaction of run_eagle_verify
+    (`_compact_accept_to_front`) writes num_steps + 1 columns into blocks of num_draft_tokens and
+    crashes. The objects are valid: the contract has nothing to reject here (its row says so)."""
+    config = example_config("EAGLE", num_steps=3, topk=2, num_draft_tokens=3)
+    gen = torch.Generator().manual_seed(5)
+    sb = env.batch([5])
+    vin = env.verify_input(sg, config, sb, torch.tensor([1], dtype=torch.int32), gen)
+    result = env.greedy_verify(sg, config, sb, vin, gen)
+    adapter.check(vin, config, sb, values=True)
+    adapter.check(result, config, sb)
+    with pytest.raises(RuntimeError, match="must match the existing size"):
+        sg.eagle_worker_common._compact_accept_to_front(result.next_token_ids, result.accept_index, 1,
+                                                        num_draft_tokens=3)

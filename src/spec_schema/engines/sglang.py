@@ -481,11 +481,11 @@ def _window_values(ctx: _Ctx, obj: Any) -> None:
 
 def check_merge_inputs(left: Any, right: Any) -> None:
     """Refuse an `EagleDraftInput.merge_batch` whose sides differ in an index dtype (torch.cat would promote)."""
-    mapping = {f.contract: f.engine for f in _BY_NAME["EagleDraftInput"].fields if not f.engine.startswith("batch.")}
     if len(left.topk_index) == 0 or len(right.topk_index) == 0:
         return  # sglang short-circuits an idle side: nothing is concatenated
     try:
-        check_merge(left, right, DraftInput, mapping=mapping)
+        views = [view_of(DraftInput, _build("EagleDraftInput", side, None, None)[1]) for side in (left, right)]
+        check_merge(views[0], views[1], DraftInput)
     except SpecContractError as err:
         raise _rename(err, "EagleDraftInput") from err
 
