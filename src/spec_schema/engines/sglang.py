@@ -86,18 +86,37 @@ class _Ctx:
         self.num_draft = config.num_draft_tokens if config is not None else getattr(obj, "draft_token_num", None)
 
 
-def _fetch(ctx: _Ctx, path: str) -> Any:
-    """`attr` from the object, `batch.attr` from the batch; `a | batch.a`: the object's, else the batch's
-    (sglang keeps `seq_lens`, `req_pool_indices`, `input_ids` on either)."""
+def _parts(path: str) -> tuple[tuple[bool, str], ...]:
+    """`attr` (the object's), `batch.attr` (the batch's), `a | batch.a` (the object's, else the batch's:
+    sglang keeps `seq_lens`, `req_pool_indices`, `input_ids` on either); other text names no attribute."""
+    out = []
     for part in path.split(" | "):
         head, _, rest = part.partition(".")
         if head == "batch" and rest:
-            value = None if ctx.batch is None else getattr(ctx.batch, rest, None)
-        else:
-            value = getattr(ctx.obj, part, None) if part.isidentifier() else None
+            out.append((True, rest))
+        elif part.isidentifier():
+            out.append((False, part))
+    return tuple(out)
+
+
+def _fetch(ctx: _Ctx, path: str) -> Any:
+    """The value at an engine path (see `_parts`), or None."""
+    for on_batch, attr in _parts_of(path):
+        holder = ctx.batch if on_batch else ctx.obj
+        value = None if holder is None else getattr(holder, attr, None)
         if value is not None:
             return value
     return None
+
+
+_PARTS: dict[str, tuple[tuple[bool, str], ...]] = {}
+
+
+def _parts_of(path: str) -> tuple[tuple[bool, str], ...]:
+    hit = _PARTS.get(path)
+    if hit is None:
+        hit = _PARTS[path] = _parts(path)
+    return hit
 
 
 def _flat_view(ctx: _Ctx, f: FieldMap, value: Any) -> Any:
@@ -289,10 +308,19 @@ def _fail(ctx: _Ctx, f: FieldMap, axis: Optional[str], text: str, value: Any = N
 # --- check ---------------------------------------------------------------------------------------
 
 
+_CLASS_OF: dict[type, str] = {}
+
+
 def _engine_class(obj: Any) -> str:
-    """The supported sglang class `obj` is (or subclasses: FROZEN_KV_MTP retags the EAGLE classes)."""
+    """The supported sglang class `obj` is (or subclasses: FROZEN_KV_MTP retags the EAGLE classes); its
+    attributes are checked once per type."""
+    hit = _CLASS_OF.get(type(obj))
+    if hit is not None:
+        return hit
     for klass in type(obj).__mro__:
         if klass.__name__ in _BY_NAME:
+            _require_attrs(obj, klass.__name__)
+            _CLASS_OF[type(obj)] = klass.__name__
             return klass.__name__
     raise TypeError(f"spec_schema.engines.sglang.check: unsupported object {type(obj).__module__}."
                     f"{type(obj).__qualname__}; supported sglang classes: {', '.join(_BY_NAME)}")
@@ -328,12 +356,20 @@ def _bs(obj: Any, batch: Any, name: str) -> Optional[int]:
     return int(len(cpu)) if cpu is not None else None
 
 
+_NEVER = {m.engine_cls: frozenset(f.contract for f in m.fields
+                                   if f.layout.startswith(NOT_CARRIED) or f.layout.startswith("not mapped"))
+          for m in CLASS_MAPS}
+_ON_BATCH = {m.engine_cls: frozenset(f.contract for f in m.fields if f.engine.startswith("batch."))
+             for m in CLASS_MAPS}
+_ALL = {m.engine_cls: frozenset(f.name for f in plan_for(m.contract_cls).fields) for m in CLASS_MAPS}
+_STEPS = {m.engine_cls: tuple((f, _layout_fn(f)) for f in m.fields) for m in CLASS_MAPS}
+
+
 def _left_out(name: str, ctx: _Ctx, fields: dict[str, Any]) -> set[str]:
     """Contract fields sglang does not carry on this object's path (documented in CLASS_MAPS)."""
-    cmap = _BY_NAME[name]
-    out = {f.contract for f in cmap.fields if f.layout.startswith(NOT_CARRIED) or f.layout.startswith("not mapped")}
+    out = set(_NEVER[name])
     if ctx.batch is None:
-        out |= {f.contract for f in cmap.fields if f.engine.startswith("batch.")}
+        out |= _ON_BATCH[name]
     if name == "EagleVerifyInput" and fields.get("tree_mask") is None and isinstance(ctx.obj.custom_mask, torch.Tensor):
         out.add("tree_mask")  # validated flat above; no single view exists
     if name == "EagleDraftExtendInput":
@@ -356,9 +392,7 @@ def _extend_path(obj: Any, config: Optional[SpecConfig]) -> str:
 def _build(name: str, obj: Any, batch: Any, config: Optional[SpecConfig], producer: Optional[str] = None,
            consumer: Optional[str] = None) -> tuple[_Ctx, dict[str, Any], set[str]]:
     ctx = _Ctx(obj, batch, config, name, _bs(obj, batch, name), producer, consumer)
-    fields = {}
-    for f in _BY_NAME[name].fields:
-        fields[f.contract] = _layout_fn(f)(ctx, f, _fetch(ctx, f.engine))
+    fields = {f.contract: fn(ctx, f, _fetch(ctx, f.engine)) for f, fn in _STEPS[name]}
     return ctx, fields, _left_out(name, ctx, fields)
 
 
@@ -369,12 +403,17 @@ def _rename(err: SpecContractError, name: str) -> SpecContractError:
                              axis=err.axis, producer=err.producer, consumer=err.consumer)
 
 
+_SUBPLANS: dict[tuple[type, frozenset], ClassPlan] = {}
+
+
 def _check_fields(view: Any, cls: type, ctx: _Ctx, keep: set[str], policy: IndexPolicy,
                   producer: Optional[str], consumer: Optional[str]) -> None:
     """The contract's field checks (rank, dtype, axes, config widths and dtypes, device) on the fields
     sglang carries, with `bs` bound from the batch when one is given (so the field that differs is blamed)."""
-    plan = plan_for(cls)
-    sub = ClassPlan(cls, tuple(f for f in plan.fields if f.name in keep))
+    key = (cls, frozenset(keep))
+    sub = _SUBPLANS.get(key)
+    if sub is None:
+        sub = _SUBPLANS[key] = ClassPlan(cls, tuple(f for f in plan_for(cls).fields if f.name in keep))
     axes, expect = _config_facts(cls, ctx.config) if ctx.config is not None else ({}, {})
     bound = dict(axes)
     if ctx.batch is not None and ctx.bs is not None:
@@ -413,7 +452,6 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
     whose classes lack an attribute this adapter reads.
     """
     name = _engine_class(obj)
-    _require_attrs(obj, name)
     if name == "EagleDraftInput" and obj.future_indices is not None:
         return None
     cmap = _BY_NAME[name]
@@ -430,7 +468,7 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
         window = name == "EagleDraftExtendInput" and _extend_path(obj, config) == "decode"
         if window:
             _check_window(ctx, obj, fields)
-        keep = {f.name for f in plan_for(cls).fields} - left_out
+        keep = _ALL[name] - left_out
         _check_fields(view, cls, ctx, keep, cmap.policy, producer, consumer)
         host = getattr(cls, "_host_problem", None)
         if host is not None and not window and "num_accept_tokens" in keep and "input_ids" in keep:
