@@ -77,9 +77,17 @@ def test_a_valid_iteration_passes_every_wrapped_boundary(wrapped):
     sg.eagle_info.EagleVerifyInput.create_idle_input(2, 3, 6, "cpu")
     calls = {k.removeprefix("sglang "): v for k, v in BOUNDARY_CALLS.items() if k.startswith("sglang ")}
     for name in ("EagleDraftInput.create_idle_input", "EagleDraftInput.merge_batch", "EagleDraftInput.filter_batch",
-                 "EagleVerifyInput.__init__", "eagle_worker_common.build_eagle_verify_input",
-                 "eagle_utils.eagle_sample", "EagleVerifyInput.create_idle_input"):
-        assert calls.get(name), (name, calls)
+                 "eagle_worker_common.build_eagle_verify_input", "eagle_utils.eagle_sample",
+                 "EagleVerifyInput.create_idle_input"):
+        assert calls.get(name) == 1, (name, calls)
+    # built inside a checked producer: checked once, at its exit (not by the tree build or the constructor)
+    assert "EagleVerifyInput.__init__" not in calls and "eagle_utils.build_tree_kernel_efficient" not in calls
+    fields = {k: getattr(vin, k) for k in ("draft_token", "custom_mask", "positions", "retrieve_index",
+                                           "retrieve_next_token", "retrieve_next_sibling", "retrieve_cum_len",
+                                           "spec_steps", "topk", "draft_token_num", "capture_hidden_mode",
+                                           "seq_lens_sum", "seq_lens_cpu")}
+    sg.eagle_info.EagleVerifyInput(**fields)  # built outside any producer: its constructor checks it
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 1
 
 
 def test_corrupted_objects_are_rejected_by_sglangs_own_functions(wrapped):
@@ -99,6 +107,9 @@ def test_corrupted_objects_are_rejected_by_sglangs_own_functions(wrapped):
     with pytest.raises(SpecContractError, match=r"draft_token -> VerifyInput\.draft_token: flat length 11") as err:
         sg.eagle_utils.eagle_sample(bad, sb, SimpleNamespace(next_token_logits=torch.zeros(12, CONFIG.vocab)))
     assert err.value.consumer == "eagle_utils.eagle_sample"
+    vin.custom_mask = vin.custom_mask[:-1]  # the same object, checked before: a replaced field is checked again
+    with pytest.raises(SpecContractError, match=r"custom_mask -> VerifyInput\.tree_mask"):
+        sg.eagle_utils.eagle_sample(vin, sb, SimpleNamespace(next_token_logits=torch.zeros(12, CONFIG.vocab)))
     with pytest.raises(SpecContractError, match="draft_token_num 5, expected num_draft = 6"):
         env.verify_input(sg, example_config("EAGLE", num_draft_tokens=5), sb, torch.tensor([1, 2]), gen)
     with pytest.raises(SpecContractError, match=r"positions -> VerifyInput\.positions: rank 2"):

@@ -26,9 +26,11 @@ SPEC_STRICT unset nothing is wrapped. Checks stand aside while a CUDA graph is c
 torch.compile traces, like every spec_schema boundary.
 """
 
+import collections
 import functools
 import importlib
 import sys
+import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -114,13 +116,52 @@ def _wrap_everywhere(fn: Callable[..., Any], make: Callable[[Any], Any]) -> None
                     setattr(mod, attr, wrapped)
 
 
+class _Local(threading.local):
+    depth = 0  # wrapped producers running on this thread (objects built inside them are checked at their exit)
+
+
+_LOCAL = _Local()
+_SEEN: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_SEEN_SIZE = 16
+
+
 def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "") -> None:
+    """Check `obj` unless the same tensors (and batch tensors) passed under the same config already.
+
+    Every boundary an object crosses would otherwise check it again (a verify input is consumed by
+    verify, eagle_sample and the target forward). The memo keys on the identity of each value the
+    view reads; it holds those values, so their ids cannot be reused while remembered. sglang replaces
+    tensors rather than resizing them in place, so a changed field is a new value.
+    """
+    config = _config()
+    name = adapter._engine_class(obj)
+    values = adapter._values(name, obj, batch)
+    key = (name, id(config), tuple(map(id, values)), adapter._scalars(obj, batch))
+    if key in _SEEN:
+        _SEEN.move_to_end(key)
+        return
     BOUNDARY_CALLS[f"sglang {producer or consumer}"] += 1
-    adapter.check(obj, _config(), batch, producer=producer or None, consumer=consumer or None)
+    adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None)
+    _SEEN[key] = (config, values)
+    if len(_SEEN) > _SEEN_SIZE:
+        _SEEN.popitem(last=False)
 
 
 def _active() -> bool:
     return bool(_SAVED) and not standing_aside()
+
+
+def _inside(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a wrapped producer; objects it builds are checked once, when it returns them."""
+    _LOCAL.depth += 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _LOCAL.depth -= 1
+
+
+def _outermost() -> bool:
+    return _active() and _LOCAL.depth == 0
 
 
 # --- the wrappers -------------------------------------------------------------------------------------
@@ -130,7 +171,7 @@ def _idle(cls_name: str) -> Callable[[Any], Any]:
     def make(fn: Any) -> Any:
         @functools.wraps(fn)
         def create_idle_input(cls: type, *args: Any, **kwargs: Any) -> Any:
-            out = fn(cls, *args, **kwargs)
+            out = _inside(fn, cls, *args, **kwargs)
             if _active():
                 _check(out, producer=f"{cls_name}.create_idle_input")
             return out
@@ -142,7 +183,7 @@ def _verify_post_init(fn: Any) -> Any:
     @functools.wraps(fn)
     def __post_init__(self: Any) -> None:
         fn(self)
-        if _active():
+        if _outermost():  # inside build_eagle_verify_input / draft the producer's exit checks it
             _check(self, producer="EagleVerifyInput.__init__")
     return __post_init__
 
@@ -175,7 +216,7 @@ def _tree(verify_cls: type) -> Callable[[Any], Any]:
                                         spec_steps: int, num_verify_tokens: int, *args: Any, **kwargs: Any) -> Any:
             out = fn(bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, seq_lens_sum, topk,
                      spec_steps, num_verify_tokens, *args, **kwargs)
-            if _active():  # the outputs as the EagleVerifyInput sglang assembles from them
+            if _outermost():  # the outputs as the EagleVerifyInput sglang assembles from them
                 tree_mask, positions, r_index, r_next, r_sibling, tokens = out
                 view = object.__new__(verify_cls)
                 view.__dict__.update(draft_token=tokens, custom_mask=tree_mask, positions=positions,
@@ -200,7 +241,7 @@ class _NoPool:
 def _build_verify(fn: Any) -> Any:
     @functools.wraps(fn)
     def build_eagle_verify_input(batch: Any, *args: Any, **kwargs: Any) -> Any:
-        out = fn(batch, *args, **kwargs)
+        out = _inside(fn, batch, *args, **kwargs)
         if _active():
             _check(out, None if batch.forward_mode.is_idle() else batch,
                    producer="eagle_worker_common.build_eagle_verify_input")
@@ -215,7 +256,7 @@ def _sample(fn: Any) -> Any:
         if _active():
             _check(verify_input, None if idle else batch, consumer="eagle_utils.eagle_sample")
         out = fn(verify_input, batch, *args, **kwargs)
-        if _active():
+        if _outermost():  # inside EAGLEWorkerV2.verify its result is checked at verify's exit
             from sglang.srt.managers.utils import GenerationBatchResult
 
             predict, accept_lens, accept_index = out
@@ -251,7 +292,7 @@ def _draft(fn: Any) -> Any:
         live = None if batch.forward_mode.is_idle() else batch
         if _active():
             _check(batch.spec_info, live, consumer="EagleDraftWorker.draft")
-        out = fn(self, batch, *args, **kwargs)
+        out = _inside(fn, self, batch, *args, **kwargs)
         if _active():
             _check(out[0] if isinstance(out, tuple) else out, live, producer="EagleDraftWorker.draft")
         return out
@@ -288,7 +329,7 @@ def _verify(fn: Any) -> Any:
         live = None if batch.forward_mode.is_idle() else batch
         if _active():
             _check(batch.spec_info, live, consumer="EAGLEWorkerV2.verify")
-        out = fn(self, batch, *args, **kwargs)
+        out = _inside(fn, self, batch, *args, **kwargs)
         if _active():
             _check(out, live, producer="EAGLEWorkerV2.verify")
         return out

@@ -389,6 +389,19 @@ def _extend_path(obj: Any, config: Optional[SpecConfig]) -> str:
     return "idle" if per_req < 0 else "prefill" if per_req == 1 else "decode"
 
 
+def _values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
+    """The raw values a view of `obj` reads (object and batch attributes), for memoizing checks."""
+    ctx = _Ctx(obj, batch, None, name, None)
+    return (obj, batch) + tuple(_fetch(ctx, f.engine) for f, _ in _STEPS[name])
+
+
+def _scalars(obj: Any, batch: Any) -> tuple[Any, ...]:
+    """The non-tensor attributes a check reads (they choose the path and the sizes)."""
+    return (getattr(obj, "draft_token_num", None), getattr(obj, "seq_lens_sum", None),
+            getattr(obj, "num_tokens_per_req", None), getattr(batch, "seq_lens_sum", None),
+            getattr(batch, "extend_num_tokens", None))
+
+
 def _build(name: str, obj: Any, batch: Any, config: Optional[SpecConfig], producer: Optional[str] = None,
            consumer: Optional[str] = None) -> tuple[_Ctx, dict[str, Any], set[str]]:
     ctx = _Ctx(obj, batch, config, name, _bs(obj, batch, name), producer, consumer)
