@@ -134,13 +134,11 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
     tensors rather than resizing them in place, so a changed field is a new value.
     """
     config = _config()
-    name = adapter._engine_class(obj)
-    values = adapter._values(name, obj, batch)
-    key = (name, id(config), tuple(map(id, values)), adapter._scalars(obj, batch))
+    values = adapter._values(obj, batch)
+    key = (id(config), *map(id, values))
     if key in _SEEN:
-        _SEEN.move_to_end(key)
         return
-    BOUNDARY_CALLS[f"sglang {producer or consumer}"] += 1
+    BOUNDARY_CALLS["sglang " + (producer or consumer)] += 1
     adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None)
     _SEEN[key] = (config, values)
     if len(_SEEN) > _SEEN_SIZE:
@@ -242,7 +240,7 @@ def _build_verify(fn: Any) -> Any:
     @functools.wraps(fn)
     def build_eagle_verify_input(batch: Any, *args: Any, **kwargs: Any) -> Any:
         out = _inside(fn, batch, *args, **kwargs)
-        if _active():
+        if _outermost():  # inside EagleDraftWorker.draft, draft's exit checks it
             _check(out, None if batch.forward_mode.is_idle() else batch,
                    producer="eagle_worker_common.build_eagle_verify_input")
         return out
@@ -253,7 +251,7 @@ def _sample(fn: Any) -> Any:
     @functools.wraps(fn)
     def eagle_sample(verify_input: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         idle = batch.forward_mode.is_idle()
-        if _active():
+        if _outermost():  # inside EAGLEWorkerV2.verify, verify's entry checked it
             _check(verify_input, None if idle else batch, consumer="eagle_utils.eagle_sample")
         out = fn(verify_input, batch, *args, **kwargs)
         if _outermost():  # inside EAGLEWorkerV2.verify its result is checked at verify's exit

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from .. import _strict
-from .._contract import _config_facts, check_merge, view_of
+from .._contract import _config_facts, check_merge
 from .._contract import check as contract_check
 from .._plan import ClassPlan, Context, check_fields, plan_for
 from ..config import SpecConfig
@@ -365,6 +365,17 @@ _ALL = {m.engine_cls: frozenset(f.name for f in plan_for(m.contract_cls).fields)
 _STEPS = {m.engine_cls: tuple((f, _layout_fn(f)) for f in m.fields) for m in CLASS_MAPS}
 
 
+def _compiled(f: FieldMap) -> tuple[str, FieldMap, Any, Optional[str], Optional[str]]:
+    """(contract field, map, view function or None for as-is, object attribute, batch attribute)."""
+    fn = _layout_fn(f)
+    own = next((a for on_batch, a in _parts_of(f.engine) if not on_batch), None)
+    shared = next((a for on_batch, a in _parts_of(f.engine) if on_batch), None)
+    return f.contract, f, None if fn is VIEWS[AS_IS] or fn is VIEWS[WINDOW_ROWS] else fn, own, shared
+
+
+_FAST = {m.engine_cls: tuple(_compiled(f) for f in m.fields) for m in CLASS_MAPS}
+
+
 def _left_out(name: str, ctx: _Ctx, fields: dict[str, Any]) -> set[str]:
     """Contract fields sglang does not carry on this object's path (documented in CLASS_MAPS)."""
     out = set(_NEVER[name])
@@ -389,23 +400,33 @@ def _extend_path(obj: Any, config: Optional[SpecConfig]) -> str:
     return "idle" if per_req < 0 else "prefill" if per_req == 1 else "decode"
 
 
-def _values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
-    """The raw values a view of `obj` reads (object and batch attributes), for memoizing checks."""
-    ctx = _Ctx(obj, batch, None, name, None)
-    return (obj, batch) + tuple(_fetch(ctx, f.engine) for f, _ in _STEPS[name])
+def _view(cls: type, fields: dict[str, Any]) -> Any:
+    """`view_of(cls, fields)` for a dict holding every field of `cls` (one dict update, on the hot path)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
-def _scalars(obj: Any, batch: Any) -> tuple[Any, ...]:
-    """The non-tensor attributes a check reads (they choose the path and the sizes)."""
-    return (getattr(obj, "draft_token_num", None), getattr(obj, "seq_lens_sum", None),
-            getattr(obj, "num_tokens_per_req", None), getattr(batch, "seq_lens_sum", None),
-            getattr(batch, "extend_num_tokens", None))
+_BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
+
+
+def _values(obj: Any, batch: Any) -> tuple[Any, ...]:
+    """Everything a check of `obj` can read (its attributes, the batch's), for memoizing checks."""
+    own = tuple(vars(obj).values())
+    if batch is None:
+        return (obj, None) + own
+    return (obj, batch) + own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
 
 
 def _build(name: str, obj: Any, batch: Any, config: Optional[SpecConfig], producer: Optional[str] = None,
            consumer: Optional[str] = None) -> tuple[_Ctx, dict[str, Any], set[str]]:
     ctx = _Ctx(obj, batch, config, name, _bs(obj, batch, name), producer, consumer)
-    fields = {f.contract: fn(ctx, f, _fetch(ctx, f.engine)) for f, fn in _STEPS[name]}
+    fields = {}
+    for contract, f, fn, own, shared in _FAST[name]:  # the hot path of `_fetch` + the layout function
+        value = getattr(obj, own, None) if own else None
+        if value is None and shared and batch is not None:
+            value = getattr(batch, shared, None)
+        fields[contract] = value if fn is None else fn(ctx, f, value)
     return ctx, fields, _left_out(name, ctx, fields)
 
 
@@ -477,7 +498,7 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
                         f"draft_token_num {obj.draft_token_num}, expected num_draft = {config.num_draft_tokens} "
                         "(SpecConfig.num_draft_tokens)")
         ctx, fields, left_out = _build(name, obj, batch, config, producer, consumer)
-        view = view_of(cls, fields)
+        view = _view(cls, fields)
         window = name == "EagleDraftExtendInput" and _extend_path(obj, config) == "decode"
         if window:
             _check_window(ctx, obj, fields)
@@ -535,7 +556,7 @@ def check_merge_inputs(left: Any, right: Any) -> None:
     if len(left.topk_index) == 0 or len(right.topk_index) == 0:
         return  # sglang short-circuits an idle side: nothing is concatenated
     try:
-        views = [view_of(DraftInput, _build("EagleDraftInput", side, None, None)[1]) for side in (left, right)]
+        views = [_view(DraftInput, _build("EagleDraftInput", side, None, None)[1]) for side in (left, right)]
         check_merge(views[0], views[1], DraftInput)
     except SpecContractError as err:
         raise _rename(err, "EagleDraftInput") from err
