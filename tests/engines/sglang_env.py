@@ -33,7 +33,8 @@ import pytest
 FAKE_MODULES = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional", "tvm_ffi",
                 "sentencepiece", "compressed_tensors", "compressed_tensors.config",
                 "compressed_tensors.quantization", "gguf")
-MODULES = ("eagle_info", "eagle_utils", "eagle_worker_common", "eagle_worker_v2", "spec_tree", "utils")
+MODULES = ("eagle_info", "eagle_utils", "eagle_worker_common", "eagle_worker_v2", "spec_tree", "utils",
+           "schedule_batch", "forward_batch_info")
 _PATHS = {
     "eagle_info": "sglang.srt.speculative.eagle_info",
     "eagle_utils": "sglang.srt.speculative.eagle_utils",
@@ -41,6 +42,8 @@ _PATHS = {
     "eagle_worker_v2": "sglang.srt.speculative.eagle_worker_v2",
     "spec_tree": "sglang.kernels.ops.speculative.spec_tree",
     "utils": "sglang.srt.managers.utils",
+    "schedule_batch": "sglang.srt.managers.schedule_batch",
+    "forward_batch_info": "sglang.srt.model_executor.forward_batch_info",
 }
 SPEC_SETTINGS = dict(speculative_use_rejection_sampling=False, speculative_use_block_verification=False,
                      speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0,

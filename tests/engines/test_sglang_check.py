@@ -179,3 +179,30 @@ def test_class_maps_are_the_views_used(objects):
         assert m.policy is adapter.POLICIES[m.engine_cls]
     table = mapping_table(adapter.CLASS_MAPS)
     assert "| `tree_mask` | `custom_mask` |" in table and "int32 (idle, verify) or int64 (prefill)" in table
+
+
+def test_a_real_schedule_batch_supplies_the_batch_fields(sg, objects):
+    config = CONFIGS["EAGLE"]
+    obj, sb = next((o, b) for label, o, b in objects["EAGLE"] if label == "verify qlen")
+    real = sg.schedule_batch.ScheduleBatch(reqs=[])
+    real.seq_lens, real.seq_lens_cpu, real.seq_lens_sum = sb.seq_lens, sb.seq_lens_cpu, sb.seq_lens_sum
+    real.req_pool_indices = sb.req_pool_indices
+    real.forward_mode = sg.forward_batch_info.ForwardMode.DECODE
+    view = adapter.check(obj, config, real, values=True)
+    assert view.seq_lens.data_ptr() == real.seq_lens.data_ptr()
+    real.req_pool_indices = sb.req_pool_indices.int()
+    with pytest.raises(SpecContractError, match=r"sglang EagleVerifyInput\.batch\.req_pool_indices -> "
+                                                 r"VerifyInput\.req_pool_indices: dtype torch\.int32"):
+        adapter.check(obj, config, real)
+
+
+def test_a_missing_engine_skips_locally_and_fails_under_ci(monkeypatch):
+    monkeypatch.setitem(env._PATHS, "missing", "sglang.srt.no_such_module_in_0_5_23")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="sglang not importable"):
+        with env.loaded():
+            pass
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="not importable under CI"):
+        with env.loaded():
+            pass
