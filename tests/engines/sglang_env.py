@@ -15,12 +15,16 @@ sglang modules stay imported, holding their references). Inside it:
 - sglang's server-wide config bag (`get_spec()`), which exists only inside a server, is a
   namespace with the spec settings these paths read (no rejection sampling).
 
+On exit the environment variables and root log handlers sglang's import set are restored. What
+sglang's import patches in transformers (`hf_transformers_patches.apply_all`) stays for the process.
+
 A missing sglang skips the tests, except under CI (`$CI` set), where it fails them.
 """
 
 import contextlib
 import importlib
 import importlib.machinery
+import logging
 import os
 import sys
 import types
@@ -101,6 +105,7 @@ def loaded() -> Iterator[SimpleNamespace]:
     mp = pytest.MonkeyPatch()
     inserted = []
     stack = contextlib.ExitStack()
+    environ, handlers = dict(os.environ), list(logging.root.handlers)
     try:
         mp.setenv("TRITON_INTERPRET", "1")
         mp.setenv("TORCHDYNAMO_DISABLE", "1")
@@ -131,6 +136,12 @@ def loaded() -> Iterator[SimpleNamespace]:
         mp.undo()
         for name in inserted:
             sys.modules.pop(name, None)
+        # sglang's import sets cache and log variables (TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING, ...) and a
+        # root log handler: the rest of the test session gets its own back
+        for key in set(os.environ) - set(environ):
+            del os.environ[key]
+        os.environ.update(environ)
+        logging.root.handlers[:] = handlers
 
 
 # --- sglang's own pipeline on CPU -----------------------------------------------------------------
