@@ -40,7 +40,8 @@ def objects(env: Any, mods: Any, config: Any) -> dict[str, tuple[Any, Any]]:
 
 def iteration(objs: dict[str, tuple[Any, Any]]) -> list[tuple[Any, Any, str, str]]:
     """(object, batch, producer, consumer) of every boundary one decode iteration crosses under install()."""
-    d, v, r = objs["EagleDraftInput (decode)"], objs["EagleVerifyInput (QLEN_ONLY)"], \
+    # FULL_MASK: sglang's tree mask on GPUs (default_tree_mask_mode; QLEN_ONLY is its CPU kernel's)
+    d, v, r = objs["EagleDraftInput (decode)"], objs["EagleVerifyInput (FULL_MASK)"], \
         objs["verify result (GenerationBatchResult)"]
     e, n = objs["EagleDraftExtendInput (decode window)"], objs["next EagleDraftInput"]
     # build_eagle_verify_input (inside draft) and eagle_sample (inside verify) leave their objects to the

@@ -79,6 +79,10 @@ def test_bitpacked_mask_is_checked_not_viewed(sg, objects):
     packed = copy.copy(obj)
     packed.custom_mask = torch.zeros(2 * n, dtype=torch.uint8)  # what the CUDA kernel allocates for n <= 8
     assert adapter.check(packed, config, sb).tree_mask is None
+    longer = copy.copy(obj)  # a preallocated QLEN_ONLY buffer for a larger batch
+    longer.custom_mask = torch.cat([obj.custom_mask, torch.ones(n * n, dtype=torch.bool)])
+    view = adapter.check(longer, config, sb, tree_mask_mode=sg.spec_tree.TreeMaskMode.QLEN_ONLY)
+    assert torch.equal(view.tree_mask.flatten(), obj.custom_mask)
     packed.custom_mask = torch.zeros(2 * n, dtype=torch.uint16)
     with pytest.raises(SpecContractError, match=r"sglang EagleVerifyInput\.custom_mask -> VerifyInput\.tree_mask"):
         adapter.check(packed, config, sb)

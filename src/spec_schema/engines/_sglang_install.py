@@ -41,7 +41,7 @@ from ..config import SpecConfig
 from . import sglang as adapter
 
 _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wrapping order
-_STATE = SimpleNamespace(config=None)
+_STATE = SimpleNamespace(config=None, mask_mode=None)
 
 
 def installed() -> bool:
@@ -54,13 +54,16 @@ def _config() -> Optional[SpecConfig]:
     return c() if callable(c) and not isinstance(c, SpecConfig) else c
 
 
-def install(config: Any) -> bool:
-    """Wrap sglang's boundaries (see the module docstring); False, wrapping nothing, with SPEC_STRICT unset."""
+def install(config: Any, tree_mask_mode: Any = None) -> bool:
+    """Wrap sglang's boundaries (see the module docstring); False, wrapping nothing, with SPEC_STRICT unset.
+
+    `tree_mask_mode`: the attention backend's mask mode, when its preallocated QLEN_ONLY buffer may be
+    longer than a batch needs (see `check`)."""
     if not _strict.LEVEL:
         return False
     if not (isinstance(config, SpecConfig) or callable(config)):
         raise TypeError(f"install(config): a SpecConfig or a callable returning one, got {type(config).__name__}")
-    _STATE.config = config
+    _STATE.config, _STATE.mask_mode = config, tree_mask_mode
     if _SAVED:
         return True
     mods = {k: importlib.import_module(f"sglang.srt.speculative.{k}")
@@ -139,7 +142,8 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
     if key in _SEEN:
         return
     BOUNDARY_CALLS["sglang " + (producer or consumer)] += 1
-    adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None)
+    adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None,
+                  tree_mask_mode=_STATE.mask_mode)
     _SEEN[key] = (config, values)
     if len(_SEEN) > _SEEN_SIZE:
         _SEEN.popitem(last=False)

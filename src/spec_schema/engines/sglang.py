@@ -83,6 +83,7 @@ class _Ctx:
                  producer: Optional[str] = None, consumer: Optional[str] = None):
         self.obj, self.batch, self.config, self.cls_name, self.bs = obj, batch, config, cls_name, bs
         self.producer, self.consumer = producer, consumer
+        self.mask_mode: Optional[str] = None
         self.num_draft = config.num_draft_tokens if config is not None else getattr(obj, "draft_token_num", None)
 
 
@@ -160,16 +161,20 @@ def _tree_mask(ctx: _Ctx, f: FieldMap, mask: Any) -> Any:
         if mask.shape[0] < bs * n:
             raise _fail(ctx, f, "num_draft", f"bit-packed length {mask.shape[0]} < bs*num_draft = {bs * n}", mask)
         return None
-    if mask.shape[0] == bs * n * n or ctx.obj.__dict__.get("_spec_mask_mode") == "QLEN_ONLY":
-        if mask.shape[0] < bs * n * n:
+    mode = ctx.mask_mode
+    if mode == "QLEN_ONLY" or mode is None and mask.shape[0] == bs * n * n:
+        if mask.shape[0] < bs * n * n:  # a preallocated QLEN_ONLY buffer may be longer
             raise _fail(ctx, f, "num_draft", f"QLEN_ONLY length {mask.shape[0]} < bs*num_draft^2 = {bs * n * n}", mask)
         return mask[: bs * n * n].view(bs, n, n)
     return _full_mask(ctx, f, mask, bs, n)
 
 
 def _full_mask(ctx: _Ctx, f: FieldMap, mask: Any, bs: int, n: int) -> Any:
-    lens = _host_seq_lens(ctx)
-    total = _seq_lens_sum(ctx, lens)
+    total = _seq_lens_sum(ctx)
+    lens = None
+    if total is None or bs > 1:
+        lens = _host_seq_lens(ctx)
+        total = sum(lens) if total is None and lens is not None else total
     if total is None:
         raise _fail(ctx, f, "num_draft", f"length {mask.shape[0]} is not QLEN_ONLY's bs*num_draft^2 = {bs * n * n}, "
                     "and no seq_lens_sum is known to check a FULL_MASK", mask)
@@ -177,9 +182,9 @@ def _full_mask(ctx: _Ctx, f: FieldMap, mask: Any, bs: int, n: int) -> Any:
     if mask.shape[0] < need:
         raise _fail(ctx, f, "num_draft", f"FULL_MASK length {mask.shape[0]} < seq_lens_sum*num_draft + "
                     f"bs*num_draft^2 = {total}*{n} + {bs}*{n}^2 = {need}", mask)
-    if lens is None or len(set(lens)) > 1 or not bs:
+    if bs > 1 and (lens is None or len(set(lens)) > 1) or not bs:
         return None  # ragged blocks: no single (bs, n, n) view exists
-    seq = lens[0]
+    seq = total if bs == 1 else lens[0]  # one request: its length is the (exact) sum
     row = seq + n
     return mask.as_strided((bs, n, n), (n * row, row, 1), mask.storage_offset() + seq)
 
@@ -192,12 +197,13 @@ def _host_seq_lens(ctx: _Ctx) -> Optional[list[int]]:
     return None
 
 
-def _seq_lens_sum(ctx: _Ctx, lens: Optional[list[int]]) -> Optional[int]:
+def _seq_lens_sum(ctx: _Ctx) -> Optional[int]:
+    """The exact sum of the batch's seq_lens, from sglang's host ints (the object's, else the batch's)."""
     for src in (ctx.obj, ctx.batch):
         total = getattr(src, "seq_lens_sum", None) if src is not None else None
         if isinstance(total, int):
             return total
-    return sum(lens) if lens is not None else None
+    return None
 
 
 VIEWS: dict[str, Callable[[_Ctx, FieldMap, Any], Any]] = {
@@ -418,9 +424,19 @@ def _values(obj: Any, batch: Any) -> tuple[Any, ...]:
     return (obj, batch) + own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
 
 
+def _mode_name(mode: Any) -> Optional[str]:
+    if mode is None:
+        return None
+    name = getattr(mode, "name", mode)
+    if name not in ("QLEN_ONLY", "FULL_MASK", "QLEN_ONLY_BITPACKING"):
+        raise ValueError(f"tree_mask_mode must be QLEN_ONLY, FULL_MASK or QLEN_ONLY_BITPACKING, got {mode!r}")
+    return name
+
+
 def _build(name: str, obj: Any, batch: Any, config: Optional[SpecConfig], producer: Optional[str] = None,
-           consumer: Optional[str] = None) -> tuple[_Ctx, dict[str, Any], set[str]]:
+           consumer: Optional[str] = None, mask_mode: Optional[str] = None) -> tuple[_Ctx, dict[str, Any], set[str]]:
     ctx = _Ctx(obj, batch, config, name, _bs(obj, batch, name), producer, consumer)
+    ctx.mask_mode = mask_mode
     fields = {}
     for contract, f, fn, own, shared in _FAST[name]:  # the hot path of `_fetch` + the layout function
         value = getattr(obj, own, None) if own else None
@@ -472,7 +488,7 @@ def _rows(ctx: _Ctx) -> Optional[tuple[int, str]]:
 
 
 def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: Optional[bool] = None,
-          producer: Optional[str] = None, consumer: Optional[str] = None) -> Any:
+          producer: Optional[str] = None, consumer: Optional[str] = None, tree_mask_mode: Any = None) -> Any:
     """Check one sglang object against the contract and return the phase-class view of it.
 
     `obj`: an `EagleDraftInput`, `EagleVerifyInput`, `EagleDraftExtendInput` or the verify result
@@ -481,7 +497,10 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
     keeps there are left out. `values`: also the value invariants (default: at SPEC_STRICT=2; they
     read tensor data). Returns a `DraftInput` / `VerifyInput` / `DraftExtendInput` / `VerifyOutput`
     over views of sglang's tensors (fields sglang does not carry are None), or None for the V2
-    overlap handle (`future_indices` set). Raises `SpecContractError` naming sglang's attribute and
+    overlap handle (`future_indices` set). `tree_mask_mode` (sglang's `TreeMaskMode` or its name) says
+    how to read `EagleVerifyInput.custom_mask`; by default a bool mask of exactly bs*num_draft^2 is
+    QLEN_ONLY, a longer one FULL_MASK, an integer one bit-packed (a preallocated QLEN_ONLY buffer
+    longer than the batch needs the mode). Raises `SpecContractError` naming sglang's attribute and
     the contract's field; `TypeError` for an unsupported object; `AttributeError` for an sglang
     whose classes lack an attribute this adapter reads.
     """
@@ -497,7 +516,7 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
             raise _fail(_Ctx(obj, batch, config, name, None, producer, consumer), f, "num_draft",
                         f"draft_token_num {obj.draft_token_num}, expected num_draft = {config.num_draft_tokens} "
                         "(SpecConfig.num_draft_tokens)")
-        ctx, fields, left_out = _build(name, obj, batch, config, producer, consumer)
+        ctx, fields, left_out = _build(name, obj, batch, config, producer, consumer, _mode_name(tree_mask_mode))
         view = _view(cls, fields)
         window = name == "EagleDraftExtendInput" and _extend_path(obj, config) == "decode"
         if window:
@@ -562,16 +581,18 @@ def check_merge_inputs(left: Any, right: Any) -> None:
         raise _rename(err, "EagleDraftInput") from err
 
 
-def install(config: Any) -> bool:
+def install(config: Any, tree_mask_mode: Any = None) -> bool:
     """Wrap sglang's producers and consumers so every boundary is checked (under SPEC_STRICT only).
 
     `config`: the `SpecConfig` the wrappers check against, or a callable returning it (sglang's own
-    server config bag exists only inside a server). Returns whether anything was wrapped: nothing is
-    with SPEC_STRICT unset. Idempotent. See `spec_schema.engines._sglang_install`.
+    server config bag exists only inside a server; build the SpecConfig from the target's and the
+    draft's HF configs with `ModelDims.from_hf_config` and the server's num_steps / topk /
+    num_draft_tokens). `tree_mask_mode`: see `check`. Returns whether anything was wrapped: nothing
+    is with SPEC_STRICT unset. Idempotent. See `spec_schema.engines._sglang_install`.
     """
     from . import _sglang_install
 
-    return _sglang_install.install(config)
+    return _sglang_install.install(config, tree_mask_mode)
 
 
 def uninstall() -> None:
