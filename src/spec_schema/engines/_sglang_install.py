@@ -26,9 +26,9 @@ SPEC_STRICT unset nothing is wrapped. Checks stand aside while a CUDA graph is c
 torch.compile traces, like every spec_schema boundary.
 """
 
-import collections
 import functools
 import importlib
+import operator
 import sys
 import threading
 from collections.abc import Callable
@@ -124,29 +124,31 @@ class _Local(threading.local):
 
 
 _LOCAL = _Local()
-_SEEN: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_SEEN: dict[tuple[int, int, int], tuple[Any, ...]] = {}
 _SEEN_SIZE = 16
 
 
 def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "") -> None:
-    """Check `obj` unless the same tensors (and batch tensors) passed under the same config already.
+    """Check `obj` unless the same object with the same values (and batch values) passed under this config.
 
     Every boundary an object crosses would otherwise check it again (a verify input is consumed by
-    verify, eagle_sample and the target forward). The memo keys on the identity of each value the
-    view reads; it holds those values, so their ids cannot be reused while remembered. sglang replaces
-    tensors rather than resizing them in place, so a changed field is a new value.
+    verify, eagle_sample and the target forward). The memo compares, by identity, each value the view
+    reads and the non-tensor attributes that choose sizes; it holds them (and the object and batch),
+    so their ids cannot be reused while remembered. sglang replaces tensors rather than resizing them
+    in place, so a changed field is a new value.
     """
     config = _config()
-    values = adapter._values(obj, batch)
-    key = (id(config), *map(id, values))
-    if key in _SEEN:
+    values = adapter._values(adapter._engine_class(obj), obj, batch)
+    key = (id(config), id(obj), id(batch))
+    seen = _SEEN.get(key)
+    if seen is not None and len(seen[3]) == len(values) and all(map(operator.is_, seen[3], values)):
         return
     BOUNDARY_CALLS["sglang " + (producer or consumer)] += 1
     adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None,
                   tree_mask_mode=_STATE.mask_mode)
-    _SEEN[key] = (config, values)
-    if len(_SEEN) > _SEEN_SIZE:
-        _SEEN.popitem(last=False)
+    if len(_SEEN) >= _SEEN_SIZE:
+        del _SEEN[next(iter(_SEEN))]
+    _SEEN[key] = (config, obj, batch, values)
 
 
 def _active() -> bool:

@@ -21,6 +21,7 @@ result's accept tokens) are listed as "not carried" and left out of that check; 
 fields present is not loosened. sglang is imported only by `install()`, never by `check`.
 """
 
+import operator
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -414,14 +415,18 @@ def _view(cls: type, fields: dict[str, Any]) -> Any:
 
 
 _BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
+_SCALARS = ("draft_token_num", "seq_lens_sum", "num_tokens_per_req", "seq_lens_cpu", "future_indices")
+_READ = {m.engine_cls: operator.attrgetter(*sorted(
+    {a for f in m.fields for on_batch, a in _parts_of(f.engine) if not on_batch}
+    | {a for a in _SCALARS if a in _REQUIRED_ATTRS[m.engine_cls]})) for m in CLASS_MAPS}
 
 
-def _values(obj: Any, batch: Any) -> tuple[Any, ...]:
-    """Everything a check of `obj` can read (its attributes, the batch's), for memoizing checks."""
-    own = tuple(vars(obj).values())
+def _values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
+    """Everything a check of `obj` reads (its attributes, the batch's), for memoizing checks."""
+    own = _READ[name](obj)
     if batch is None:
-        return (obj, None) + own
-    return (obj, batch) + own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
+        return own
+    return own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
 
 
 def _mode_name(mode: Any) -> Optional[str]:
