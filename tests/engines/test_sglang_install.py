@@ -88,6 +88,12 @@ def test_a_valid_iteration_passes_every_wrapped_boundary(wrapped):
                                            "seq_lens_sum", "seq_lens_cpu")}
     sg.eagle_info.EagleVerifyInput(**fields)  # built outside any producer: its constructor checks it
     assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 1
+    sg.eagle_info.EagleVerifyInput(**fields)  # the same signature (dtypes, shapes, devices, sizes): known
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 1
+    fields["retrieve_index"] = vin.retrieve_index[:, :-1]  # another signature (and broken): checked
+    with pytest.raises(SpecContractError, match=r"retrieve_index -> VerifyInput\.retrieve_index: axis num_draft"):
+        sg.eagle_info.EagleVerifyInput(**fields)
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 2
 
 
 def test_corrupted_objects_are_rejected_by_sglangs_own_functions(wrapped):

@@ -415,18 +415,38 @@ def _view(cls: type, fields: dict[str, Any]) -> Any:
 
 
 _BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
+_BATCH_SHAPES = ("seq_lens", "req_pool_indices", "input_ids", "extend_num_tokens")
 _SCALARS = ("draft_token_num", "seq_lens_sum", "num_tokens_per_req", "seq_lens_cpu", "future_indices")
 _READ = {m.engine_cls: operator.attrgetter(*sorted(
     {a for f in m.fields for on_batch, a in _parts_of(f.engine) if not on_batch}
     | {a for a in _SCALARS if a in _REQUIRED_ATTRS[m.engine_cls]})) for m in CLASS_MAPS}
 
 
-def _values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
-    """Everything a check of `obj` reads (its attributes, the batch's), for memoizing checks."""
+_READ_NAMES = {m.engine_cls: tuple(sorted(
+    {a for f in m.fields for on_batch, a in _parts_of(f.engine) if not on_batch}
+    | {a for a in _SCALARS if a in _REQUIRED_ATTRS[m.engine_cls]})) for m in CLASS_MAPS}
+
+
+def _sig(attr: str, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if attr == "seq_lens_cpu":  # host lengths: a FULL_MASK's length check may sum them (verify only)
+            return tuple(value.tolist())
+        return value.dtype, value.shape, value.get_device()
+    if isinstance(value, list):
+        return tuple(value)
+    return value if value is None or isinstance(value, (int, str, bool)) else type(value)
+
+
+def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
+    """What a strict-level-1 check of `obj` depends on: each tensor's dtype, shape and device, the host
+    lengths and counts, and the sizes held as ints (on the object and the batch). Two objects with one
+    signature get one verdict, so `install` checks a signature once."""
     own = _READ[name](obj)
+    sig = tuple(_sig(a, v) for a, v in zip(_READ_NAMES[name], own))
     if batch is None:
-        return own
-    return own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
+        return (name, type(obj)) + sig
+    attrs = _BATCH_ATTRS if name == "EagleVerifyInput" else _BATCH_SHAPES  # only a mask reads host lengths
+    return (name, type(obj), *sig, *(_sig(a, getattr(batch, a, None)) for a in attrs))
 
 
 def _mode_name(mode: Any) -> Optional[str]:
