@@ -73,6 +73,7 @@ def measure(clock: Any, config: Any, budget_us: float) -> dict[str, Any]:
         try:
             def one(cold: bool) -> None:
                 seen = _sglang_install._SEEN
+                _sglang_install._SAME.clear()  # a new iteration: new objects
                 if cold:  # every object of the iteration has a signature not seen before
                     seen.clear()
                 else:  # steady state: the verify input's FULL_MASK grows with seq_lens every iteration

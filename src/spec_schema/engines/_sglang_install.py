@@ -28,6 +28,7 @@ torch.compile traces, like every spec_schema boundary.
 
 import functools
 import importlib
+import operator
 import sys
 import threading
 from collections.abc import Callable
@@ -124,28 +125,40 @@ class _Local(threading.local):
 
 _LOCAL = _Local()
 _SEEN: dict[tuple[Any, ...], Any] = {}  # signature -> the config it passed under
+_SAME: dict[tuple[int, int, int], tuple[Any, ...]] = {}  # (config, object, batch) ids -> the values that passed
 _SEEN_SIZE = 64
 
 
+def _remember(table: dict, key: Any, value: Any) -> None:
+    if len(table) >= _SEEN_SIZE:
+        del table[next(iter(table))]
+    table[key] = value
+
+
 def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "") -> None:
-    """Check `obj` unless an object of the same signature passed under this config.
+    """Check `obj` unless it, or an object of the same signature, passed under this config.
 
     At SPEC_STRICT=1 a check reads each tensor's dtype, shape and device and a few host ints
     (`adapter.signature`), so one verdict holds for every object with the same signature: each
-    iteration's new objects of an unchanged batch are not checked again, and neither is an object
-    crossing its next boundary. Level 2 reads values: every boundary checks.
+    iteration's new objects of an unchanged batch are not checked again. An object crossing its next
+    boundary with the very same values is recognised first, by identity (the memo holds those values,
+    so their ids are not reused while remembered). Level 2 reads values: every boundary checks.
     """
     config = _config()
     if _strict.LEVEL >= 2:
         _full_check(obj, batch, config, producer, consumer)
         return
-    key = (id(config), _STATE.mask_mode, adapter.signature(adapter._engine_class(obj), obj, batch))
-    if _SEEN.get(key) is config:
+    name = adapter._engine_class(obj)
+    values = adapter.values(name, obj, batch)
+    same = (id(config), id(obj), id(batch))
+    known = _SAME.get(same)
+    if known is not None and known[0] is config and all(map(operator.is_, known[1], values)):
         return
-    _full_check(obj, batch, config, producer, consumer)
-    if len(_SEEN) >= _SEEN_SIZE:
-        del _SEEN[next(iter(_SEEN))]
-    _SEEN[key] = config
+    key = (id(config), _STATE.mask_mode, adapter.signature(name, obj, batch))
+    if _SEEN.get(key) is not config:
+        _full_check(obj, batch, config, producer, consumer)
+        _remember(_SEEN, key, config)
+    _remember(_SAME, same, (config, values, obj, batch))
 
 
 def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str) -> None:

@@ -437,6 +437,12 @@ def _sig(attr: str, value: Any) -> Any:
     return value if value is None or isinstance(value, (int, str, bool)) else type(value)
 
 
+def values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
+    """The values a check of `obj` reads (the object's attributes, the batch's), for identity memos."""
+    own = _READ[name](obj)
+    return own if batch is None else own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
+
+
 def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
     """What a strict-level-1 check of `obj` depends on: each tensor's dtype, shape and device, the host
     lengths and counts, and the sizes held as ints (on the object and the batch). Two objects with one
