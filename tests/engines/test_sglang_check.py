@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from spec_schema import DraftExtendInput, DraftInput, SpecContractError, VerifyInput, VerifyOutput
 from spec_schema.engines import ClassMap, mapping_table
+from spec_schema.engines import _sglang_views as _views
 from spec_schema.engines import sglang as adapter
 from spec_schema.testing import example_config
 
@@ -44,8 +45,7 @@ def test_every_sglang_object_passes_as_a_view(objects, algorithm):
         name = type(obj).__name__
         assert isinstance(view, CONTRACT[name]), label
         for f in adapter._BY_NAME[name].fields:  # views, never copies
-            value, theirs = getattr(view, f.contract), adapter._fetch(adapter._Ctx(obj, sb, config, name, None),
-                                                                      f.engine)
+            value, theirs = getattr(view, f.contract), _views._fetch(_views._Ctx(obj, sb, config, name, None), f.engine)
             if isinstance(value, torch.Tensor):
                 assert value.untyped_storage().data_ptr() == theirs.untyped_storage().data_ptr(), (label, f)
 

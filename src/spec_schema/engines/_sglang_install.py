@@ -35,10 +35,54 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import torch
+
 from .. import _strict
 from .._contract import BOUNDARY_CALLS, standing_aside
 from ..config import SpecConfig
 from . import sglang as adapter
+
+_BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
+_BATCH_SHAPES = ("seq_lens", "req_pool_indices", "input_ids", "extend_num_tokens")
+_SCALARS = ("draft_token_num", "seq_lens_sum", "num_tokens_per_req", "seq_lens_cpu", "future_indices")
+_READ = {m.engine_cls: operator.attrgetter(*sorted(
+    {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if not on_batch}
+    | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
+
+
+_READ_NAMES = {m.engine_cls: tuple(sorted(
+    {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if not on_batch}
+    | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
+
+
+def _sig(attr: str, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if attr == "seq_lens_cpu":  # host lengths: a FULL_MASK's length check may sum them (verify only)
+            return tuple(value.tolist())
+        return value.dtype, value.shape, value.get_device()
+    if isinstance(value, list):
+        return tuple(value)
+    return value if value is None or isinstance(value, (int, str, bool)) else type(value)
+
+
+def read_values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
+    """The values a check of `obj` reads (the object's attributes, the batch's), for identity memos."""
+    own = _READ[name](obj)
+    return own if batch is None else own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
+
+
+def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
+    """What a strict-level-1 check of `obj` depends on: each tensor's dtype, shape and device, the host
+    lengths and counts, and the sizes held as ints (on the object and the batch). Two objects with one
+    signature get one verdict, so `install` checks a signature once."""
+    own = _READ[name](obj)
+    sig = tuple(_sig(a, v) for a, v in zip(_READ_NAMES[name], own))
+    if batch is None:
+        return (name, type(obj)) + sig
+    attrs = _BATCH_ATTRS if name == "EagleVerifyInput" else _BATCH_SHAPES  # only a mask reads host lengths
+    return (name, type(obj), *sig, *(_sig(a, getattr(batch, a, None)) for a in attrs))
+
+
 
 _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wrapping order
 _STATE = SimpleNamespace(config=None, mask_mode=None)
@@ -139,7 +183,7 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
     """Check `obj` unless it, or an object of the same signature, passed under this config.
 
     At SPEC_STRICT=1 a check reads each tensor's dtype, shape and device and a few host ints
-    (`adapter.signature`), so one verdict holds for every object with the same signature: each
+    (`signature`), so one verdict holds for every object with the same signature: each
     iteration's new objects of an unchanged batch are not checked again. An object crossing its next
     boundary with the very same values is recognised first, by identity (the memo holds those values,
     so their ids are not reused while remembered). Level 2 reads values: every boundary checks.
@@ -149,12 +193,12 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
         _full_check(obj, batch, config, producer, consumer)
         return
     name = adapter._engine_class(obj)
-    values = adapter.values(name, obj, batch)
+    values = read_values(name, obj, batch)
     same = (id(config), id(obj), id(batch))
     known = _SAME.get(same)
     if known is not None and known[0] is config and all(map(operator.is_, known[1], values)):
         return
-    key = (id(config), _STATE.mask_mode, adapter.signature(name, obj, batch))
+    key = (id(config), _STATE.mask_mode, signature(name, obj, batch))
     if _SEEN.get(key) is not config:
         _full_check(obj, batch, config, producer, consumer)
         _remember(_SEEN, key, config)
