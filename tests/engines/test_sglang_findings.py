@@ -6,12 +6,13 @@ an error naming the field. If sglang fixes one, its test fails and the README ro
 """
 
 import pytest
-import sglang_env as env
 import torch
 
 from spec_schema import SpecContractError
 from spec_schema.engines import sglang as adapter
 from spec_schema.testing import example_config
+
+from . import sglang_env as env
 
 pytestmark = pytest.mark.engine_bug
 EAGLE = example_config("EAGLE")
@@ -67,10 +68,11 @@ def test_merge_of_other_widths_crashes_in_torch_cat(sg):
     """The historical STANDALONE/idle-width bug: inputs of two hidden widths crash merge_batch inside
     torch.cat; the contract names the field and the width the rule expects, before the merge."""
     gen = torch.Generator().manual_seed(3)
-    draft = env.draft_input(sg, EAGLE, 1, gen, torch.int32)
-    target_wide = env.draft_input(sg, example_config("EAGLE", draft_hidden=64), 1, gen, torch.int32)
-    with pytest.raises(SpecContractError, match=r"axis hidden_draft \(dim 1\) expected 32 \(EAGLE: draft hidden"):
-        adapter.check(target_wide, EAGLE)
+    eagle3 = example_config("EAGLE3")  # draft hidden 32, target hidden 64
+    draft = env.draft_input(sg, eagle3, 1, gen, torch.int32)
+    target_wide = env.draft_input(sg, example_config("EAGLE3", draft_hidden=64), 1, gen, torch.int32)
+    with pytest.raises(SpecContractError, match=r"axis hidden_draft \(dim 1\) expected 32 \(EAGLE3: draft hidden"):
+        adapter.check(target_wide, eagle3)
     with pytest.raises(RuntimeError, match="Sizes of tensors must match except in dimension 0"):
         draft.merge_batch(target_wide)
 

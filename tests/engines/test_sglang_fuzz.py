@@ -7,7 +7,6 @@ Mixed bonus-token dtypes (prefill's int64 with decode's int32) are a known sglan
 """
 
 import pytest
-import sglang_env as env
 import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -15,6 +14,8 @@ from hypothesis import strategies as st
 from spec_schema import SpecContractError
 from spec_schema.engines import sglang as adapter
 from spec_schema.testing import spec_configs
+
+from . import sglang_env as env
 
 DTYPES = (torch.int32, torch.int64)
 

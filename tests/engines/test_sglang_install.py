@@ -10,12 +10,13 @@ import copy
 from types import SimpleNamespace
 
 import pytest
-import sglang_env as env
 import torch
 
 from spec_schema import BOUNDARY_CALLS, SpecContractError, _strict
 from spec_schema.engines import sglang as adapter
 from spec_schema.testing import example_config
+
+from . import sglang_env as env
 
 CONFIG = example_config("EAGLE")
 
@@ -100,8 +101,9 @@ def test_corrupted_objects_are_rejected_by_sglangs_own_functions(wrapped):
     sg, gen = wrapped, torch.Generator().manual_seed(2)
     info = sg.eagle_info
     with pytest.raises(SpecContractError, match=r"EagleDraftInput\.hidden_states -> DraftInput\.hidden_states"):
-        info.EagleDraftInput.create_idle_input(device="cpu", hidden_size=64, dtype=torch.bfloat16, topk=2,
-                                               capture_hidden_mode=None)  # the target's width
+        info.EagleDraftInput.create_idle_input(device="cpu", hidden_size=CONFIG.draft.hidden_size // 2,
+                                               dtype=torch.bfloat16, topk=2,
+                                               capture_hidden_mode=None)  # another model's width
     live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
     live.topk_index = live.topk_index[:, :1]
     with pytest.raises(SpecContractError, match=r"topk_index -> DraftInput\.topk_index: axis topk"):

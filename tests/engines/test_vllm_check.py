@@ -5,7 +5,6 @@ import dataclasses
 
 import pytest
 import torch
-import vllm_env as env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +14,8 @@ from spec_schema.engines import vllm as adapter
 from spec_schema.policy import IndexPolicy
 from spec_schema.testing import example_config
 from spec_schema.testing.chains import chain_counts, corrupted_chain_fields
+
+from . import vllm_env as env
 
 vllm_env = env.vllm_env
 CONFIG = example_config("EAGLE", vocab=32, num_steps=4, topk=1, num_draft_tokens=5)

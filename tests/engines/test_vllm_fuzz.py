@@ -3,12 +3,13 @@ drafts -> the model runner's SpecDecodeMetadata (checked) -> greedy rejection sa
 kernel under the interpreter (its SamplerOutput checked) -> equal to the greedy rule's tokens."""
 
 import torch
-import vllm_env as env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spec_schema.engines import vllm as adapter
 from spec_schema.testing.chains import chain_configs, chain_counts, greedy_chain_reference
+
+from . import vllm_env as env
 
 vllm_env = env.vllm_env
 

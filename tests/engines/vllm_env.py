@@ -13,7 +13,6 @@ import of spec_schema. Without vLLM the tests skip, except under CI=true, where 
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import types
 from types import SimpleNamespace
@@ -22,6 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
+from .engine_import import engine_missing
 
 FAKED = ("xgrammar", "llguidance", "vllm.tool_parsers")
 
@@ -88,9 +89,7 @@ def _interpreter_index_fix(mp: pytest.MonkeyPatch) -> None:
 def vllm_env() -> Any:
     """vLLM's own classes and functions (a namespace), imported as the module docstring says."""
     if importlib.util.find_spec("vllm") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("vllm is not installed; CI installs it (scripts/setup_env.sh, --no-deps)")
-        pytest.skip("vllm is not installed")
+        engine_missing("vllm", "not installed (CI installs it: scripts/setup_env.sh, --no-deps)")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated and when it is launched
         _interpreter_index_fix(mp)
