@@ -58,8 +58,8 @@ def iteration(objs: dict[str, tuple[Any, Any]]) -> list[tuple[Any, Any, str, str
 
 def measure(clock: Any, config: Any, budget_us: float) -> dict[str, Any]:
     """Per-object check() and one installed iteration, microseconds (see the module docstring)."""
-    sys.path.insert(0, str(ROOT / "tests" / "engines"))
-    import sglang_env as env
+    sys.path.insert(0, str(ROOT))
+    from tests.engines import sglang_env as env
 
     from spec_schema.engines import _sglang_install
     from spec_schema.engines import sglang as adapter

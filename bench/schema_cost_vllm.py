@@ -2,13 +2,17 @@
 
 Builds the objects with vLLM's own model-runner function (tests/engines/vllm_env.py) and times
 `check` at the strict level of SPEC_STRICT (run with SPEC_STRICT=1; values=False is level 1).
-    SPEC_STRICT=1 PYTHONPATH=src:tests/engines python bench/schema_cost_vllm.py
+    SPEC_STRICT=1 .venv/bin/python bench/schema_cost_vllm.py
 """
 
+import sys
 import time
+from pathlib import Path
 
 import torch
-import vllm_env as env
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.engines
+from tests.engines import vllm_env as env  # noqa: E402
 
 from spec_schema.engines import vllm as adapter
 from spec_schema.testing import example_config

@@ -170,11 +170,3 @@ def test_vllm_accepts_counts_that_disagree_with_the_offsets_and_writes_across_ro
     assert out[0].tolist() == [1, 2]  # request 0's 3 tokens + bonus cut to 2, silently
     with pytest.raises(SpecContractError, match="num_draft_tokens -> ChainVerifyInput.num_drafts_cpu: sums to 2"):
         adapter.check(bad, CONFIG, values=False)
-
-
-def test_the_docs_table_is_the_generated_one():
-    from pathlib import Path
-
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "chain-form.md").read_text(encoding="utf-8")
-    inside = doc.split("<!-- vllm-mapping:start -->\n")[1].split("\n<!-- vllm-mapping:end -->")[0]
-    assert inside.strip() == mapping_table(adapter.CLASS_MAPS).strip()
