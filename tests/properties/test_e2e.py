@@ -125,8 +125,10 @@ DRAFTS: dict[str, tuple[DraftSpec, ...]] = {
         DraftSpec("eagle3_16_aux4", "EAGLE3", "eagle3",
                   (("hidden_size", 16), ("draft_vocab_size", 100), ("aux_layer_ids", (0, 2, 3, 5)),
                    ("seed", 25), ("intermediate_size", 32))),
-        DraftSpec("eagle3_48_auxoff", "EAGLE3", "eagle3",
-                  (("hidden_size", 48), ("draft_vocab_size", 96), ("use_aux_hidden_state", False),
+        # aux off: the head reads the target's own states as its input, so it is target-wide (32);
+        # SpecConfig rejects other widths, as sglang and vLLM cannot run them (docs/width-rule.md)
+        DraftSpec("eagle3_32_auxoff", "EAGLE3", "eagle3",
+                  (("hidden_size", 32), ("draft_vocab_size", 96), ("use_aux_hidden_state", False),
                    ("seed", 26))),
     ),
     "mistral48x3v16": (
