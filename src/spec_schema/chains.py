@@ -47,9 +47,22 @@ def _host_counts(obj: Any, field: str, bs: int) -> Optional[tuple[str, str]]:
     return None
 
 
+class _NoConfigAxes:
+    """The chain classes' axes are all per batch: a config fixes none of them (the value checks that
+    need one, chain length <= num_steps and token ids < vocab, read it at strict level 2)."""
+
+    @classmethod
+    def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
+        return {}
+
+    @classmethod
+    def _config_expect(cls, config: SpecConfig) -> dict[str, tuple[Any, str]]:
+        return {}
+
+
 @_document
 @phase_class
-class ChainVerifyInput:
+class ChainVerifyInput(_NoConfigAxes):
     """Flat ragged draft chains of every request, to be scored by the target and verified.
 
     Request r's drafts are `draft_token[cu_num_drafts[r] - num_drafts_cpu[r] : cu_num_drafts[r]]`;
@@ -100,14 +113,6 @@ class ChainVerifyInput:
         return None
 
     @classmethod
-    def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
-        return {}
-
-    @classmethod
-    def _config_expect(cls, config: SpecConfig) -> dict[str, tuple[Any, str]]:
-        return {}
-
-    @classmethod
     def _value_problem(cls, obj: Any, config: Optional[SpecConfig]) -> Optional[tuple[str, str]]:
         n = torch.tensor(list(obj.num_drafts_cpu), dtype=torch.int64, device=obj.draft_token.device)
         if config is not None and max_spec_len(obj.num_drafts_cpu) > config.num_steps:
@@ -136,7 +141,7 @@ class ChainVerifyInput:
 
 @_document
 @phase_class
-class ChainVerifyOutput:
+class ChainVerifyOutput(_NoConfigAxes):
     """The tokens verification emits per request of a chain batch, -1 padded to `chain_width`.
 
     Row b holds the accepted drafts, then one token the target chose (the correction at the first
@@ -174,14 +179,6 @@ class ChainVerifyOutput:
                 f"axis chain_width (dim 1) expected max_spec_len + 1 = {want} (from num_drafts_cpu), got {width}"
             )
         return None
-
-    @classmethod
-    def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
-        return {}
-
-    @classmethod
-    def _config_expect(cls, config: SpecConfig) -> dict[str, tuple[Any, str]]:
-        return {}
 
     @classmethod
     def _value_problem(cls, obj: Any, config: Optional[SpecConfig]) -> Optional[tuple[str, str]]:

@@ -350,17 +350,25 @@ def _prepare_extend(fn: Any) -> Any:
     return prepare_for_draft_extend
 
 
-def _draft(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def draft(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        live = None if batch.forward_mode.is_idle() else batch
-        if _active():
-            _check(batch.spec_info, live, consumer="EagleDraftWorker.draft")
-        out = _inside(fn, self, batch, *args, **kwargs)
-        if _active():
-            _check(out[0] if isinstance(out, tuple) else out, live, producer="EagleDraftWorker.draft")
-        return out
-    return draft
+def _takes_and_makes(name: str, made: Callable[[Any], Any] = lambda out: out) -> Callable[[Any], Any]:
+    """A worker method that consumes `batch.spec_info` and produces the next phase's object (`made(out)`)."""
+
+    def wrap(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def method(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            live = None if batch.forward_mode.is_idle() else batch
+            if _active():
+                _check(batch.spec_info, live, consumer=name)
+            out = _inside(fn, self, batch, *args, **kwargs)
+            if _active():
+                _check(made(out), live, producer=name)
+            return out
+        return method
+    return wrap
+
+
+_draft = _takes_and_makes("EagleDraftWorker.draft", lambda out: out[0] if isinstance(out, tuple) else out)
+_verify = _takes_and_makes("EAGLEWorkerV2.verify")
 
 
 def _extend_prefill(fn: Any) -> Any:
@@ -387,14 +395,3 @@ def _extend_decode(fn: Any) -> Any:
     return _draft_extend_for_decode
 
 
-def _verify(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def verify(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        live = None if batch.forward_mode.is_idle() else batch
-        if _active():
-            _check(batch.spec_info, live, consumer="EAGLEWorkerV2.verify")
-        out = _inside(fn, self, batch, *args, **kwargs)
-        if _active():
-            _check(out, live, producer="EAGLEWorkerV2.verify")
-        return out
-    return verify
