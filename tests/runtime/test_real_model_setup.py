@@ -59,7 +59,7 @@ def test_xdg_cache_home_is_the_default_root(monkeypatch, tmp_path) -> None:
 def test_a_failed_conversion_leaves_nothing(monkeypatch, tmp_path) -> None:
     gguf = tmp_path / "x.gguf"
     gguf.write_bytes(b"")
-    monkeypatch.setattr(real_model, "check_packages", lambda: gguf)
+    monkeypatch.setattr(real_model, "check_packages", lambda gguf_file=None: gguf)
 
     def broken(src, out):
         (out / "config.json").write_text("{}")
@@ -70,3 +70,12 @@ def test_a_failed_conversion_leaves_nothing(monkeypatch, tmp_path) -> None:
     with pytest.raises(RuntimeError, match="interrupted"):
         real_model.real_model_dir(cache)
     assert list(cache.iterdir()) == []
+
+
+def test_a_given_gguf_file_must_exist(tmp_path):
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(FileNotFoundError, match=f"{missing}: no such GGUF file"):
+        real_model.real_model_dir(tmp_path / "cache", gguf=missing)
+    assert not (tmp_path / "cache").exists()
