@@ -4,6 +4,7 @@
         --speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8 \\
         --prompt-ids 1,2,3 --max-new-tokens 64 --json
     spec-runtime demo
+    spec-runtime train --algorithm EAGLE3 --target DIR --output DIR
 
 spec_schema reads SPEC_STRICT once at import, so this module imports the runtime lazily: `demo`
 turns strict checking on (SPEC_STRICT=1) unless the environment already says otherwise.
@@ -52,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "spec_runtime" / "demo"))
     demo.add_argument("--max-new-tokens", type=int, default=48)
     demo.add_argument("--batch-size", type=int, default=4)
+    from .train.cli import add_train_arguments
+
+    add_train_arguments(sub.add_parser("train", help="train an EAGLE-1/EAGLE-3 head or a STANDALONE draft"))
     return parser
 
 
@@ -63,6 +67,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from .demo import run_demo
 
         return run_demo(Path(args.cache_dir), args.max_new_tokens, args.batch_size)
+    if args.command == "train":
+        from .train.cli import run_train
+
+        return run_train(args)
     return _generate(args)
 
 
