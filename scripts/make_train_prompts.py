@@ -81,8 +81,33 @@ def build() -> list[str]:
     p += [f"Summarize the main idea of {c} in two sentences." for c in CONCEPTS[:20]]
     p += [f"List five facts about {t}." for t in TOPICS]
     p += [f"Write a short email asking a colleague about {a}." for a in ACTIVITIES[:15]]
+    p += _grid(rnd)
     rnd.shuffle(p)
     return p
+
+
+GRID = {
+    "concept": ["Explain {} to a ten-year-old.", "What are the most common misconceptions about {}?",
+                "Write a quiz with three questions about {}.", "Why is {} important?",
+                "Give an analogy that helps explain {}.", "Write a short paragraph introducing {}.",
+                "What are the pros and cons of {}?", "How would you teach {} to a beginner?",
+                "Write a tweet about {}.", "What questions should I ask to understand {} better?"],
+    "activity": ["Make a one-week plan for {}.", "What are common mistakes people make when {}?",
+                 "Write a checklist for {}.", "Explain why {} matters.", "What equipment do I need for {}?",
+                 "Write a motivational message for someone who struggles with {}."],
+    "topic": ["Describe {} in vivid detail.", "Write a two-sentence horror story about {}.",
+              "Write a children's story opening about {}.", "Give three creative titles for a story about {}.",
+              "Write a riddle whose answer is {}."],
+    "code": ["Explain step by step how you would write a program that {}.",
+             "Write a Python function that {} and add a docstring.", "Write unit tests for a function that {}.",
+             "What edge cases matter for a function that {}?"],
+}
+
+
+def _grid(rnd: random.Random) -> list[str]:
+    """Template x subject prompts (each subject list crossed with its templates)."""
+    subjects = {"concept": CONCEPTS, "activity": ACTIVITIES, "topic": TOPICS + [w for w in WHAT], "code": CODE}
+    return [t.format(s) for kind, templates in GRID.items() for t in templates for s in subjects[kind]]
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ class TrainError(ValueError):
 class TrainConfig(BaseModel):
     """Everything a training run depends on; saved beside the checkpoint so a resume can check it.
 
-    Data: the target's own continuations (greedy when `temperature` is 0) of the training prompts.
+    Data: the target's own continuations (greedy when `temperature` is 0) of the training prompts,
+    plus `samples_per_prompt - 1` continuations sampled at `sample_temperature`; cached in
+    `data_cache` (default `output/train_data.pt`), which runs of other algorithms may share.
     Every `held_out_every`-th prompt (index 0, N, 2N, ...) is held out for evaluation and never
     trained on. EAGLE heads are unrolled `ttt_steps` steps (training-time test); STANDALONE drafts are
     distilled (KL to the target's distribution) over whole sequences.
@@ -40,6 +42,9 @@ class TrainConfig(BaseModel):
     max_new_tokens: int = Field(192, ge=1)
     max_seq_len: int = Field(512, ge=8)
     temperature: float = Field(0.0, ge=0.0)
+    samples_per_prompt: int = Field(1, ge=1)
+    sample_temperature: float = Field(0.7, gt=0.0)
+    data_cache: Optional[Path] = None
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(8, ge=1)
     lr: float = Field(3e-4, gt=0.0)
@@ -74,7 +79,7 @@ class TrainConfig(BaseModel):
     def fingerprint(self) -> dict:
         """The options a resumed run must share with the saved one (all but the step count, the
         checkpoint cadence and the display)."""
-        skip = {"steps", "save_every", "progress", "device"}
+        skip = {"steps", "save_every", "progress", "device", "data_cache"}
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.model_dump().items() if k not in skip}
 
 

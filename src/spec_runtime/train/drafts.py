@@ -58,8 +58,15 @@ class DraftBuilder(nn.Module):
         )
         if eagle3:
             d2t, t2d = vocab_map(seqs.continuation_tokens(), t["vocab_size"], dv)
-            head.d2t.copy_(d2t)
-            head.t2d.copy_(t2d)
+            with torch.no_grad():
+                head.d2t.copy_(d2t)
+                head.t2d.copy_(t2d)
+                # Start from the target's own read-out: its final norm and its output rows of the
+                # draft vocabulary (the head's output plays the target's last residual stream).
+                head.lm_head.weight.copy_(model.get_output_embeddings().weight.float().cpu()[t2d])
+                norm = getattr(getattr(model, "model", None), "norm", None)
+                if norm is not None:
+                    head.norm.weight.copy_(norm.weight.float().cpu())
         return head
 
     def _build_standalone(self, model: Any) -> nn.Module:
@@ -99,7 +106,7 @@ class DraftBuilder(nn.Module):
             logits = self.draft(input_ids=ids, attention_mask=pad.long()).logits
             total, n, correct = distill_loss(logits, logp, pad)
             loss = total / n.clamp(min=1)
-            return loss, {"loss": float(loss), "acc_0": float(correct / n.clamp(min=1))}
+            return loss, {"loss": float(loss.detach()), "acc_0": float(correct / n.clamp(min=1))}
         return self._head_loss(ids, lens, prompt_lens, out.hidden_states, logp)
 
     def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, hs: tuple,
@@ -120,7 +127,7 @@ class DraftBuilder(nn.Module):
                 step_loss = step_loss + self.cfg.feature_loss * feature_loss(h, final, mask, i) / n.clamp(min=1)
             loss = loss + self.cfg.ttt_decay ** i * step_loss
             stats[f"acc_{i}"] = float(correct / n.clamp(min=1))
-        stats["loss"] = float(loss)
+        stats["loss"] = float(loss.detach())
         return loss, stats
 
     # ---- output ----------------------------------------------------------------------------

@@ -86,16 +86,23 @@ def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train:
     train_ids = encode_prompts(train, tokenizer, cfg.chat_template, vocab, max_prompt)
     held_ids = encode_prompts(held, tokenizer, cfg.chat_template, vocab, max_prompt)
     key = {k: cfg.fingerprint()[k] for k in ("target", "prompts", "held_out_every", "max_prompts", "chat_template",
-                                            "max_new_tokens", "max_seq_len", "temperature", "seed")}
-    path = cfg.output / ckpt.DATA_FILE
+                                            "max_new_tokens", "max_seq_len", "temperature", "samples_per_prompt",
+                                            "sample_temperature", "seed")}
+    path = cfg.data_cache or cfg.output / ckpt.DATA_FILE
     if path.is_file():
         saved = torch.load(path, map_location="cpu", weights_only=False)
         if saved.get("key") == key:
             return Sequences.from_dict(saved["data"]), held_ids
     gen_cfg_path = cfg.target / "generation_config.json"
     gen_cfg = json.loads(gen_cfg_path.read_text()) if gen_cfg_path.is_file() else None
-    seqs = generate_continuations(model, train_ids, cfg.max_new_tokens, cfg.temperature, cfg.gen_batch_size,
-                                  eos_token_ids(target_cfg, gen_cfg), cfg.seed, cfg.progress)
+    eos = eos_token_ids(target_cfg, gen_cfg)
+    seqs = Sequences([], [])
+    for k in range(cfg.samples_per_prompt):
+        temperature = cfg.temperature if k == 0 else cfg.sample_temperature
+        more = generate_continuations(model, train_ids, cfg.max_new_tokens, temperature, cfg.gen_batch_size,
+                                      eos, cfg.seed + k, cfg.progress)
+        seqs.ids += more.ids
+        seqs.prompt_lens += more.prompt_lens
     ckpt.atomic_write(path, lambda p: torch.save({"key": key, "data": seqs.to_dict()}, p))
     _write_held_out(cfg.output / "held_out.jsonl", held_ids)
     return seqs, held_ids
