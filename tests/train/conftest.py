@@ -27,10 +27,10 @@ NEW_TOKENS = 16
 
 # Small, fast settings per algorithm (CPU, one thread): enough to learn the toy target's function.
 DRAFT_OPTIONS = {
-    "EAGLE": {"steps": 120, "lr": 3e-3, "ttt_steps": 3},
-    "EAGLE3": {"steps": 120, "lr": 3e-3, "ttt_steps": 3, "draft_vocab_size": 112,
+    "EAGLE": {"steps": 80, "lr": 1e-2, "ttt_steps": 3},
+    "EAGLE3": {"steps": 80, "lr": 1e-2, "ttt_steps": 3, "draft_vocab_size": 112,
                "aux_layer_ids": AUX_LAYERS, "head_intermediate_size": 128},
-    "STANDALONE": {"steps": 150, "lr": 1e-2, "draft_hidden_size": 32, "draft_heads": 2, "draft_kv_heads": 1,
+    "STANDALONE": {"steps": 100, "lr": 2e-2, "draft_hidden_size": 32, "draft_heads": 2, "draft_kv_heads": 1,
                    "draft_intermediate_size": 64, "draft_layers": 2},
 }
 
@@ -63,14 +63,15 @@ def write_prompts(path: Path, prompts: list) -> Path:
 
 @pytest.fixture(scope="session")
 def toy_prompts_file(train_root: Path) -> Path:
-    """160 toy prompts (16 held out: every 10th)."""
-    return write_prompts(train_root / "toy_prompts.jsonl", toy_prompts(160, VOCAB, seed=5))
+    """1000 toy prompts (100 held out: every 10th); fewer make the drafts memorise instead of learn."""
+    return write_prompts(train_root / "toy_prompts.jsonl", toy_prompts(1000, VOCAB, seed=5))
 
 
 def toy_config(algorithm: str, target: Path, prompts: Path, output: Path, **overrides) -> TrainConfig:
     """The trainer options of the toy drafts (overrides win)."""
-    options = {"max_new_tokens": NEW_TOKENS, "batch_size": 16, "warmup_steps": 10, "save_every": 1000,
-               "progress": False, "save_dtype": "float32", "seed": 0, **DRAFT_OPTIONS[algorithm], **overrides}
+    options = {"max_new_tokens": NEW_TOKENS, "batch_size": 64, "warmup_steps": 10, "save_every": 1000,
+               "progress": False, "save_dtype": "float32", "seed": 0, "gen_batch_size": 256,
+               "data_cache": output.parent / "toy_data.pt", **DRAFT_OPTIONS[algorithm], **overrides}
     return TrainConfig(algorithm=algorithm, target=target, output=output, prompts=prompts, **options)
 
 

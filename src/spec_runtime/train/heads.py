@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["TrainHead", "ttt_mask"]
+__all__ = ["TrainHead", "head_from_checkpoint", "rope_tables", "ttt_mask"]
 
 
 class _RMSNorm(nn.Module):
@@ -194,3 +194,31 @@ class TrainHead(nn.Module):
             outs.append(hidden)
             from_target = False
         return outs
+
+
+def head_from_checkpoint(directory, target) -> TrainHead:
+    """A `TrainHead` holding the EAGLE-1/EAGLE-3 checkpoint in `directory` (config.json +
+    model.safetensors), for the `transformers` target `target` (its embedding and lm_head).
+
+    Used to check the runtime's drafts against the training-time computation, and to go on training."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    cfg = json.loads((d / "config.json").read_text())
+    eagle3 = "draft_vocab_size" in cfg
+    heads = cfg["num_attention_heads"]
+    aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
+    head = TrainHead(
+        eagle3, cfg["hidden_size"], cfg["intermediate_size"], heads, cfg.get("num_key_value_heads") or heads,
+        cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg.get("rms_norm_eps", 1e-6),
+        float(cfg.get("rope_theta") or 10000.0), target.get_input_embeddings().weight.float(),
+        lm_head=None if eagle3 else target.get_output_embeddings().weight.float(),
+        fc_in=cfg.get("target_hidden_size", cfg["hidden_size"]) * max(1, len(aux)),
+        draft_vocab=cfg.get("draft_vocab_size"),
+    )
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(d / "model.safetensors")).items()}
+    head.load_state_dict(sd, strict=True)
+    return head.eval()
