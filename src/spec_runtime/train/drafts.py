@@ -11,7 +11,14 @@ from spec_runtime.train import checkpoint as ckpt
 from spec_runtime.train.config import TrainConfig, TrainError
 from spec_runtime.train.data import Sequences
 from spec_runtime.train.heads import TrainHead
-from spec_runtime.train.losses import distill_loss, feature_loss, head_step_loss, step_mask, vocab_map
+from spec_runtime.train.losses import (
+    distill_loss,
+    feature_loss,
+    head_step_loss,
+    restrict_to_draft_vocab,
+    step_mask,
+    vocab_map,
+)
 
 __all__ = ["DraftBuilder", "default_aux_layer_ids"]
 
@@ -116,12 +123,16 @@ class DraftBuilder(nn.Module):
         feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if eagle3 else final
         shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=0)  # row j reads t_{j+1}
         outs = self.draft.unroll(shifted, feat, self.cfg.ttt_steps)
+        in_vocab = None
+        if eagle3:  # once per batch, not per step: the full-vocabulary tensor is the big one
+            logp, in_vocab = restrict_to_draft_vocab(logp, self.draft.t2d)
         loss = ids.new_zeros((), dtype=torch.float32)
         stats: dict[str, float] = {}
         for i, h in enumerate(outs):
             mask = step_mask(lens, prompt_lens, ids.shape[1], i)
-            total, n, correct = head_step_loss(self.draft.logits(h), logp, mask, i,
-                                               self.draft.t2d if eagle3 else None)
+            if in_vocab is not None:
+                mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, i + 1), value=False)
+            total, n, correct = head_step_loss(self.draft.logits(h), logp, mask, i)
             step_loss = total / n.clamp(min=1)
             if not eagle3 and self.cfg.feature_loss:
                 step_loss = step_loss + self.cfg.feature_loss * feature_loss(h, final, mask, i) / n.clamp(min=1)

@@ -6,7 +6,7 @@ Shapes: `B` sequences padded to `L`; `lens (B,)` true lengths; `prompt_lens (B,)
 import torch
 import torch.nn.functional as F
 
-__all__ = ["distill_loss", "head_step_loss", "step_mask", "vocab_map"]
+__all__ = ["distill_loss", "feature_loss", "head_step_loss", "restrict_to_draft_vocab", "step_mask", "vocab_map"]
 
 
 def step_mask(lens: torch.Tensor, prompt_lens: torch.Tensor, length: int, step: int) -> torch.Tensor:
@@ -16,41 +16,41 @@ def step_mask(lens: torch.Tensor, prompt_lens: torch.Tensor, length: int, step: 
     return (pos <= lens[:, None] - 1) & (pos >= prompt_lens[:, None] - 1)
 
 
-def _shift(x: torch.Tensor, by: int) -> torch.Tensor:
-    """`x[:, j + by]` at row j along dim 1 (rows past the end repeat the last; they are masked)."""
-    if by == 0:
-        return x
-    tail = x[:, -1:].expand(x.shape[0], by, *x.shape[2:])
-    return torch.cat([x[:, by:], tail], dim=1)
-
-
 def head_step_loss(draft_logits: torch.Tensor, target_logp: torch.Tensor, mask: torch.Tensor, step: int,
-                   t2d: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   target_top: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Soft cross-entropy of one unrolled step and its top-1 agreement.
 
-    `draft_logits (B, L, V_d)`; `target_logp (B, L, V)` target log-probabilities by position; row j of
-    step `step` learns position `j + step + 1`. With `t2d` (EAGLE-3) the target distribution is
-    renormalised over the draft vocabulary and rows whose target argmax is outside it are dropped.
+    `draft_logits (B, L, V_d)`; `target_logp (B, L, V_d)` target log-probabilities by position, over
+    the draft's vocabulary (`restrict_to_draft_vocab` for EAGLE-3); row j of step `step` learns
+    position `j + step + 1`, so only rows `< L - step - 1` can be trained (the mask drops the rest).
+    `target_top (B, L)`: the target's argmax per position in draft ids (default: of `target_logp`).
     Returns (summed loss, trained rows, rows where the draft's argmax is the target's)."""
-    tgt = _shift(target_logp, step + 1)
-    top = tgt.argmax(-1)
-    if t2d is not None:
-        mask = mask & t2d[top]
-        tgt = torch.log_softmax(tgt[..., t2d], dim=-1)
-        top = tgt.argmax(-1)
-    p = tgt.exp()
-    logq = torch.log_softmax(draft_logits.float(), dim=-1)
-    per_row = -(p * logq).sum(-1)
-    m = mask.float()
-    correct = ((draft_logits.argmax(-1) == top) & mask).sum()
-    return (per_row * m).sum(), m.sum(), correct
+    by = step + 1
+    n = draft_logits.shape[1] - by
+    tgt = target_logp[:, by:]
+    top = (target_logp.argmax(-1) if target_top is None else target_top)[:, by:]
+    m = mask[:, :n]
+    logq = torch.log_softmax(draft_logits[:, :n].float(), dim=-1)
+    per_row = -(tgt.exp() * logq).sum(-1)
+    correct = ((draft_logits[:, :n].argmax(-1) == top) & m).sum()
+    mf = m.float()
+    return (per_row * mf).sum(), mf.sum(), correct
+
+
+def restrict_to_draft_vocab(target_logp: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-3 targets: the target distribution renormalised over the draft vocabulary `(B, L, V_d)`,
+    and `(B, L)` whether the target's own argmax is in the draft vocabulary (rows where it is not
+    cannot be drafted right and are not trained)."""
+    in_vocab = t2d[target_logp.argmax(-1)]
+    return torch.log_softmax(target_logp[..., t2d], dim=-1), in_vocab
 
 
 def feature_loss(out: torch.Tensor, target_hidden: torch.Tensor, mask: torch.Tensor, step: int) -> torch.Tensor:
     """EAGLE-1's regression of its output onto the target's next feature (smooth L1, summed over rows)."""
-    tgt = _shift(target_hidden, step + 1).float()
-    per_row = F.smooth_l1_loss(out.float(), tgt, reduction="none").mean(-1)
-    return (per_row * mask.float()).sum()
+    by = step + 1
+    n = out.shape[1] - by
+    per_row = F.smooth_l1_loss(out[:, :n].float(), target_hidden[:, by:].float(), reduction="none").mean(-1)
+    return (per_row * mask[:, :n].float()).sum()
 
 
 def distill_loss(student_logits: torch.Tensor, target_logp: torch.Tensor, mask: torch.Tensor
