@@ -3,11 +3,12 @@
     from spec_runtime.train import TrainConfig, train_draft
     train_draft(TrainConfig(algorithm="EAGLE3", target="/path/target", output="/path/draft"))
 
-The command line is `spec-runtime train` (see `spec_runtime.train.cli`).
+The command line is `spec-runtime train` (see `spec_runtime.train.cli`). Names are imported on first
+use, so building the command-line parser loads neither torch nor the runtime.
 """
 
-from spec_runtime.train.config import DEFAULT_PROMPTS, TrainConfig, TrainError, check_target
-from spec_runtime.train.trainer import TrainResult, held_out_prompts, prepare, train_draft
+from importlib import import_module
+from typing import Any
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -19,3 +20,14 @@ __all__ = [
     "prepare",
     "train_draft",
 ]
+
+_WHERE = {
+    "DEFAULT_PROMPTS": "config", "TrainConfig": "config", "TrainError": "config", "check_target": "config",
+    "TrainResult": "trainer", "held_out_prompts": "trainer", "prepare": "trainer", "train_draft": "trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'spec_runtime.train' has no attribute {name!r}")
+    return getattr(import_module(f"spec_runtime.train.{_WHERE[name]}"), name)

@@ -32,8 +32,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", choices=("EAGLE", "EAGLE3", "STANDALONE"), required=True)
     p.add_argument("--target", required=True, type=Path, help="local Llama-family target directory")
     p.add_argument("--output", required=True, type=Path, help="draft directory to write (and resume)")
+    from spec_runtime.train.config import TrainConfig
+
     for name, kind in _FIELDS:
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+        field = TrainConfig.model_fields[name]
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
+                       help=f"{field.description or ''} (default {field.default})".strip())
     p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3 aux layers, comma-separated (default 2,N/2,N-3)")
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None)
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
