@@ -3,9 +3,11 @@
 The language: `t[k+1] = perm[t[k-1]]` for a fixed random permutation `perm` of the vocabulary (a
 skip-bigram). The next token depends on the token *before* the current one, so a model must attend to
 the previous position: a draft gets it from the target's hidden state or from its own attention at
-the right relative position, never from the current token alone. Greedy continuations are fully
-predictable, so well-trained drafts accept most tokens, and a draft fed the wrong hidden state,
-aux layer or position loses them (tests/train use this to catch runtime bugs).
+the right relative position, never from the current token alone. Trained for a few seconds the model
+follows the language closely on short contexts (about 0.9 of next tokens within 16 positions) and
+drifts beyond, but its greedy continuations stay deterministic and structured, so drafts trained on
+them in seconds accept about two tokens per iteration with 3 steps, topk 2 and 5 draft tokens
+(tests/train hold the runtime's drafts to these drafts' own computation and to acceptance floors).
 """
 
 from pathlib import Path
