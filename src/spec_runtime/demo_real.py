@@ -18,7 +18,7 @@ import torch
 DRAFTS_ROOT = Path(__file__).resolve().parents[2] / "drafts" / "smollm2-135m"
 """Where the shipped drafts live (the repository's drafts/ folder; `--drafts DIR` overrides it)."""
 
-TRAIN_HINT = "spec-runtime train"
+TRAIN_HINT = "spec-runtime train (drafts/README.md gives the exact command)"
 """The command that makes a missing draft (named in the error)."""
 
 

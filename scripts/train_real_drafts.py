@@ -1,0 +1,141 @@
+"""Train the shipped SmolLM2-135M-Instruct drafts (EAGLE-3, EAGLE-1, STANDALONE) and measure them.
+
+    python scripts/train_real_drafts.py --gguf FILE.gguf --work /tmp/real --out OUTDIR \\
+        --budget-s 120 --algorithms EAGLE3 EAGLE STANDALONE
+
+Converts the GGUF to a Hugging Face directory (`--target DIR` skips that), shares one
+self-distillation data cache between the algorithms, gives each algorithm `--budget-s` seconds of
+training (the step count is set from a 10-step calibration, so the LR schedule fits the budget),
+measures greedy acceptance on held-out prompts with the runtime, and writes `results.json`, the
+drafts and, with `--pack`, the drafts as <= 15 MB tar chunks (the GPU machine returns files <= 16 MiB).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from spec_runtime.train import TrainConfig, train_draft
+from spec_runtime.train.evaluate import measure_acceptance
+
+EVALS = {"tree_5_4_8": (5, 4, 8), "chain_3_1_4": (3, 1, 4)}
+
+
+def convert(gguf: Path, out: Path) -> Path:
+    """GGUF -> `out` (config, float32 safetensors, tokenizer), through transformers' GGUF loader."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    if (out / "model.safetensors").is_file():
+        return out
+    m = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    cfg = m.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    plain = LlamaForCausalLM(cfg)
+    plain.load_state_dict(m.state_dict(), strict=False)
+    plain.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, steps: int) -> TrainConfig:
+    """The run's options (shared data options; per-algorithm sizes)."""
+    return TrainConfig(
+        algorithm=alg, target=target, output=work / alg.lower(), data_cache=work / "data.pt", steps=steps,
+        batch_size=args.batch_size, lr=args.lr * (3 if alg == "STANDALONE" else 1), max_new_tokens=args.max_new_tokens,
+        max_seq_len=args.max_seq_len, samples_per_prompt=args.samples_per_prompt, ttt_steps=args.ttt_steps,
+        draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
+        save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
+        progress=args.progress,
+    )
+
+
+def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log: dict) -> dict:
+    """Calibrate (time 50 steps net of the target's load), then train to the step count that fills
+    the budget (a resumed run: the first steps are kept)."""
+    t0 = time.perf_counter()
+    train_draft(config_for(alg, target, work, args, 10))  # includes data generation on the first run
+    t1 = time.perf_counter()
+    train_draft(config_for(alg, target, work, args, 10))  # nothing to train: load time only
+    t2 = time.perf_counter()
+    train_draft(config_for(alg, target, work, args, 60))
+    per_step = max(1e-3, (time.perf_counter() - t2 - (t2 - t1)) / 50)
+    steps = max(80, int(args.budget_s / per_step))
+    if args.max_steps:
+        steps = min(steps, args.max_steps)
+    result = train_draft(config_for(alg, target, work, args, steps))
+    last = result.history[-20:]
+    summary = {k: sum(h[k] for h in last) / len(last) for k in last[0] if k != "step"}
+    entry = {"steps": steps, "seconds_per_step": round(per_step, 4), "train_seconds": round(time.perf_counter() - t0, 1),
+             "last20": {k: round(v, 4) for k, v in summary.items()}, "held_out": result.held_out}
+    log[alg] = entry
+    return entry
+
+
+def evaluate(alg: str, target: Path, work: Path, args: argparse.Namespace, held: list, log: dict) -> None:
+    """Greedy acceptance of the trained draft on the first `--eval-prompts` held-out prompts."""
+    prompts = held[:args.eval_prompts]
+    for name, (steps, topk, ndraft) in EVALS.items():
+        t0 = time.perf_counter()
+        try:
+            acc = measure_acceptance(target, work / alg.lower(), alg, prompts, num_steps=steps, topk=topk,
+                                     num_draft_tokens=ndraft, max_new_tokens=args.eval_max_new_tokens,
+                                     dtype=torch.float32, device=args.device, batch_size=8)
+            log[alg][name] = {**acc.as_dict(), "seconds": round(time.perf_counter() - t0, 1)}
+        except Exception as err:  # keep the trained drafts even when one measurement breaks
+            log[alg][name] = {"error": f"{type(err).__name__}: {err}"}
+        print(alg, name, log[alg][name].get("tokens_per_iteration", log[alg][name].get("error")), flush=True)
+
+
+def main() -> int:
+    """Run everything; results.json lists steps, losses, acceptances."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gguf", type=Path)
+    p.add_argument("--target", type=Path)
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--algorithms", nargs="+", default=["EAGLE3", "EAGLE", "STANDALONE"])
+    p.add_argument("--budget-s", type=float, default=120)
+    p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--max-prompts", type=int, default=None)
+    p.add_argument("--warmup-steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--samples-per-prompt", type=int, default=2)
+    p.add_argument("--ttt-steps", type=int, default=5)
+    p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p.add_argument("--gen-batch-size", type=int, default=128)
+    p.add_argument("--eval-prompts", type=int, default=40)
+    p.add_argument("--eval-max-new-tokens", type=int, default=128)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--pack", action="store_true")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    target = args.target or convert(args.gguf, args.work / "target")
+    log: dict = {"convert_seconds": round(time.perf_counter() - t0, 1), "args": {k: str(v) for k, v in vars(args).items()}}
+    for alg in args.algorithms:
+        entry = train_one(alg, target, args.work, args, log)
+        print(alg, "trained", entry["steps"], "steps", entry["last20"], flush=True)
+        evaluate(alg, target, args.work, args, entry.pop("held_out"), log)
+        (args.out / "results.json").write_text(json.dumps(log, indent=2))
+        if args.pack:  # after each draft, so a run cut short still returns the finished ones
+            name = alg.lower()
+            tar = args.work / f"{name}.tar"
+            subprocess.run(["tar", "cf", str(tar), f"{name}/config.json", f"{name}/model.safetensors"],
+                           cwd=args.work, check=True)
+            subprocess.run(["split", "-b", "15M", "-d", str(tar), str(args.out / f"{name}.tar.")], check=True)
+    print(json.dumps({a: {k: v for k, v in log[a].items() if k != "held_out"} for a in args.algorithms}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

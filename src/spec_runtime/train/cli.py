@@ -1,0 +1,102 @@
+"""`spec-runtime train`: arguments and the command (the parser lives in `spec_runtime.cli`).
+
+    spec-runtime train --algorithm EAGLE3 --target DIR --output DIR [--steps N] [--device cuda]
+        [--eval-steps 5 --eval-topk 4 --eval-draft-tokens 8]
+
+Prompts default to the package's `prompts.jsonl`; every `--held-out-every`-th prompt is held out.
+A run resumes from `OUTPUT/trainer_state.pt` when present. After training, `--eval-max-new-tokens`
+> 0 measures greedy acceptance on the held-out prompts with the runtime and writes
+`OUTPUT/acceptance.json`.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["add_train_arguments", "run_train"]
+
+_FIELDS = (
+    ("prompts", Path), ("held_out_every", int), ("max_prompts", int), ("max_new_tokens", int),
+    ("max_seq_len", int), ("temperature", float), ("samples_per_prompt", int), ("sample_temperature", float),
+    ("data_cache", Path), ("steps", int), ("batch_size", int), ("lr", float),
+    ("warmup_steps", int), ("ttt_steps", int), ("draft_vocab_size", int), ("head_intermediate_size", int),
+    ("draft_hidden_size", int), ("draft_layers", int), ("draft_heads", int), ("draft_kv_heads", int),
+    ("draft_intermediate_size", int), ("save_every", int), ("gen_batch_size", int), ("seed", int),
+    ("device", str),
+)
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The `train` subcommand's flags (defaults come from `TrainConfig`)."""
+    p.add_argument("--algorithm", choices=("EAGLE", "EAGLE3", "STANDALONE"), required=True)
+    p.add_argument("--target", required=True, type=Path, help="local Llama-family target directory")
+    p.add_argument("--output", required=True, type=Path, help="draft directory to write (and resume)")
+    from spec_runtime.train.config import TrainConfig
+
+    for name, kind in _FIELDS:
+        field = TrainConfig.model_fields[name]
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
+                       help=f"{field.description or ''} (default {field.default})".strip())
+    p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3 aux layers, comma-separated (default 2,N/2,N-3)")
+    p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--eval-max-new-tokens", type=int, default=0, help="> 0: measure acceptance after training")
+    p.add_argument("--eval-steps", type=int, default=5)
+    p.add_argument("--eval-topk", type=int, default=4)
+    p.add_argument("--eval-draft-tokens", type=int, default=8)
+    p.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Run `spec-runtime train`; bad input exits 2 with a one-line error before any work."""
+    from pydantic import ValidationError
+
+    from spec_runtime.train.config import TrainConfig, TrainError
+
+    fields = {name: getattr(args, name) for name, _ in _FIELDS if getattr(args, name) is not None}
+    if args.aux_layer_ids:
+        try:
+            fields["aux_layer_ids"] = tuple(int(x) for x in args.aux_layer_ids.split(","))
+        except ValueError:
+            return _fail(f"--aux-layer-ids {args.aux_layer_ids!r}: expected comma-separated integers")
+    if args.save_dtype:
+        fields["save_dtype"] = args.save_dtype
+    try:
+        cfg = TrainConfig(algorithm=args.algorithm, target=args.target, output=args.output,
+                          chat_template=not args.no_chat_template, progress=not args.no_progress, **fields)
+    except ValidationError as err:
+        e = err.errors()[0]
+        return _fail(f"--{'-'.join(str(x) for x in e['loc']).replace('_', '-')}: {e['msg']}")
+    from spec_runtime.train.trainer import train_draft
+
+    try:
+        result = train_draft(cfg)
+    except TrainError as err:
+        return _fail(str(err))
+    print(f"wrote {cfg.algorithm} draft to {cfg.output} ({result.steps_done} steps, resumed from {result.resumed_from})")
+    if args.eval_max_new_tokens > 0:
+        _evaluate(args, cfg, result.held_out)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, cfg, held_out: list[list[int]]) -> None:
+    import torch
+
+    from spec_runtime.train.evaluate import measure_acceptance
+
+    acc = measure_acceptance(cfg.target, cfg.output, cfg.algorithm, held_out, num_steps=args.eval_steps,
+                             topk=args.eval_topk, num_draft_tokens=args.eval_draft_tokens,
+                             max_new_tokens=args.eval_max_new_tokens, dtype=getattr(torch, args.eval_dtype),
+                             device=cfg.device)
+    report = {"algorithm": cfg.algorithm, "num_steps": args.eval_steps, "topk": args.eval_topk,
+              "num_draft_tokens": args.eval_draft_tokens, "held_out_prompts": len(held_out), **acc.as_dict()}
+    (cfg.output / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"held-out acceptance: {acc.tokens_per_iteration:.3f} tokens per iteration "
+          f"({acc.tokens} tokens, {acc.iterations} iterations)")
+
+
+def _fail(message: str) -> int:
+    print(f"spec-runtime train: error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,137 @@
+"""Training options (one validated object) and the checks a target passes before any work starts."""
+
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["DEFAULT_PROMPTS", "TrainConfig", "TrainError", "check_target"]
+
+DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
+"""The prompt set shipped with the package (instruction prompts written for this project)."""
+
+_HEAD_ARCHITECTURES = ("Eagle", "EAGLE", "Medusa", "MTP")
+
+
+class TrainError(ValueError):
+    """Bad training input: a target the trainer cannot handle, a missing file, a too-small prompt set."""
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run depends on; saved beside the checkpoint so a resume can check it.
+
+    Data: the target's own continuations (greedy when `temperature` is 0) of the training prompts,
+    plus `samples_per_prompt - 1` continuations sampled at `sample_temperature`; cached in
+    `data_cache` (default `output/train_data.pt`), which runs of other algorithms may share.
+    Every `held_out_every`-th prompt (index 0, N, 2N, ...) is held out for evaluation and never
+    trained on. EAGLE heads are unrolled `ttt_steps` steps (training-time test); STANDALONE drafts are
+    distilled (KL to the target's distribution) over whole sequences.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: Literal["EAGLE", "EAGLE3", "STANDALONE"]
+    target: Path
+    output: Path
+    prompts: Path = DEFAULT_PROMPTS
+    held_out_every: int = Field(10, ge=2)
+    min_train_prompts: int = Field(8, ge=1)
+    max_prompts: Optional[int] = Field(None, ge=2)
+    chat_template: bool = True
+    max_new_tokens: int = Field(192, ge=1)
+    max_seq_len: int = Field(512, ge=8)
+    temperature: float = Field(0.0, ge=0.0)
+    samples_per_prompt: int = Field(1, ge=1)
+    sample_temperature: float = Field(0.7, gt=0.0)
+    data_cache: Optional[Path] = None
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(8, ge=1)
+    lr: float = Field(3e-4, gt=0.0)
+    warmup_steps: int = Field(50, ge=0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    ttt_steps: int = Field(5, ge=1)
+    ttt_decay: float = Field(0.8, gt=0.0, le=1.0)
+    feature_loss: float = Field(1.0, ge=0.0)
+    draft_vocab_size: int = Field(8192, ge=2)
+    aux_layer_ids: Optional[tuple[int, ...]] = None
+    head_intermediate_size: Optional[int] = Field(None, ge=1)
+    draft_hidden_size: int = Field(192, ge=8)
+    draft_layers: int = Field(4, ge=1)
+    draft_heads: int = Field(3, ge=1)
+    draft_kv_heads: int = Field(1, ge=1)
+    draft_intermediate_size: int = Field(512, ge=1)
+    save_every: int = Field(200, ge=1)
+    gen_batch_size: int = Field(32, ge=1)
+    seed: int = 0
+    device: str = "cpu"
+    save_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    progress: bool = True
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _aux_not_empty(cls, v: Optional[tuple[int, ...]]) -> Optional[tuple[int, ...]]:
+        if v is not None and not v:
+            raise ValueError("aux_layer_ids must list at least one layer")
+        return v
+
+    def fingerprint(self) -> dict:
+        """The options a resumed run must share with the saved one (all but the step count, the
+        checkpoint cadence and the display)."""
+        skip = {"steps", "save_every", "progress", "device", "data_cache"}
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.model_dump().items() if k not in skip}
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise TrainError(f"{what}: {path} not found")
+    try:
+        with path.open() as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise TrainError(f"{what}: {path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def _weight_keys(directory: Path) -> Optional[set[str]]:
+    """Tensor names of a safetensors checkpoint without reading the tensors (None: other formats)."""
+    from safetensors import safe_open
+
+    single = directory / "model.safetensors"
+    if single.is_file():
+        with safe_open(str(single), "pt") as f:
+            return set(f.keys())
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return set(_read_json(index, "target weights index")["weight_map"])
+    return None
+
+
+def check_target(directory: Path) -> dict:
+    """The target's config after checking it is a Llama-family causal LM the trainer can use.
+
+    Raises `TrainError` (one line) for a missing directory or file, a non-Llama-family config, or a
+    draft head (EAGLE/EAGLE-3 checkpoint) given as the target.
+    """
+    from spec_runtime.models.llama import SUPPORTED_MODEL_TYPES
+    from spec_runtime.models.loading import WEIGHT_FILES
+
+    if not directory.is_dir():
+        raise TrainError(f"--target {directory}: not a directory")
+    cfg = _read_json(directory / "config.json", "--target config")
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if any(tag in a for a in archs for tag in _HEAD_ARCHITECTURES) or "draft_vocab_size" in cfg:
+        raise TrainError(f"--target {directory} is a draft head (architectures {archs}), not a target model")
+    if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        raise TrainError(
+            f"--target {directory}: model_type {cfg.get('model_type')!r} (architectures {archs}) is not "
+            f"supported; the trainer handles {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if not any((directory / name).is_file() for name in WEIGHT_FILES):
+        raise TrainError(f"--target {directory}: no weights file ({', '.join(WEIGHT_FILES)})")
+    keys = _weight_keys(directory)
+    if keys is not None and not any(k.endswith("embed_tokens.weight") for k in keys):
+        raise TrainError(f"--target {directory} has no embed_tokens.weight: a draft head, not a target model")
+    if cfg.get("num_hidden_layers", 0) < 2:
+        raise TrainError(f"--target {directory} has {cfg.get('num_hidden_layers')} layer(s): a draft, not a target")
+    return cfg

@@ -1,0 +1,159 @@
+"""Self-distillation data: prompts, their held-out split, and the target's own continuations.
+
+A prompts file is JSON lines, one object per prompt: `{"prompt": "text"}` (tokenized with the
+target's tokenizer, through its chat template when it has one) or `{"ids": [1, 2, 3]}` (token ids,
+for targets without a tokenizer). Every `held_out_every`-th prompt is held out (`split_prompts`).
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from spec_runtime.train.config import TrainError
+
+__all__ = ["Prompt", "Sequences", "encode_prompts", "generate_continuations", "load_prompts", "split_prompts"]
+
+Prompt = Union[str, list[int]]
+
+
+@dataclass
+class Sequences:
+    """Training sequences: prompt + continuation token ids, and where each continuation starts."""
+
+    ids: list[list[int]]
+    prompt_lens: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (saved with `torch.save`)."""
+        return {"ids": self.ids, "prompt_lens": self.prompt_lens}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sequences":
+        """Inverse of `to_dict`."""
+        return cls(list(d["ids"]), list(d["prompt_lens"]))
+
+    def continuation_tokens(self) -> list[int]:
+        """Every generated token (the targets the draft learns), for the draft-vocabulary counts."""
+        return [t for ids, n in zip(self.ids, self.prompt_lens) for t in ids[n:]]
+
+
+def load_prompts(path: Path) -> list[Prompt]:
+    """Read a JSON-lines prompts file; raises `TrainError` naming the file and line."""
+    if not path.is_file():
+        raise TrainError(f"--prompts {path}: file not found")
+    prompts: list[Prompt] = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise TrainError(f"--prompts {path} line {lineno}: not a JSON object") from None
+            prompts.append(_prompt_of(row, path, lineno))
+    return prompts
+
+
+def _prompt_of(row: Any, path: Path, lineno: int) -> Prompt:
+    if isinstance(row, dict) and isinstance(row.get("prompt"), str) and row["prompt"].strip():
+        return row["prompt"]
+    if isinstance(row, dict) and isinstance(row.get("ids"), list) and row["ids"] and all(
+            isinstance(t, int) and t >= 0 for t in row["ids"]):
+        return [int(t) for t in row["ids"]]
+    raise TrainError(f"--prompts {path} line {lineno}: expected {{\"prompt\": text}} or {{\"ids\": [int, ...]}}")
+
+
+def split_prompts(prompts: Sequence[Prompt], held_out_every: int, min_train: int,
+                  source: str = "prompts") -> tuple[list[Prompt], list[Prompt]]:
+    """(train, held_out): prompt i is held out when `i % held_out_every == 0`.
+
+    Raises `TrainError` when fewer than `min_train` training prompts or no held-out prompt remain."""
+    held = [p for i, p in enumerate(prompts) if i % held_out_every == 0]
+    train = [p for i, p in enumerate(prompts) if i % held_out_every != 0]
+    if len(train) < min_train or not held:
+        raise TrainError(
+            f"{source}: {len(prompts)} prompts give {len(train)} training and {len(held)} held-out prompts; "
+            f"need at least {min_train} training prompts and 1 held-out (every {held_out_every}th)"
+        )
+    return train, held
+
+
+def encode_prompts(prompts: Sequence[Prompt], tokenizer: Any, chat_template: bool, vocab_size: int,
+                   max_len: int) -> list[list[int]]:
+    """Token ids of each prompt (text through the chat template when asked and available)."""
+    out: list[list[int]] = []
+    use_chat = chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None)
+    for p in prompts:
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise TrainError("text prompts need the target's tokenizer; give token ids ({\"ids\": [...]})")
+            if use_chat:
+                ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                    tokenize=True, return_dict=False)
+                ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            else:
+                ids = tokenizer.encode(p)
+        else:
+            ids = p
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise TrainError(f"prompt token ids {bad[:5]} are outside the target vocabulary [0, {vocab_size})")
+        out.append([int(t) for t in ids][-max_len:])
+    return out
+
+
+@torch.inference_mode()
+def generate_continuations(model: Any, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float,
+                           batch_size: int, eos_ids: Sequence[int], seed: int,
+                           progress: bool = False) -> Sequences:
+    """The target's continuation of each prompt (greedy when `temperature` is 0), cut after EOS.
+
+    Batched with left padding; prompts are sorted by length so batches pad little."""
+    from tqdm import tqdm
+
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    result: dict[int, list[int]] = {}
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    pad = 0
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for batch in tqdm(batches, desc="generating", unit="batch", disable=not progress):
+        width = max(len(prompts[i]) for i in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(batch):
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]):] = 1
+        kwargs: dict[str, Any] = {"do_sample": False}
+        if temperature > 0:
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+            kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+                             pad_token_id=pad, eos_token_id=list(eos_ids) or None, **kwargs)
+        for row, i in enumerate(batch):
+            result[i] = _cut_at_eos(out[row, width:].tolist(), eos_ids)
+    seqs = [list(prompts[i]) + result[i] for i in range(len(prompts))]
+    return Sequences(seqs, [len(p) for p in prompts])
+
+
+def _cut_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> list[int]:
+    for k, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[:k + 1]
+    return tokens
+
+
+def eos_token_ids(cfg: dict[str, Any], generation_cfg: Optional[dict[str, Any]] = None) -> list[int]:
+    """EOS ids from the target's config (and generation config, when present)."""
+    ids: list[int] = []
+    for source in (cfg, generation_cfg or {}):
+        eos = source.get("eos_token_id")
+        ids += [eos] if isinstance(eos, int) else list(eos or [])
+    return sorted(set(ids))

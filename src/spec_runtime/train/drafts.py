@@ -1,0 +1,183 @@
+"""Per-algorithm draft models under training: how each is built from the target, what its loss is,
+and how it is written in its public layout."""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from spec_runtime.train import checkpoint as ckpt
+from spec_runtime.train.config import TrainConfig, TrainError
+from spec_runtime.train.data import Sequences
+from spec_runtime.train.heads import TrainHead
+from spec_runtime.train.losses import (
+    distill_loss,
+    feature_loss,
+    head_step_loss,
+    restrict_to_draft_vocab,
+    step_mask,
+    vocab_map,
+)
+
+__all__ = ["DraftBuilder", "default_aux_layer_ids"]
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """The EAGLE-3 default: the residual stream entering layers 2, N//2 and N-3 (the runtime's default)."""
+    return [2, num_layers // 2, num_layers - 3] if num_layers >= 4 else list(range(num_layers))
+
+
+def _theta(cfg: dict[str, Any]) -> float:
+    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+
+
+class DraftBuilder(nn.Module):
+    """The trainable draft of one algorithm and its loss against the frozen target `model`."""
+
+    def __init__(self, cfg: TrainConfig, target_cfg: dict[str, Any], model: Any, seqs: Sequences,
+                 device: torch.device) -> None:
+        super().__init__()
+        self.cfg, self.target_cfg = cfg, target_cfg
+        object.__setattr__(self, "target", model)  # frozen; not a submodule (not saved, not optimised)
+        self.algorithm = cfg.algorithm
+        if cfg.algorithm == "STANDALONE":
+            self.draft = self._build_standalone(model)
+        else:
+            self.draft = self._build_head(model, seqs)
+        self.draft.to(device)
+
+    # ---- construction ----------------------------------------------------------------------
+
+    def _build_head(self, model: Any, seqs: Sequences) -> TrainHead:
+        t, cfg = self.target_cfg, self.cfg
+        heads = t["num_attention_heads"]
+        head_dim = t.get("head_dim") or t["hidden_size"] // heads
+        eagle3 = cfg.algorithm == "EAGLE3"
+        embed = model.get_input_embeddings().weight.float()
+        self.aux_layer_ids = list(cfg.aux_layer_ids or default_aux_layer_ids(t["num_hidden_layers"]))
+        dv = cfg.draft_vocab_size
+        head = TrainHead(
+            eagle3, t["hidden_size"], cfg.head_intermediate_size or t["intermediate_size"], heads,
+            t.get("num_key_value_heads") or heads, head_dim, t.get("rms_norm_eps", 1e-6), _theta(t), embed,
+            lm_head=None if eagle3 else model.get_output_embeddings().weight.float(),
+            fc_in=t["hidden_size"] * len(self.aux_layer_ids), draft_vocab=dv,
+        )
+        if eagle3:
+            d2t, t2d = vocab_map(seqs.continuation_tokens(), t["vocab_size"], dv)
+            with torch.no_grad():
+                head.d2t.copy_(d2t)
+                head.t2d.copy_(t2d)
+                # Start from the target's own read-out: its final norm and its output rows of the
+                # draft vocabulary (the head's output plays the target's last residual stream).
+                head.lm_head.weight.copy_(model.get_output_embeddings().weight.float().cpu()[t2d])
+                norm = getattr(getattr(model, "model", None), "norm", None)
+                if norm is not None:
+                    head.norm.weight.copy_(norm.weight.float().cpu())
+        return head
+
+    def _build_standalone(self, model: Any) -> nn.Module:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        t, cfg = self.target_cfg, self.cfg
+        if cfg.draft_hidden_size % cfg.draft_heads or cfg.draft_heads % cfg.draft_kv_heads:
+            raise TrainError(f"--draft-hidden-size {cfg.draft_hidden_size} must be a multiple of --draft-heads "
+                             f"{cfg.draft_heads}, itself a multiple of --draft-kv-heads {cfg.draft_kv_heads}")
+        config = LlamaConfig(
+            hidden_size=cfg.draft_hidden_size, intermediate_size=cfg.draft_intermediate_size,
+            num_hidden_layers=cfg.draft_layers, num_attention_heads=cfg.draft_heads,
+            num_key_value_heads=cfg.draft_kv_heads, head_dim=cfg.draft_hidden_size // cfg.draft_heads,
+            vocab_size=t["vocab_size"], rms_norm_eps=t.get("rms_norm_eps", 1e-6), rope_theta=_theta(t),
+            max_position_embeddings=t.get("max_position_embeddings", 2048), tie_word_embeddings=True,
+            bos_token_id=t.get("bos_token_id"), eos_token_id=t.get("eos_token_id"),
+            pad_token_id=t.get("pad_token_id"), initializer_range=0.02,
+        )
+        torch.manual_seed(self.cfg.seed)
+        student = LlamaForCausalLM(config)
+        with torch.no_grad():
+            student.get_input_embeddings().weight.copy_(_projected_embedding(
+                model.get_input_embeddings().weight.float().cpu(), cfg.draft_hidden_size))
+        return student
+
+    # ---- training --------------------------------------------------------------------------
+
+    def loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The batch loss (a scalar) and per-step statistics (`loss`, `acc_<step>`)."""
+        length = ids.shape[1]
+        pad = torch.arange(length, device=ids.device)[None] < lens[:, None]
+        with torch.no_grad():
+            out = self.target(input_ids=ids, attention_mask=pad.long(), output_hidden_states=True)
+            logp = torch.log_softmax(out.logits.float(), dim=-1)
+        if self.algorithm == "STANDALONE":
+            logits = self.draft(input_ids=ids, attention_mask=pad.long()).logits
+            total, n, correct = distill_loss(logits, logp, pad)
+            loss = total / n.clamp(min=1)
+            return loss, {"loss": float(loss.detach()), "acc_0": float(correct / n.clamp(min=1))}
+        return self._head_loss(ids, lens, prompt_lens, out.hidden_states, logp)
+
+    def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, hs: tuple,
+                   logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        eagle3 = self.algorithm == "EAGLE3"
+        final = hs[-1]
+        feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if eagle3 else final
+        shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=0)  # row j reads t_{j+1}
+        outs = self.draft.unroll(shifted, feat, self.cfg.ttt_steps)
+        in_vocab = None
+        if eagle3:  # once per batch, not per step: the full-vocabulary tensor is the big one
+            logp, in_vocab = restrict_to_draft_vocab(logp, self.draft.t2d)
+        loss = ids.new_zeros((), dtype=torch.float32)
+        stats: dict[str, float] = {}
+        for i, h in enumerate(outs):
+            mask = step_mask(lens, prompt_lens, ids.shape[1], i)
+            if in_vocab is not None:
+                mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, i + 1), value=False)
+            total, n, correct = head_step_loss(self.draft.logits(h), logp, mask, i)
+            step_loss = total / n.clamp(min=1)
+            if not eagle3 and self.cfg.feature_loss:
+                step_loss = step_loss + self.cfg.feature_loss * feature_loss(h, final, mask, i) / n.clamp(min=1)
+            loss = loss + self.cfg.ttt_decay ** i * step_loss
+            stats[f"acc_{i}"] = float(correct / n.clamp(min=1))
+        stats["loss"] = float(loss.detach())
+        return loss, stats
+
+    # ---- output ----------------------------------------------------------------------------
+
+    def public_tensors(self) -> dict[str, torch.Tensor]:
+        """The checkpoint tensors in the public key names."""
+        sd = self.draft.state_dict()
+        if self.algorithm == "STANDALONE":
+            sd.pop("lm_head.weight", None)  # tied to model.embed_tokens.weight
+        return dict(sd)
+
+    def public_config(self) -> dict[str, Any]:
+        """The checkpoint's config.json."""
+        t, cfg = self.target_cfg, self.cfg
+        if self.algorithm == "STANDALONE":
+            out = self.draft.config.to_dict()
+            out["architectures"] = ["LlamaForCausalLM"]
+            return out
+        heads = t["num_attention_heads"]
+        return ckpt.eagle_config(
+            self.algorithm == "EAGLE3", t, t["hidden_size"], cfg.head_intermediate_size or t["intermediate_size"],
+            heads, t.get("num_key_value_heads") or heads, t.get("head_dim") or t["hidden_size"] // heads,
+            draft_vocab=cfg.draft_vocab_size, aux_layer_ids=getattr(self, "aux_layer_ids", None),
+        )
+
+    def save_public(self, directory: Path) -> None:
+        """Write config.json + model.safetensors in the algorithm's public layout."""
+        dtype = torch.bfloat16 if self.cfg.save_dtype == "bfloat16" else torch.float32
+        ckpt.save_draft(directory, self.public_config(), self.public_tensors(), dtype)
+
+
+def _projected_embedding(embed: torch.Tensor, width: int) -> torch.Tensor:
+    """The target embedding projected on its `width` leading principal directions, rescaled to the
+    0.02-std scale a fresh Llama expects: a STANDALONE draft starts with the target's token geometry."""
+    if width >= embed.shape[1]:
+        out = torch.zeros(embed.shape[0], width)
+        out[:, :embed.shape[1]] = embed
+    else:
+        centered = embed - embed.mean(0, keepdim=True)
+        _, _, v = torch.linalg.svd(centered[:: max(1, embed.shape[0] // 8192)], full_matrices=False)
+        out = centered @ v[:width].T
+    return out * (0.02 / out.std().clamp(min=1e-8))

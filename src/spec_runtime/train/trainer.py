@@ -1,0 +1,222 @@
+"""The training run: checks, data, draft model, the loop, checkpoints. `train_draft(cfg)` is the API.
+
+The target runs online (frozen, no grad) on every batch: its hidden states (EAGLE-1: the final
+post-norm hidden; EAGLE-3: the residual stream entering each aux layer, concatenated) and its
+log-probabilities are what the draft learns from.
+"""
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from spec_runtime.train import checkpoint as ckpt
+from spec_runtime.train.config import TrainConfig, TrainError, check_target
+from spec_runtime.train.data import (
+    Sequences,
+    encode_prompts,
+    eos_token_ids,
+    generate_continuations,
+    load_prompts,
+    split_prompts,
+)
+from spec_runtime.train.drafts import DraftBuilder
+
+__all__ = ["TrainResult", "held_out_prompts", "prepare", "train_draft"]
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: the draft directory, the held-out prompt ids, the loss history."""
+
+    output: Path
+    held_out: list[list[int]]
+    steps_done: int
+    resumed_from: int
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def _autocast(device: torch.device) -> Any:
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
+    """Every check that needs no model: the target directory, the prompts file and its split.
+    Returns (target config, training prompts, held-out prompts)."""
+    target_cfg = check_target(cfg.target)
+    prompts = load_prompts(cfg.prompts)
+    if cfg.max_prompts is not None:
+        prompts = prompts[:cfg.max_prompts]
+    train, held = split_prompts(prompts, cfg.held_out_every, cfg.min_train_prompts, f"--prompts {cfg.prompts}")
+    if cfg.algorithm == "EAGLE3":
+        n = target_cfg["num_hidden_layers"]
+        bad = [i for i in cfg.aux_layer_ids or () if not 0 <= i < n]
+        if bad:
+            raise TrainError(f"--aux-layer-ids {bad} out of range for a {n}-layer target")
+        if cfg.draft_vocab_size > target_cfg["vocab_size"]:
+            raise TrainError(f"--draft-vocab-size {cfg.draft_vocab_size} exceeds the target vocab "
+                             f"{target_cfg['vocab_size']}")
+    if cfg.output.resolve() == cfg.target.resolve():
+        raise TrainError(f"--output {cfg.output} is the target directory")
+    return target_cfg, train, held
+
+
+def _load_target(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, local_files_only=True)
+    model.to(device).eval().requires_grad_(False)
+    tokenizer = None
+    if (cfg.target / "tokenizer_config.json").is_file() or (cfg.target / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
+    return model, tokenizer
+
+
+def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train: list, held: list
+          ) -> tuple[Sequences, list[list[int]]]:
+    """The training sequences (cached in the output directory per data options) and held-out ids."""
+    vocab = target_cfg["vocab_size"]
+    max_prompt = max(1, cfg.max_seq_len - cfg.max_new_tokens)
+    train_ids = encode_prompts(train, tokenizer, cfg.chat_template, vocab, max_prompt)
+    held_ids = encode_prompts(held, tokenizer, cfg.chat_template, vocab, max_prompt)
+    key = {k: cfg.fingerprint()[k] for k in ("target", "prompts", "held_out_every", "max_prompts", "chat_template",
+                                            "max_new_tokens", "max_seq_len", "temperature", "samples_per_prompt",
+                                            "sample_temperature", "seed")}
+    path = cfg.data_cache or cfg.output / ckpt.DATA_FILE
+    if path.is_file():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        if saved.get("key") == key:
+            return Sequences.from_dict(saved["data"]), held_ids
+    gen_cfg_path = cfg.target / "generation_config.json"
+    gen_cfg = json.loads(gen_cfg_path.read_text()) if gen_cfg_path.is_file() else None
+    eos = eos_token_ids(target_cfg, gen_cfg)
+    seqs = Sequences([], [])
+    for k in range(cfg.samples_per_prompt):
+        temperature = cfg.temperature if k == 0 else cfg.sample_temperature
+        more = generate_continuations(model, train_ids, cfg.max_new_tokens, temperature, cfg.gen_batch_size,
+                                      eos, cfg.seed + k, cfg.progress)
+        seqs.ids += more.ids
+        seqs.prompt_lens += more.prompt_lens
+    ckpt.atomic_write(path, lambda p: torch.save({"key": key, "data": seqs.to_dict()}, p))
+    _write_held_out(cfg.output / "held_out.jsonl", held_ids)
+    return seqs, held_ids
+
+
+def _write_held_out(path: Path, held_ids: list[list[int]]) -> None:
+    ckpt.atomic_write(path, lambda p: p.write_text("".join(json.dumps({"ids": ids}) + "\n" for ids in held_ids)))
+
+
+def _batch(seqs: Sequences, idx: list[int], max_len: int, device: torch.device
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `(B, L)` ids, `(B,)` lengths and prompt lengths."""
+    rows = [seqs.ids[i][:max_len] for i in idx]
+    length = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), length, dtype=torch.int64)
+    for b, r in enumerate(rows):
+        ids[b, :len(r)] = torch.tensor(r)
+    lens = torch.tensor([len(r) for r in rows])
+    prompt_lens = torch.tensor([min(seqs.prompt_lens[i], max_len) for i in idx])
+    return ids.to(device), lens.to(device), prompt_lens.to(device)
+
+
+def _order(n: int, epoch: int, seed: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)).tolist()
+
+
+def _batch_indices(n: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """The sequences of optimizer step `step` (a pure function of the step, so a resume continues the
+    same data order)."""
+    per_epoch = max(1, n // batch_size)
+    epoch, k = divmod(step, per_epoch)
+    order = _order(n, epoch, seed)
+    return order[k * batch_size:(k + 1) * batch_size] if n >= batch_size else order
+
+
+def _lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 10%."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def train_draft(cfg: TrainConfig) -> TrainResult:
+    """Train the draft `cfg.algorithm` for the target `cfg.target`; writes `cfg.output`.
+
+    Resumes from `cfg.output/trainer_state.pt` when present (the saved options must match), and
+    continues to `cfg.steps`. Raises `TrainError` on bad input before any work."""
+    target_cfg, train, held = prepare(cfg)
+    device = torch.device(cfg.device)
+    cfg.output.mkdir(parents=True, exist_ok=True)
+    state = ckpt.load_state(cfg.output)
+    if state is not None and state["fingerprint"] != cfg.fingerprint():
+        diff = sorted(k for k, v in cfg.fingerprint().items() if state["fingerprint"].get(k) != v)
+        raise TrainError(f"--output {cfg.output} holds a run with other options ({', '.join(diff)}); "
+                         "use another --output or the same options")
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = _load_target(cfg, device)
+    seqs, held_ids = _data(cfg, model, tokenizer, target_cfg, train, held)
+    if not (cfg.output / "held_out.jsonl").is_file():
+        _write_held_out(cfg.output / "held_out.jsonl", held_ids)
+    builder = DraftBuilder(cfg, target_cfg, model, seqs, device)
+    opt = torch.optim.AdamW(builder.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    start = 0
+    history: list[dict[str, float]] = []
+    if state is not None:
+        builder.load_state_dict(state["draft"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+    result = TrainResult(cfg.output, held_ids, start, start, history)
+    if start >= cfg.steps:
+        builder.save_public(cfg.output)
+        return result
+    _loop(cfg, builder, opt, seqs, start, history, device)
+    result.steps_done = cfg.steps
+    return result
+
+
+def _loop(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, seqs: Sequences, start: int,
+          history: list[dict[str, float]], device: torch.device) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.algorithm}",
+               unit="step", disable=not cfg.progress)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * _lr_factor(step, cfg)
+        ids, lens, prompt_lens = _batch(seqs, _batch_indices(len(seqs), step, cfg.batch_size, cfg.seed),
+                                        cfg.max_seq_len, device)
+        with _autocast(device):
+            loss, stats = builder.loss(ids, lens, prompt_lens)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(builder.parameters(), cfg.grad_clip)
+        opt.step()
+        stats["step"] = step + 1
+        history.append(stats)
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats.get('acc_0', 0.0):.2f}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            _save(cfg, builder, opt, step + 1, history)
+
+
+def _save(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, step: int,
+          history: list[dict[str, float]]) -> None:
+    """The trainer state first, then the public draft: each file is replaced only once its
+    successor is fully written."""
+    ckpt.save_state(cfg.output, {"fingerprint": cfg.fingerprint(), "step": step, "history": history,
+                                 "draft": builder.state_dict(), "optimizer": opt.state_dict()})
+    builder.save_public(cfg.output)
+
+
+def held_out_prompts(output: Path) -> Optional[list[list[int]]]:
+    """The held-out prompt ids a run wrote (`held_out.jsonl`), or None."""
+    path = output / "held_out.jsonl"
+    if not path.is_file():
+        return None
+    return [json.loads(line)["ids"] for line in path.read_text().splitlines() if line.strip()]
