@@ -75,7 +75,10 @@ def test_tree_verify(topk, num_steps, num_draft):
 
 def _merge_cases(dev, gen):
     """(q, cache, attn) of decode (3 requests, 3 prefix splits), a tree verify (prefix and extra
-    splits) and a long-extra extend (several extra splits; rows of a block across requests)."""
+    splits) and, on CUDA, a long-extra extend (several extra splits; rows of a block across
+    requests). The switch-equivalence tests that use these compare two settings of one kernel bit
+    for bit; under the CPU interpreter the 150-row case cost them about 4 minutes of the suite, so
+    there they run the two small cases (the reference tests above cover long extends)."""
     cache = _cache(hkv=2, d=16, slots=400, max_context=160)
     _commit(cache, [1, 3, 0], [21, 0, 5])
     ones = torch.ones(3, dtype=torch.int64, device=dev)
@@ -87,6 +90,8 @@ def _merge_cases(dev, gen):
     yield (torch.randn(12, 4, 16, device=dev), cache,
            AttnBatch.tree(torch.tensor([1, 0], device=dev), torch.tensor([21, 5], device=dev), slots, tree[0].to(dev)),
            None)
+    if torch.device(dev).type != "cuda":
+        return
     yield (torch.randn(150, 4, 16, device=dev), cache,
            AttnBatch.extend(torch.tensor([1, 0], device=dev), torch.tensor([21, 5], device=dev),
                             torch.tensor([140, 10], device=dev), cache.alloc_slots(150)), 2)
@@ -201,7 +206,7 @@ def test_split_kernel_compiles_for_hopper_with_pdl():
 
 def test_early_kv_tile_is_the_late_one(monkeypatch):
     """`SPEC_ATTN_EARLY_KV=1` (the first committed K/V tile of each program loaded before the PDL
-    wait) gives the bits of `0` on decode, tree verify and a long extend whose row blocks span
+    wait) gives the bits of `0` on decode, tree verify and (on CUDA) a long extend whose row blocks span
     requests; `auto` is on up to EARLY_KV_ROWS rows; other values are refused."""
     from spec_runtime.kernels import attention as A
 
