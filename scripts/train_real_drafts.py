@@ -8,6 +8,10 @@ self-distillation data cache between the algorithms, gives each algorithm `--bud
 training (the step count is set from a 10-step calibration, so the LR schedule fits the budget),
 measures greedy acceptance on held-out prompts with the runtime, and writes `results.json`, the
 drafts and, with `--pack`, the drafts as <= 15 MB tar chunks (the GPU machine returns files <= 16 MiB).
+
+`--parallel` generates the shared data once, then trains the algorithms in one process each, side by
+side on the same GPU (each is launch-bound on a 135M target, so they overlap), and merges their
+`results.json`.
 """
 
 import argparse
@@ -80,7 +84,8 @@ def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log:
 def evaluate(alg: str, target: Path, work: Path, args: argparse.Namespace, held: list, log: dict) -> None:
     """Greedy acceptance of the trained draft on the first `--eval-prompts` held-out prompts."""
     prompts = held[:args.eval_prompts]
-    for name, (steps, topk, ndraft) in EVALS.items():
+    for name in args.evals:
+        steps, topk, ndraft = EVALS[name]
         t0 = time.perf_counter()
         try:
             acc = measure_acceptance(target, work / alg.lower(), alg, prompts, num_steps=steps, topk=topk,
@@ -90,6 +95,48 @@ def evaluate(alg: str, target: Path, work: Path, args: argparse.Namespace, held:
         except Exception as err:  # keep the trained drafts even when one measurement breaks
             log[alg][name] = {"error": f"{type(err).__name__}: {err}"}
         print(alg, name, log[alg][name].get("tokens_per_iteration", log[alg][name].get("error")), flush=True)
+
+
+def prepare_data(target: Path, args: argparse.Namespace) -> None:
+    """Generate the shared self-distillation data (one short EAGLE run writes `work/data.pt`)."""
+    train_draft(config_for("EAGLE", target, args.work / "data_prep", args, 1).model_copy(
+        update={"data_cache": args.work / "data.pt"}))
+
+
+def run_parallel(target: Path, args: argparse.Namespace, log: dict) -> None:
+    """One child process per algorithm (this script, `--target` set), then merge their results."""
+    prepare_data(target, args)
+    log["data_seconds"] = round(time.perf_counter() - T0, 1)
+    passed = [a for a in sys.argv[1:]]
+    children = []
+    for alg in args.algorithms:
+        out = args.out / alg.lower()
+        cmd = [sys.executable, __file__, *_without(passed, ("--algorithms", "--out", "--gguf", "--parallel")),
+               "--target", str(target), "--algorithms", alg, "--out", str(out)]
+        children.append((alg, out, subprocess.Popen(cmd)))
+    for alg, out, child in children:
+        child.wait()
+        res = out / "results.json"
+        log[alg] = json.loads(res.read_text()).get(alg) if res.is_file() else {"error": f"exit {child.returncode}"}
+        if args.pack:
+            for chunk in sorted(out.glob(f"{alg.lower()}.tar.*")):
+                chunk.rename(args.out / chunk.name)
+
+
+def _without(argv: list, flags: tuple) -> list:
+    """`argv` less the given flags and their values (a flag's values run to the next `--` option)."""
+    out, skip = [], False
+    for a in argv:
+        if a.startswith("--"):
+            skip = a.split("=")[0] in flags
+            if skip:
+                continue
+        if not skip:
+            out.append(a)
+    return out
+
+
+T0 = time.perf_counter()
 
 
 def main() -> int:
@@ -117,11 +164,18 @@ def main() -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--pack", action="store_true")
+    p.add_argument("--evals", nargs="+", choices=sorted(EVALS), default=list(EVALS))
+    p.add_argument("--parallel", action="store_true", help="one process per algorithm after shared data")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     target = args.target or convert(args.gguf, args.work / "target")
     log: dict = {"convert_seconds": round(time.perf_counter() - t0, 1), "args": {k: str(v) for k, v in vars(args).items()}}
+    if args.parallel:
+        run_parallel(target, args, log)
+        (args.out / "results.json").write_text(json.dumps(log, indent=2))
+        print(json.dumps({a: log.get(a) for a in args.algorithms}, indent=1))
+        return 0
     for alg in args.algorithms:
         entry = train_one(alg, target, args.work, args, log)
         print(alg, "trained", entry["steps"], "steps", entry["last20"], flush=True)

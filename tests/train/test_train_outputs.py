@@ -26,6 +26,7 @@ from spec_runtime.cli import main
 from spec_runtime.models.loading import load_eagle1, load_eagle3, load_standalone, load_target
 from spec_runtime.train import checkpoint as ckpt
 from spec_runtime.train import train_draft
+from spec_runtime.train.config import TrainError
 
 H, HEADS, KV, HD, INTER = 64, 4, 2, 16, 128  # the toy target's shape (build_toy_target defaults)
 
@@ -96,6 +97,23 @@ def test_resume_matches_uninterrupted_run(train_root: Path, toy_target: Path, to
     a = load_file(str(train_root / "resume_a" / "model.safetensors"))
     b = load_file(str(train_root / "resume_b" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE3", "STANDALONE"])
+def test_init_from_starts_at_the_saved_draft(algorithm: str, train_root: Path, toy_target: Path,
+                                             toy_prompts_file: Path, trained_draft) -> None:
+    """`init_from` continues from a saved draft (a learning rate of ~0 keeps its weights); a draft of
+    another algorithm is refused naming the file."""
+    saved = trained_draft(algorithm).output
+    cfg = toy_config(algorithm, toy_target, toy_prompts_file, train_root / f"init_{algorithm.lower()}", steps=1,
+                     lr=1e-12, warmup_steps=0, init_from=saved)
+    train_draft(cfg)
+    a, b = load_file(str(saved / "model.safetensors")), load_file(str(cfg.output / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
+    other = trained_draft("EAGLE").output
+    bad = cfg.model_copy(update={"output": train_root / f"init_bad_{algorithm.lower()}", "init_from": other})
+    with pytest.raises(TrainError, match=f"--init-from {other}/model.safetensors is not a {algorithm} draft"):
+        train_draft(bad)
 
 
 def test_crash_while_saving_keeps_the_last_checkpoint(train_root: Path, toy_target: Path, toy_prompts_file: Path,

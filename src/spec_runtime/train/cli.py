@@ -19,7 +19,7 @@ __all__ = ["add_train_arguments", "run_train"]
 _FIELDS = (
     ("prompts", Path), ("held_out_every", int), ("max_prompts", int), ("max_new_tokens", int),
     ("max_seq_len", int), ("temperature", float), ("samples_per_prompt", int), ("sample_temperature", float),
-    ("data_cache", Path), ("steps", int), ("batch_size", int), ("lr", float),
+    ("data_cache", Path), ("init_from", Path), ("steps", int), ("batch_size", int), ("lr", float),
     ("warmup_steps", int), ("ttt_steps", int), ("draft_vocab_size", int), ("head_intermediate_size", int),
     ("draft_hidden_size", int), ("draft_layers", int), ("draft_heads", int), ("draft_kv_heads", int),
     ("draft_intermediate_size", int), ("save_every", int), ("gen_batch_size", int), ("seed", int),

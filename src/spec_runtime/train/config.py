@@ -26,7 +26,9 @@ class TrainConfig(BaseModel):
     `data_cache` (default `output/train_data.pt`), which runs of other algorithms may share.
     Every `held_out_every`-th prompt (index 0, N, 2N, ...) is held out for evaluation and never
     trained on. EAGLE heads are unrolled `ttt_steps` steps (training-time test); STANDALONE drafts are
-    distilled (KL to the target's distribution) over whole sequences.
+    distilled (KL to the target's distribution) over whole sequences. `init_from`: a draft directory
+    of the same algorithm and shape (e.g. a shipped draft) whose weights the run starts from, with a
+    fresh optimizer and schedule, instead of a fresh draft.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -56,6 +58,7 @@ class TrainConfig(BaseModel):
     feature_loss: float = Field(1.0, ge=0.0)
     draft_vocab_size: int = Field(8192, ge=2)
     aux_layer_ids: Optional[tuple[int, ...]] = None
+    init_from: Optional[Path] = None
     head_intermediate_size: Optional[int] = Field(None, ge=1)
     draft_hidden_size: int = Field(192, ge=8)
     draft_layers: int = Field(4, ge=1)

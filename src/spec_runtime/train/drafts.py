@@ -45,7 +45,29 @@ class DraftBuilder(nn.Module):
             self.draft = self._build_standalone(model)
         else:
             self.draft = self._build_head(model, seqs)
+        if cfg.init_from is not None:
+            self._load_initial(cfg.init_from)
         self.draft.to(device)
+
+    def _load_initial(self, directory: Path) -> None:
+        """Start from the weights of a saved draft (its public layout); a draft of another algorithm
+        or shape is a one-line `TrainError` naming the file."""
+        from safetensors.torch import load_file
+
+        path = Path(directory) / "model.safetensors"
+        if not path.is_file():
+            raise TrainError(f"--init-from {directory}: no model.safetensors")
+        saved = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+        mine = self.draft.state_dict()
+        missing = sorted(set(mine) - set(saved) - ({"lm_head.weight"} if self.algorithm == "STANDALONE" else set()))
+        extra = sorted(set(saved) - set(mine))
+        wrong = sorted(k for k in set(saved) & set(mine) if saved[k].shape != mine[k].shape)
+        if missing or extra or wrong:
+            raise TrainError(f"--init-from {path} is not a {self.algorithm} draft of this shape "
+                             f"(missing {missing[:3]}, unexpected {extra[:3]}, other shapes {wrong[:3]})")
+        self.draft.load_state_dict(saved, strict=False)
+        if self.algorithm == "STANDALONE":
+            self.draft.tie_weights()
 
     # ---- construction ----------------------------------------------------------------------
 
