@@ -513,6 +513,8 @@ def test_fast_options_reject_unknown_choices() -> None:
     assert FastOptions.of({"epilogues": "rope,parts"}).epilogues == "rope,parts"
     with pytest.raises(ValueError, match="FastOptions.epilogues must be one of 'auto', 'fused', 'separate'"):
         FastOptions(epilogues="rope,gelu")
+    with pytest.raises(ValueError, match="FastOptions.tuning_file must be a path or None, got 3"):
+        FastOptions(tuning_file=3)
 
 
 def test_epilogue_choice_per_backend() -> None:
@@ -558,13 +560,24 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     forced = M.Linear(torch.zeros(4, 5), epilogue="silu")
     be.choose_linears([forced])
     assert forced.gemv_buckets == {1, 2, 4, 8, 16} and forced.fused_buckets == {1}
+    # FastOptions.gemv_tune reaches the GEMV's launches as an argument (no global setting)
+    from spec_runtime.kernels import gemv as G
+
+    tuning = M.FastBackend(M.FastOptions(linear="gemv", gemv_tune=True), torch.device("cpu"))
+    lin = M.Linear(torch.zeros(4, 6))
+    tuning.choose_linears([lin])
+    seen = []
+    monkeypatch.setattr(G, "triton_linear", lambda x, w, b=None, *, config=None, tune=True: seen.append(tune) or x)
+    lin(torch.zeros(1, 6))
+    forced(torch.zeros(1, 5))
+    assert seen == [True, False]
 
 
 def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     """The down projection follows the gate/up GEMV directly, so its timing chains run the gate/up's
     decided path in front of every call (`FastBackend._lead`): the fused SiLU path where the
     gate/up's GEMV and epilogue won, GEMV then SiLU where only the GEMV won, cuBLAS then SiLU where
-    cuBLAS won. Other linears, and every linear under SPEC_GEMV_CHAIN_LEAD=0, get no lead."""
+    cuBLAS won. Other linears get no lead."""
     import types
 
     from spec_runtime.gpu import models as M
@@ -595,13 +608,11 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log, lead: None)
     real_decide(mlp.down, 2, None)
     assert seen[(id(mlp.down), 2)].path(None) == "separate"
-    monkeypatch.setenv(M.CHAIN_LEAD_ENV, "0")
-    assert be._lead(mlp.down, 1) is None
 
 
 def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
     """`save_decisions` / `load_decisions` (the benchmark's --save-tuning / --tuning-file, its
-    strict-comparison children, SPEC_TUNING_FILE): GEMV-or-cuBLAS, launch configurations and
+    strict-comparison children, `FastOptions.tuning_file`): GEMV-or-cuBLAS, launch configurations and
     epilogue path timings (which can overrule the first) come back equal, so another process runs
     the same kernels. A file tuned on another kind of device, or not such a file, is refused by name."""
     import importlib.util
@@ -630,13 +641,17 @@ def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
         table.clear()
     assert bench.load_linear_cache(str(path)) == 5  # 2 decisions, 1 configuration, 2 epilogue timings
     assert M._GEMV_DECISIONS == decisions and M._EPILOGUE_DECISIONS == epilogues and G._TUNED == tuned
-    # SPEC_TUNING_FILE: loaded once, before the first decision, over whatever the process has
+    # FastOptions.tuning_file (default $SPEC_TUNING_FILE): loaded once, by the setup's first
+    # decisions (choose_linears), over whatever the process has
     M._GEMV_DECISIONS.clear()
-    monkeypatch.setenv(M.TUNING_FILE_ENV, str(path))
-    M._load_tuning_file()
+    monkeypatch.setenv("SPEC_TUNING_FILE", str(path))
+    options = M.FastOptions(linear="gemv")
+    assert options.tuning_file == str(path) and M.FastOptions(tuning_file=None).tuning_file is None
+    be = M.FastBackend(options, torch.device("cpu"))
+    be.choose_linears([])
     assert M._GEMV_DECISIONS == decisions and str(path) in M._TUNING_LOADED
     M._GEMV_DECISIONS.clear()
-    M._load_tuning_file()  # once per path
+    be.choose_linears([])  # once per path
     assert M._GEMV_DECISIONS == {}
     # refused: another kind of device, not a decisions file
     data = json.loads(path.read_text())
