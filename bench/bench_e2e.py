@@ -355,15 +355,15 @@ def run_plain(args: argparse.Namespace, target, results: Results) -> dict[int, f
                         accept_len=1.0, iterations=steps, prefill_s=prefill, note=f"target only, graphs of {runner.steps_per_graph} steps")
         except Exception as err:  # noqa: BLE001
             results.error(f"plain bs={bs}", err)
-    from spec_runtime.kernels._common import PDL_ENV, pdl
+    from spec_runtime.kernels._common import pdl, pdl_suppressed
 
     if pdl(torch.device(args.device)) and 1 in args.bs and args.executor == "cuda_graph":
         # the same step without programmatic dependent launch: graphs captured again with it off
-        os.environ[PDL_ENV] = "0"
         try:
-            off = DecodeRunner(target, cache, max_bs, executor=args.executor, buckets=(1,), fast_target=fast)
-            off.capture()
-            _, decode, steps = decode_once(off, 1)
+            with pdl_suppressed():
+                off = DecodeRunner(target, cache, max_bs, executor=args.executor, buckets=(1,), fast_target=fast)
+                off.capture()
+                _, decode, steps = decode_once(off, 1)
             results.add(config="plain PDL off", acceptance="-", bs=1, tok_s=steps / decode,
                         ms_per_iter=1e3 * decode / steps, accept_len=1.0, iterations=steps, prefill_s=0.0,
                         note=f"same run, kernels launched without PDL: ms/iter off / on = "
@@ -371,8 +371,6 @@ def run_plain(args: argparse.Namespace, target, results: Results) -> dict[int, f
             del off
         except Exception as err:  # noqa: BLE001
             results.error("plain PDL off", err)
-        finally:
-            os.environ.pop(PDL_ENV, None)
     del runner
     return out
 
@@ -484,17 +482,17 @@ def run_spec(args: argparse.Namespace, algorithm: str, target, draft, results: R
 def pdl_ab(args: argparse.Namespace, rt: Any, engine: Any, prompts: list, on: dict, results: Results,
            algorithm: str, acceptance: str) -> None:
     """The same runtime with its graphs captured again without programmatic dependent launch."""
-    from spec_runtime.kernels._common import PDL_ENV, pdl
+    from spec_runtime.kernels._common import pdl, pdl_suppressed
 
     if args.executor != "cuda_graph" or not pdl(torch.device(args.device)):
         return
-    os.environ[PDL_ENV] = "0"
     try:
-        rt.runner.close()
-        rt.runner.setup()
-        run_spec_once(engine, prompts, min(8, args.new_tokens), args.device)
-        off = min((run_spec_once(engine, prompts, args.new_tokens, args.device) for _ in range(args.repeat)),
-                  key=lambda x: x["decode_s"])
+        with pdl_suppressed():
+            rt.runner.close()
+            rt.runner.setup()
+            run_spec_once(engine, prompts, min(8, args.new_tokens), args.device)
+            off = min((run_spec_once(engine, prompts, args.new_tokens, args.device) for _ in range(args.repeat)),
+                      key=lambda x: x["decode_s"])
         off_ms = 1e3 * off["decode_s"] / max(1, off["iterations"])
         results.add(config=f"{algorithm} PDL off", acceptance=acceptance, bs=len(prompts),
                     tok_s=off["tokens"] / off["decode_s"], ms_per_iter=off_ms, accept_len=off["accept_len"],
@@ -504,7 +502,6 @@ def pdl_ab(args: argparse.Namespace, rt: Any, engine: Any, prompts: list, on: di
     except Exception as err:  # noqa: BLE001
         results.error(f"{algorithm} PDL off", err)
     finally:
-        os.environ.pop(PDL_ENV, None)
         rt.runner.close()
         rt.runner.setup()
 

@@ -1,11 +1,12 @@
 """Exploration (H200): the attention kernel at the benchmark's bs=1 shapes, per call in CUDA graphs.
 
-    python3 bench/explore_attention.py --out $OUT/attention [--vary 'SPEC_ATTN_MERGE=kernel,fused;NAME=A,B']
+    python3 bench/explore_attention.py --out $OUT/attention [--vary 'NAME=A,B;...']
 
 Shapes (bf16 KV cache, prefix 256 of a 399-token context, as in the end-to-end benchmark):
 plain 8B decode (1 row, head_dim 128), 8B tree verify (8 rows), 1B draft step (2 branches,
 head_dim 64, 3 ancestors each), 1B draft-extend (5 rows). For each shape and each combination of
-the environment values in --vary (read by the kernel at each call), a CUDA graph of 64 back-to-back
+the environment values in --vary (the runtime's kernel reads none since `spec_runtime.options`:
+its choices are constants; a branch under test may read its own), a CUDA graph of 64 back-to-back
 calls (PDL as the runtime sets it) is replayed; the median replay over 64 calls is reported in µs
 per call. Writes `attention.json` under --out.
 """

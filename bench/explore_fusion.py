@@ -11,9 +11,10 @@ Writes `fusion.json` under --out.
 A variant may hold `"buckets": [1, 8, 32]`: the spec runtimes' captured batch sizes (default [1];
 the benchmark captures 1, 8 and 32), and `"steps_per_graph": K` (the plain decode's graphs, default
 8). A variant may hold `"env": {NAME: VALUE}`: environment
-variables set for it alone (such as `SPEC_GEMV_MULRED`). Because those can change the setup-time GEMV and epilogue decisions, which are
+variables set for it alone (the runtime reads none of the old switches since `spec_runtime.options`;
+a branch under test may read its own). Because those can change the setup-time GEMV and epilogue decisions, which are
 kept process-wide, every variant with an `env` entry starts from cleared decisions (re-timed),
-unless `--keep-decisions` (for variables the decisions do not depend on, such as `SPEC_ATTN_MERGE`).
+unless `--keep-decisions` (for variables the decisions do not depend on).
 `--tuning-file PATH` loads decisions a `--save-tuning PATH` run (or `bench_e2e.py --save-tuning`)
 wrote, so that a run skips most of the setup timing and different processes run the same kernels.
 """

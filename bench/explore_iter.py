@@ -5,14 +5,13 @@
 For each algorithm (simulated acceptance, CUDA graphs, launch-ahead on), a 256-token generation is
 run with a CUDA event pair around every graph replay: the device time of each graph (verify,
 ahead_extend, ahead_draft, ...) per iteration against the iteration's wall time. Then, with the
-graphs captured again without PDL (`SPEC_PDL=0`, so kernel durations are not stretched by early
+graphs captured again without PDL (`kernels._common.pdl_suppressed()`, so kernel durations are not stretched by early
 launches), a torch.profiler pass sums kernel time per iteration by kernel name.
 """
 
 import argparse
 import collections
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -187,11 +186,10 @@ def main() -> int:
             res["graph_times"].append(graph_times(alg, target, draft, sims[alg], before_read=before_read))
             print(json.dumps(res["graph_times"][-1], default=str)[:3000], f"t={time.time() - t0:.0f}s", flush=True)
         if not a.no_profile:
-            os.environ["SPEC_PDL"] = "0"
-            try:
+            from spec_runtime.kernels._common import pdl_suppressed
+
+            with pdl_suppressed():
                 res["profiles"].append(kernel_profile(alg, target, draft, sims[alg]))
-            finally:
-                os.environ.pop("SPEC_PDL")
             print(json.dumps(res["profiles"][-1])[:4000], f"t={time.time() - t0:.0f}s", flush=True)
         (out / "iter_breakdown.json").write_text(json.dumps(res, indent=1, default=str))
         del draft
