@@ -72,17 +72,17 @@ MERGE_ENV = "SPEC_ATTN_MERGE"
 partials (no second kernel); `kernel`: the merge kernel does; `auto` (default): fused for calls of
 `FUSED_MERGE_ROWS` query rows only. Read at each call."""
 FUSED_MERGE_ROWS = (2,)
-"""The row counts `auto` merges fused. On the H200 (`bench/results/explore/attn_merge_ab.json`) it
+"""The row counts `auto` merges fused. On the H200 (`explore-archive:bench/results/explore/attn_merge_ab.json`) it
 ran the STANDALONE draft graph (2 rows per step) 2.84 -> 2.80 ms, but the 8-row tree verify
 4.42 -> 4.47 ms: there one program merges 32 (row, head) pairs on the critical path, while the merge
 kernel's launch overlaps the split kernel's tail. Plain decode (1 row) gained 0.01 ms per step then;
 since its o projection became a one-row multiply-and-reduce GEMV (16 KB weight tiles), the merge
-kernel runs it 3.906-3.927 -> 3.887-3.902 ms per step (`bench/results/explore/mulred_row1_s16.json`)."""
+kernel runs it 3.906-3.927 -> 3.887-3.902 ms per step (`explore-archive:bench/results/explore/mulred_row1_s16.json`)."""
 
 EARLY_ENV = "SPEC_ATTN_EARLY"
 """`SPEC_ATTN_EARLY=0`: the split kernel waits for the previous kernel (PDL) before it reads
 anything, as before the early reads; default on. On the H200 the early reads ran plain decode
-4.247 -> 4.210 ms/step and STANDALONE 8.24 -> 8.14 ms/iter (`bench/results/explore/attn_early_ab.json`).
+4.247 -> 4.210 ms/step and STANDALONE 8.24 -> 8.14 ms/iter (`explore-archive:bench/results/explore/attn_early_ab.json`).
 Read at each call."""
 EARLY_KV_ENV = "SPEC_ATTN_EARLY_KV"
 """`SPEC_ATTN_EARLY_KV=auto` (default): with the early reads, calls of at most `EARLY_KV_ROWS` query
@@ -91,7 +91,7 @@ wait; `1`: every call does; `0`: none. Read at each call."""
 EARLY_KV_ROWS = 2
 """On the H200 the early K/V tile ran plain decode (1 row) 4.09 -> 4.01-4.03 ms/step and the
 STANDALONE draft graph (2 rows) 2.72-2.74 -> 2.69 ms, but when every call used it, the 8-row tree
-verify graph 4.25 -> 4.29 ms (`bench/results/explore/attn_early_kv_ab.json`)."""
+verify graph 4.25 -> 4.29 ms (`explore-archive:bench/results/explore/attn_early_kv_ab.json`)."""
 EARLY_KV_TILE_BYTES = 32768
 """The early tile is skipped when one K tile is larger (float32 or head_dim 256 at 128 keys): held
 across the wait beside the pipelined loop's buffers, it overflowed the H200's shared memory."""
@@ -99,13 +99,13 @@ PREFETCH_ENV = "SPEC_ATTN_PREFETCH"
 """`SPEC_ATTN_PREFETCH=1` (with the early reads; not under the interpreter): the split kernel also
 asks L2 for its first tile's K and V rows before the wait, so the gathers after it need not go to
 HBM (the weight stream evicts the cache between forwards). Off by default: on the H200 it gained
-nothing (`bench/results/explore/bookkeeping_rope_ab.json`). Read at each call."""
+nothing (`explore-archive:bench/results/explore/bookkeeping_rope_ab.json`). Read at each call."""
 
 
 MERGE_UNROLL = 8
 """Partials the merge (kernel or fused) adds per trip of its loop, unrolled so that their loads
 are in flight together instead of one L2 round trip per partial; the order, and so the bits, is
-the rolled loop's. On the H200 (`bench/results/explore/session22.json`) it ran plain decode
+the rolled loop's. On the H200 (`explore-archive:bench/results/explore/session22.json`) it ran plain decode
 3.896-3.908 -> 3.838-3.840 ms/step, STANDALONE 8.003-8.016 -> 7.965-7.974 ms/iter and EAGLE-3
 5.583-5.591 -> 5.559-5.579, in one process: the one-row merge kernel had cost about 1.9 µs per
 layer (leaving it out ran 3.837-3.844), nearly all of it the five partials loaded one after the
@@ -118,7 +118,7 @@ adds only the splits that hold keys (`_splits_used`, from the prefix lengths); `
 runs and stores an empty partial; `auto` (default): on for calls of more than
 `SKIP_EMPTY_MIN_ROWS` rows. Bit for bit the same output either way (an empty partial adds zeros).
 The decode graphs size their splits for the longest context, so early in a request most splits
-are empty. On the H200 (`bench/results/explore/session21.json`, sections `skip_empty_*`) it ran
+are empty. On the H200 (`explore-archive:bench/results/explore/session21.json`, sections `skip_empty_*`) it ran
 the STANDALONE verify graph (8 rows) 4.269-4.270 -> 4.256-4.259 ms and its draft-extend 0.992 ->
 0.980-0.982 ms (8.037-8.050 -> 8.016-8.022 ms per iteration), but on for one-row calls too the
 plain decode step 3.846-3.853 -> 3.855-3.861 ms (not understood), hence `auto`. Never with the
@@ -134,7 +134,7 @@ it (`cp.async.bulk.prefetch.L2`): the rows the o GEMV's later programs read, whe
 ones have long started. On the H200 (8B, o weight 33.5 MB) 12 MB over 32 programs ran plain decode
 3.885-3.896 -> 3.878-3.881 ms/step on slower machines, 3.845-3.846 -> 3.823-3.833 on a faster one;
 64 programs, 2 per KV head, 16 or 20 MB, and 8-row calls (tree verify) were slower
-(`bench/results/explore/tail_prefetch_s20.json`). Read at each call; off under the interpreter
+(`explore-archive:bench/results/explore/tail_prefetch_s20.json`). Read at each call; off under the interpreter
 (inline PTX) and with the fused merge (its arrival count)."""
 TAIL_MB = 12.0
 TAIL_ROWS = (1,)
