@@ -313,6 +313,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(str(err))
     algorithms = [x for x in a.algorithms.split(",") if x]
     bad = [x for x in algorithms if x != "plain" and x not in SIMULATED_ACCEPT]
+    if a.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {a.rounds}")
     if bad or not torch.cuda.is_available():
         p.error(f"--algorithms: unknown {bad}" if bad else "needs a CUDA device")
     from spec_runtime.gpu import models as M
