@@ -64,7 +64,7 @@ class FastOptions:
             draft-extend graph's bookkeeping in one launch before its forward and one after) or
             "torch" (the same steps as torch ops, about forty kernels) (auto: triton on CUDA; on
             the H200 the STANDALONE draft-extend graph ran 1.036 -> 1.000 ms and EAGLE-3's 0.340
-            -> 0.291, `bench/results/explore/bookkeeping_rope_ab.json`).
+            -> 0.291, `explore-archive:bench/results/explore/bookkeeping_rope_ab.json`).
         epilogues: the elementwise step after a GEMV done in its epilogue: "rope" (RoPE + KV store
             after the QKV projection), "silu" (SiLU-and-multiply after gate/up), "parts" (the o and
             down projections' split-K partials summed by the next residual add + RMSNorm instead

@@ -210,7 +210,7 @@ def test_one_row_mulred_accumulates_in_two_dims():
     """At one row the multiply-and-reduce GEMV keeps a 2-D `(BLOCK_N, BLOCK_K)` accumulator and
     loads x as a vector, so the products stay in the weight tile's layout (the 3-D `(1, BLOCK_N,
     BLOCK_K)` form cost a shared-memory layout conversion per tile on sm90: 125 against 105 µs per
-    8B layer in `bench/explore_sync.py`'s chains). Two rows keep the 3-D form."""
+    8B layer in `explore-archive:bench/explore_sync.py`'s chains). Two rows keep the 3-D form."""
     types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr", "kc_ptr", "vc_ptr")}
     types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
     cases = [dict(BLOCK_M=m, BLOCK_N=4, BLOCK_K=2048, SWAP=False, MULRED=True, SPLIT_K=1, EVEN_K=even, HAS_BIAS=False,

@@ -122,7 +122,7 @@ rows lets the next kernel's programs start before its own PDL wait. On the H200 
 plain bs=1 decode step ran 3.829-3.832 -> 3.761-3.774 ms with the trigger on (in one process,
 alternating), but triggering
 first at 2 rows (the STANDALONE draft) and 8 rows (the verify) was slower: draft graph 2.670 ->
-2.746 ms, verify 4.197 -> 4.40 (`bench/results/explore/session23.json`)."""
+2.746 ms, verify 4.197 -> 4.40 (`explore-archive:bench/results/explore/session23.json`)."""
 
 
 def trigger_first(rows: int) -> bool:
@@ -173,7 +173,7 @@ def _norm_warps(block: int, adds: bool) -> int:
     The residual add reads one or more rows per output row (several float32 split-K partials):
     16 warps keep more loads in flight. On the H200 the 1B down projection's add + RMSNorm of
     4 partials went 14.9 -> 13.1 µs in the setup's chain and the STANDALONE verify and
-    draft-extend graphs 0.07-0.1 ms faster each (bench/results/explore/norm_parts_warps_ab.json,
+    draft-extend graphs 0.07-0.1 ms faster each (explore-archive:bench/results/explore/norm_parts_warps_ab.json,
     16 warps for partials only). Every add uses the same count, so summing the partials here
     stays bit for bit the reduce kernel then the add."""
     return 16 if adds and block >= 1024 else (8 if block >= 4096 else 4)

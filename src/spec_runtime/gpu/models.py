@@ -258,7 +258,7 @@ class FastBackend:
         """`(embedding(ids), rmsnorm(embedding(ids)))`: with the Triton kernels one launch
         (`elementwise.embed_rmsnorm`). On the H200 the plain decode
         step ran 3.903-3.906 -> 3.892-3.899 ms, STANDALONE 7.997-8.013 -> 7.968-7.998 ms/iter
-        (`bench/results/explore/embed_norm_s19.json`)."""
+        (`explore-archive:bench/results/explore/embed_norm_s19.json`)."""
         if self.elementwise == "triton" and weight is not None:
             return self._ew.embed_rmsnorm(ids, table, weight, eps)
         x = F.embedding(ids, table)
@@ -345,7 +345,7 @@ class FastBackend:
         cuBLAS then the separate kernel. The GEMV runs if either of its paths beats cuBLAS's. So a
         GEMV a hair slower than cuBLAS alone still runs where its epilogue saves a kernel (on the
         H200 the 8B gate/up chain timed 57.7 µs against cuBLAS's 57.1, and the plain decode step
-        with cuBLAS there ran 0.11 ms slower: `bench/results/explore/cublas_chain_ab.json`)."""
+        with cuBLAS there ran 0.11 ms slower: `explore-archive:bench/results/explore/cublas_chain_ab.json`)."""
         def lead() -> Optional[_Lead]:  # built only where something is timed
             return self._lead(lin, rows, forced)
 
@@ -369,7 +369,7 @@ class FastBackend:
         programs share the GPU with that GEMV's tail. Behind a small kernel, tiles timed as
         near-ties (0.2-1.9 % apart) that were not in the real graphs; behind the gate/up they
         separate as there (H200,
-        `bench/results/explore/down_tile.json`): the 1B down at 2 rows on the non-swapped 64x128
+        `explore-archive:bench/results/explore/down_tile.json`): the 1B down at 2 rows on the non-swapped 64x128
         tile chained 12.63 against 12.60 µs behind a small kernel, 30.61 against 29.04 behind the
         gate/up, and ran the STANDALONE draft graph at 2.96 against 2.72 ms; the 8B down at 8 rows
         on 32x256 without a K split chained 32.84 against 32.23 µs, 97.2 against 87.7, and ran the
@@ -452,17 +452,17 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
     chain times decide; only where a chain cannot be timed (a failed capture, fewer than two
     configurations) do the one-launch times, with a 3 % margin for the GEMV. Against the one-launch
     comparison, the chains ran plain decode 4.20 -> 4.13 ms per step and STANDALONE 8.44-8.65 ->
-    8.18-8.27 ms per iteration (`bench/results/explore/cublas_chain_ab.json`). Timing in chains
+    8.18-8.27 ms per iteration (`explore-archive:bench/results/explore/cublas_chain_ab.json`). Timing in chains
     *without* a kernel between the calls was tried and is worse:
     it picked cuBLAS for the 8B gate/up projection, which a captured verify then ran 0.45 ms slower
-    (`bench/results/explore/tuning.json`).
+    (`explore-archive:bench/results/explore/tuning.json`).
 
     With a `lead` (`FastBackend._lead`) every call in the chains follows its predecessor's path, and
     every configuration is re-timed there, not only the one-launch fastest: one-launch times cannot
     see what the predecessor does to a tile. On the H200, with the 8 one-launch fastest re-timed,
     one process's shortlist for the 1B down projection at 2 rows held no swapped tile with a K
     split, and the multiply-and-reduce tile it picked instead ran the draft graph at 2.83 against
-    2.71-2.76 ms (`bench/results/explore/chain_lead_ab.json`)."""
+    2.71-2.76 ms (`explore-archive:bench/results/explore/chain_lead_ab.json`)."""
     import triton.testing
 
     from spec_runtime.kernels import gemv as G
@@ -520,13 +520,13 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
 _SHORTLIST = 4
 """Configurations of the one-launch timing's fastest that `_time_gemv` re-times in graph chains
 (every configuration behind a lead). On the H200 the 8B verify graph ran 4.32-4.34 ms in every
-re-ranked process, where one-launch choices gave 4.28-5.15 (`bench/results/explore/rerank_ab.json`,
+re-ranked process, where one-launch choices gave 4.28-5.15 (`explore-archive:bench/results/explore/rerank_ab.json`,
 `mulred_ab.json`)."""
 _SWAP_PREFERENCE = 0.02
 """Chain times of swapped tiles count 2 % less. In the H200 decode graphs the non-swapped tile
 was the slow one of a near-tie twice: the 1B down projection at 2 rows, 64x128 with 4 splits,
 draft graph 3.13 ms against 2.87-2.90 swapped, where the chain timed the two 12.59 and 12.64 µs;
-and the 8B down projection at 8 rows (above). `bench/results/explore/rerank_ab.json`."""
+and the 8B down projection at 8 rows (above). `explore-archive:bench/results/explore/rerank_ab.json`."""
 def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
                       fastest: list[tuple[float, Any]], rival: Callable[[torch.Tensor], Any],
                       lead: Optional[_Lead] = None) -> tuple[list[tuple[float, Any, float]], Optional[float]]:
@@ -540,7 +540,7 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
     the fastest alone is slow in the decode graphs. On the H200 one process picked a 32x256 tile
     without a K split for the 8B down projection at 8 rows, and its verify graph ran 5.15 ms
     against 4.28-4.43 in processes that picked the swapped 64x128 tile with two splits
-    (`bench/results/explore/mulred_ab.json`)."""
+    (`explore-archive:bench/results/explore/mulred_ab.json`)."""
     from spec_runtime.kernels import gemv as G
 
     if len(fastest) < 2 or not w.is_cuda:
@@ -584,7 +584,7 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
     Timed as a CUDA graph of 16 calls over rotating weight copies (enough that L2 holds none), each
     followed by a small kernel, PDL on, as the runtime's graphs run them. On the H200 this agreed in
     sign with the captured plain decode step for all five gate/up configurations tried
-    (`bench/results/explore/silu_cfg.json`). Without the small kernel (GEMV right after GEMV) it
+    (`explore-archive:bench/results/explore/silu_cfg.json`). Without the small kernel (GEMV right after GEMV) it
     did not: 77.7 against 57.8 µs for the tuned tile, where the decode step ran 0.09 ms *faster*
     fused (`silu_cfg_nospacer.json`); one-launch timing (`do_bench`) cannot see launch overlap.
     Where `lead()` gives a lead, each call follows its predecessor's path (`FastBackend._lead`)."""

@@ -70,22 +70,22 @@ _GPU = dict(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
 FUSED_MERGE_ROWS = (2,)
 """The row counts whose calls merge fused: the split kernel's last program per (row block, KV
 head) merges the partials (no second kernel); other calls launch the merge kernel. On the H200
-(`bench/results/explore/attn_merge_ab.json`) the fused merge ran the STANDALONE draft graph (2
+(`explore-archive:bench/results/explore/attn_merge_ab.json`) the fused merge ran the STANDALONE draft graph (2
 rows per step) 2.84 -> 2.80 ms, but the 8-row tree verify
 4.42 -> 4.47 ms: there one program merges 32 (row, head) pairs on the critical path, while the merge
 kernel's launch overlaps the split kernel's tail. Plain decode (1 row) gained 0.01 ms per step then;
 since its o projection became a one-row multiply-and-reduce GEMV (16 KB weight tiles), the merge
-kernel runs it 3.906-3.927 -> 3.887-3.902 ms per step (`bench/results/explore/mulred_row1_s16.json`)."""
+kernel runs it 3.906-3.927 -> 3.887-3.902 ms per step (`explore-archive:bench/results/explore/mulred_row1_s16.json`)."""
 
 # Under PDL the split kernel reads its batch description before it waits for the kernel before it
 # (on the H200: plain decode 4.247 -> 4.210 ms/step, STANDALONE 8.24 -> 8.14 ms/iter,
-# `bench/results/explore/attn_early_ab.json`).
+# `explore-archive:bench/results/explore/attn_early_ab.json`).
 EARLY_KV_ROWS = 2
 """Calls of at most this many query rows also load the first K/V tile of each program's share of
 the committed prefix before the PDL wait. On the H200 the early K/V tile ran plain decode (1 row)
 4.09 -> 4.01-4.03 ms/step and the STANDALONE draft graph (2 rows) 2.72-2.74 -> 2.69 ms, but when
 every call used it, the 8-row tree verify graph 4.25 -> 4.29 ms
-(`bench/results/explore/attn_early_kv_ab.json`)."""
+(`explore-archive:bench/results/explore/attn_early_kv_ab.json`)."""
 EARLY_KV_TILE_BYTES = 32768
 """The early tile is skipped when one K tile is larger (float32 or head_dim 256 at 128 keys): held
 across the wait beside the pipelined loop's buffers, it overflowed the H200's shared memory."""
@@ -93,7 +93,7 @@ across the wait beside the pipelined loop's buffers, it overflowed the H200's sh
 MERGE_UNROLL = 8
 """Partials the merge (kernel or fused) adds per trip of its loop, unrolled so that their loads
 are in flight together instead of one L2 round trip per partial; the order, and so the bits, is
-the rolled loop's. On the H200 (`bench/results/explore/session22.json`) it ran plain decode
+the rolled loop's. On the H200 (`explore-archive:bench/results/explore/session22.json`) it ran plain decode
 3.896-3.908 -> 3.838-3.840 ms/step, STANDALONE 8.003-8.016 -> 7.965-7.974 ms/iter and EAGLE-3
 5.583-5.591 -> 5.559-5.579, in one process: the one-row merge kernel had cost about 1.9 µs per
 layer (leaving it out ran 3.837-3.844), nearly all of it the five partials loaded one after the
@@ -106,7 +106,7 @@ and the merge adds only the splits that hold keys (`_splits_used`, from the pref
 other calls run every split, each storing a partial, empty or not. Bit for bit the same output
 either way (an empty partial adds zeros).
 The decode graphs size their splits for the longest context, so early in a request most splits
-are empty. On the H200 (`bench/results/explore/session21.json`, sections `skip_empty_*`) it ran
+are empty. On the H200 (`explore-archive:bench/results/explore/session21.json`, sections `skip_empty_*`) it ran
 the STANDALONE verify graph (8 rows) 4.269-4.270 -> 4.256-4.259 ms and its draft-extend 0.992 ->
 0.980-0.982 ms (8.037-8.050 -> 8.016-8.022 ms per iteration), but on for one-row calls too the
 plain decode step 3.846-3.853 -> 3.855-3.861 ms (not understood). Never with the fused merge
@@ -121,7 +121,7 @@ it (`cp.async.bulk.prefetch.L2`): the rows the o GEMV's later programs read, whe
 ones have long started. On the H200 (8B, o weight 33.5 MB) 12 MB over 32 programs ran plain decode
 3.885-3.896 -> 3.878-3.881 ms/step on slower machines, 3.845-3.846 -> 3.823-3.833 on a faster one;
 64 programs, 2 per KV head, 16 or 20 MB, and 8-row calls (tree verify) were slower
-(`bench/results/explore/tail_prefetch_s20.json`). Off under the interpreter (inline PTX) and
+(`explore-archive:bench/results/explore/tail_prefetch_s20.json`). Off under the interpreter (inline PTX) and
 with the fused merge (its arrival count)."""
 TAIL_ROWS = (1,)
 TAIL_PROGRAMS = 32

@@ -161,7 +161,7 @@ def _rope_inputs(rows, row_ok, pairs, pair_ok, pos_ptr, slot_ptr, cos_ptr, sin_p
     loaded after the products, the position load and the table loads it feeds were two dependent
     round trips at the end of every QKV projection. On the H200 loading them up front ran plain
     decode 4.171 -> 4.156 ms/step, STANDALONE 8.11 -> 8.08 ms/iter and EAGLE-3 5.645 -> 5.62
-    (`bench/results/explore/bookkeeping_rope_ab.json`). The slot load does not wait for the
+    (`explore-archive:bench/results/explore/bookkeeping_rope_ab.json`). The slot load does not wait for the
     position's, the table loads do."""
     ok = row_ok & pair_ok
     d = pairs % HD2
@@ -434,14 +434,14 @@ def heuristic_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig
 _TILES = ((32, 256, 4, False), (64, 128, 4, False), (64, 256, 3, False), (128, 128, 3, False), (16, 512, 3, False),
           (64, 256, 4, True), (64, 128, 5, True), (128, 128, 3, True))
 """(block_n, block_k, num_stages, swap) the tuner tries. The swapped tiles won 2-6 % on the 8B
-shapes in CUDA-graph chains on the H200 (`bench/results/explore/tma_sweep.json`)."""
+shapes in CUDA-graph chains on the H200 (`explore-archive:bench/results/explore/tma_sweep.json`)."""
 _MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4), (4, 2048, 4))
 """(block_n, block_k, num_warps) of the multiply-and-reduce configs tried for at most 2 rows (the
 first two for 3-4 rows): at one row they streamed the small 8B and 1B projections 10-50 % faster
-than the `tl.dot` tiles in CUDA-graph chains (`bench/results/explore/gemv_sweep.json`). With the
+than the `tl.dot` tiles in CUDA-graph chains (`explore-archive:bench/results/explore/gemv_sweep.json`). With the
 one-row accumulator in the weight tile's layout, 4 x 2048 (16 KB tiles) streams the 8B o, gate/up
 and down projections at one row faster than any other tile in the real decode step: 4.05-4.07 ->
-3.91-3.93 ms per step (`bench/results/explore/mulred_row1_s16.json`)."""
+3.91-3.93 ms per step (`explore-archive:bench/results/explore/mulred_row1_s16.json`)."""
 
 
 def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvConfig]:
