@@ -62,8 +62,9 @@ from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
 from spec_schema import SpecAlgorithm
 from spec_schema.config import max_tree_nodes
+from tests.features import require
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 VOCAB = 128
 MAX_CONTEXT = 64  # room for every request (prompt <= 12, max_new <= 20, a tree of <= 6 positions)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.features import require
 from tests.helpers import drop_generated, first_seen_at
 
 import spec_schema
@@ -495,7 +496,7 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
 def test_elementwise_kernels_interpreter() -> None:
     """Triton RMSNorm / add+RMSNorm / SiLU-mul / RoPE+store against their torch references, and an
     engine on them, under the CPU interpreter (a subprocess: TRITON_INTERPRET is read at import)."""
-    pytest.importorskip("triton")
+    require("triton")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     env.pop("SPEC_STRICT", None)
     proc = subprocess.run([sys.executable, "-c", ELEMENTWISE_SCRIPT], env=env, capture_output=True, text=True,
