@@ -9,7 +9,7 @@ Drawn per example:
   own output back through fc), EAGLE-3 heads with 2, 3 and 4 aux layers (and one with aux off) whose
   width differs from the target's and whose draft vocabulary is smaller;
 - the tree shape (num_steps, topk, a valid num_draft_tokens), float32 or bfloat16, the batch size,
-  the executor (eager; static buffers when `spec_runtime.buffers` exists), the context length
+  the executor (eager, or static buffers), the context length
   (mostly room for everything; sometimes short, so requests end with finish_reason "context");
 - a schedule: requests arriving at given engine steps (joins; queueing when the batch is full), each
   with its prompt, max_new_tokens (0 included), stop tokens (often a token of its own greedy output, so stops bite
@@ -41,7 +41,6 @@ is set, else `dev`; `thorough` via SPEC_HYPOTHESIS_PROFILE or --spec-profile). `
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,8 +70,8 @@ VOCAB = 128
 MAX_CONTEXT = 64  # room for every request (prompt <= 12, max_new <= 20, a tree of <= 6 positions)
 MAX_PROMPT = 12
 MAX_NEW = 10
-EXECUTORS = ("eager", "static") if importlib.util.find_spec("spec_runtime.buffers") else ("eager",)
-"""The static executor (static buffers, the CPU path of the CUDA-graph code) when this checkout has it."""
+EXECUTORS = ("eager", "static")
+"""The eager reference and the static executor (static buffers, the CPU path of the CUDA-graph code)."""
 BASELINE_LEN = 24  # >= any max_new_tokens drawn (heavy variant included)
 
 # ---- the model pool ----------------------------------------------------------------------------------
