@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.engine_harness import Job, drive
+from tests.features import require
 from tests.helpers import drop_generated, first_seen_at
 
 import spec_schema
@@ -78,28 +80,12 @@ def _drive(engine: SpecEngine, first: int, joins: int, sampling=None, budget: in
     an idle step once all finished, then one more request (budgets from `budget` tokens up). Returns every request's
     (output, finish reason, accept lengths) and the streamed events, step by step."""
     prompts = _prompts(first + joins + 1)
-    rids, log = [], []
-
-    def add(i: int) -> None:
-        params = None if sampling is None else sampling[i % len(sampling)]
-        stops = [prompts[i][0]] if i % 4 == 3 else []
-        rids.append(engine.add_request(prompts[i], budget + (7 * i) % 15, params, stop_token_ids=stops))
-
-    for i in range(first):
-        add(i)
-    step = 0
-    while engine.has_work:
-        if step == 2:
-            for i in range(first, first + joins):
-                add(i)
-        log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
-        step += 1
-    assert engine.step() == []
-    add(first + joins)
-    while engine.has_work:
-        log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
-    reqs = [engine.requests[r] for r in rids]
-    return [(r.output, r.finish_reason, r.accept_lengths) for r in reqs] + [("events", log)]
+    jobs = [Job(tuple(p), budget + (7 * i) % 15, frozenset([p[0]] if i % 4 == 3 else []),
+                None if sampling is None else sampling[i % len(sampling)],
+                arrival=0 if i < first else 2, after_idle=i == first + joins)
+            for i, p in enumerate(prompts)]
+    run = drive(engine, jobs)
+    return run.results(engine) + [("events", run.log)]
 
 
 def _compare(algorithm, target, draft, first, joins, sampling=None, no_ahead: bool = False, budget: int = 6,
@@ -163,10 +149,8 @@ def test_simulated_acceptance(request, load_pair, pair: str) -> None:
         engine = SpecEngine(_runtime(algorithm, target, draft, executor, num_steps=4, topk=2, num_draft_tokens=6,
                                      simulate_accept_len=2.5))
         # staggered budgets: a request finishing mid-run cancels a launch prepared before the read
-        rids = [engine.add_request(p, budget, ignore_eos=True) for p, budget in zip(_prompts(3), (13, 40, 40))]
-        while engine.has_work:
-            engine.step()
-        reqs = [engine.requests[r] for r in rids]
+        run = drive(engine, [Job(tuple(p), budget, ignore_eos=True) for p, budget in zip(_prompts(3), (13, 40, 40))])
+        reqs = run.requests(engine)
         runs[executor] = [(r.output, r.accept_lengths) for r in reqs]
         if executor == "static":  # the cancel rewinds the generator: the draws stay in step with eager's
             ahead = engine.rt.runner.ahead_stats
@@ -191,13 +175,9 @@ def test_launch_before_read(request, load_pair, pair: str) -> None:
     runs = {}
     for executor, extra in (("eager", {}), ("static", {"launch_before_read": 8})):
         engine = SpecEngine(_runtime(algorithm, target, draft, executor, **extra))
-        log = []
-        rids = [engine.add_request(p, 30 if i != 2 else 45, stop_token_ids=[s] if i != 1 else [], ignore_eos=True)
-                for i, (p, s) in enumerate(zip(prompts, stops))]
-        while engine.has_work:
-            log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
-        reqs = [engine.requests[r] for r in rids]
-        runs[executor] = ([(r.output, r.finish_reason, r.accept_lengths) for r in reqs], log)
+        run = drive(engine, [Job(tuple(p), 30 if i != 2 else 45, frozenset([s] if i != 1 else []), ignore_eos=True)
+                             for i, (p, s) in enumerate(zip(prompts, stops))])
+        runs[executor] = (run.results(engine), run.log)
         rt = engine.rt
         assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), f"{executor} leaked KV slots"
         for cache in (rt.target_cache, rt.draft_cache):
@@ -495,7 +475,7 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
 def test_elementwise_kernels_interpreter() -> None:
     """Triton RMSNorm / add+RMSNorm / SiLU-mul / RoPE+store against their torch references, and an
     engine on them, under the CPU interpreter (a subprocess: TRITON_INTERPRET is read at import)."""
-    pytest.importorskip("triton")
+    require("triton")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     env.pop("SPEC_STRICT", None)
     proc = subprocess.run([sys.executable, "-c", ELEMENTWISE_SCRIPT], env=env, capture_output=True, text=True,
