@@ -363,7 +363,7 @@ def rejected_request(prompt: Any, max_new_tokens: Any, sampling: Any, err: Excep
     "error", `.error` the message); the prompt is kept as given when it is not a token list."""
     try:
         kept = list(prompt)
-    except TypeError:
+    except Exception:  # not iterable (None, an int): keep it as given
         kept = prompt
     req = Request(-1, kept, max_new_tokens, sampling if isinstance(sampling, SamplingParams) else GREEDY,
                   frozenset())
