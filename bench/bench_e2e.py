@@ -19,8 +19,10 @@ prefill time.
 - hf: `transformers` `LlamaForCausalLM.generate(..., cache_implementation="static")` over the SAME
   weights (built on the meta device, then `load_state_dict(assign=True)`: no copy), greedy,
   `disable_compile=True` unless `--hf-compile` (its tok/s includes its prefill);
-- bound: the weight-bandwidth bound, target parameter bytes / 4.8 TB/s as tokens/s (x bs), and the
-  same with the device-to-device copy bandwidth measured here;
+- bound: the weight-bandwidth bound, target parameter bytes / the card's peak HBM bandwidth as
+  tokens/s (x bs; the peak from `spec_runtime.gpu.bandwidth`'s table by device name, or
+  `--bandwidth-tbs`; no such row for a card not in the table), and the same with the
+  device-to-device copy bandwidth measured here;
 - strict: EAGLE-3 (simulated) in subprocesses with SPEC_STRICT=1 and unset (the level is read at
   import), `--strict-rounds` alternating pairs, medians; each child also reports the host time in the
   spec_schema checks and perf_counter sections of its iterations (`HostTimers`);
@@ -53,7 +55,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
 TARGETS = {  # what the bs=1 numbers are reported against
     "plain decode tok/s (bs=1)": 260.0,
     "EAGLE-3 simulated 5.4 tok/s (bs=1)": 900.0,
@@ -355,15 +356,15 @@ def run_plain(args: argparse.Namespace, target, results: Results) -> dict[int, f
                         accept_len=1.0, iterations=steps, prefill_s=prefill, note=f"target only, graphs of {runner.steps_per_graph} steps")
         except Exception as err:  # noqa: BLE001
             results.error(f"plain bs={bs}", err)
-    from spec_runtime.kernels._common import PDL_ENV, pdl
+    from spec_runtime.kernels._common import pdl, pdl_suppressed
 
     if pdl(torch.device(args.device)) and 1 in args.bs and args.executor == "cuda_graph":
         # the same step without programmatic dependent launch: graphs captured again with it off
-        os.environ[PDL_ENV] = "0"
         try:
-            off = DecodeRunner(target, cache, max_bs, executor=args.executor, buckets=(1,), fast_target=fast)
-            off.capture()
-            _, decode, steps = decode_once(off, 1)
+            with pdl_suppressed():
+                off = DecodeRunner(target, cache, max_bs, executor=args.executor, buckets=(1,), fast_target=fast)
+                off.capture()
+                _, decode, steps = decode_once(off, 1)
             results.add(config="plain PDL off", acceptance="-", bs=1, tok_s=steps / decode,
                         ms_per_iter=1e3 * decode / steps, accept_len=1.0, iterations=steps, prefill_s=0.0,
                         note=f"same run, kernels launched without PDL: ms/iter off / on = "
@@ -371,8 +372,6 @@ def run_plain(args: argparse.Namespace, target, results: Results) -> dict[int, f
             del off
         except Exception as err:  # noqa: BLE001
             results.error("plain PDL off", err)
-        finally:
-            os.environ.pop(PDL_ENV, None)
     del runner
     return out
 
@@ -484,17 +483,17 @@ def run_spec(args: argparse.Namespace, algorithm: str, target, draft, results: R
 def pdl_ab(args: argparse.Namespace, rt: Any, engine: Any, prompts: list, on: dict, results: Results,
            algorithm: str, acceptance: str) -> None:
     """The same runtime with its graphs captured again without programmatic dependent launch."""
-    from spec_runtime.kernels._common import PDL_ENV, pdl
+    from spec_runtime.kernels._common import pdl, pdl_suppressed
 
     if args.executor != "cuda_graph" or not pdl(torch.device(args.device)):
         return
-    os.environ[PDL_ENV] = "0"
     try:
-        rt.runner.close()
-        rt.runner.setup()
-        run_spec_once(engine, prompts, min(8, args.new_tokens), args.device)
-        off = min((run_spec_once(engine, prompts, args.new_tokens, args.device) for _ in range(args.repeat)),
-                  key=lambda x: x["decode_s"])
+        with pdl_suppressed():
+            rt.runner.close()
+            rt.runner.setup()
+            run_spec_once(engine, prompts, min(8, args.new_tokens), args.device)
+            off = min((run_spec_once(engine, prompts, args.new_tokens, args.device) for _ in range(args.repeat)),
+                      key=lambda x: x["decode_s"])
         off_ms = 1e3 * off["decode_s"] / max(1, off["iterations"])
         results.add(config=f"{algorithm} PDL off", acceptance=acceptance, bs=len(prompts),
                     tok_s=off["tokens"] / off["decode_s"], ms_per_iter=off_ms, accept_len=off["accept_len"],
@@ -504,7 +503,6 @@ def pdl_ab(args: argparse.Namespace, rt: Any, engine: Any, prompts: list, on: di
     except Exception as err:  # noqa: BLE001
         results.error(f"{algorithm} PDL off", err)
     finally:
-        os.environ.pop(PDL_ENV, None)
         rt.runner.close()
         rt.runner.setup()
 
@@ -978,6 +976,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--tuning-file", default=None,
                    help="load the GEMV/epilogue setup decisions a --save-tuning run wrote (same kind of GPU)")
     p.add_argument("--save-tuning", default=None, help="write this run's setup decisions to this JSON file")
+    p.add_argument("--bandwidth-tbs", type=float, default=None,
+                   help="peak memory bandwidth in TB/s for the bound row (default: the card's, by device name)")
     p.add_argument("--time-budget", type=float, default=480.0, help="seconds; later configs are skipped past it")
     p.add_argument("--child-timeout", type=float, default=150.0, help="seconds per strict-comparison child")
     p.add_argument("--strict-rounds", type=int, default=3, help="alternating strict0/strict1 child pairs")
@@ -985,6 +985,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.bandwidth_tbs is not None and not args.bandwidth_tbs > 0:
+        p.error(f"--bandwidth-tbs must be a positive number of TB/s, got {args.bandwidth_tbs}")
     args.executor = args.executor or ("cuda_graph" if args.device.startswith("cuda") else "static")
     default_bs = "1,2,4" if args.tiny else "1,8,32"
     args.bs = [int(x) for x in (args.bs or default_bs).split(",")]
@@ -1040,9 +1042,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     target = build_target(cfg, dtype, args.device, seed=1)
     tbytes = param_bytes(target)
     results.note(f"target built in {time.perf_counter() - t0:.1f} s: {tbytes / 1e9:.2f} GB of parameters")
+    from spec_runtime.gpu.bandwidth import bound_bandwidth
+
+    peak, source = bound_bandwidth(results.data["meta"]["device"], args.bandwidth_tbs)
+    results.data["meta"]["peak_bandwidth"] = {"tbs": None if peak is None else peak / 1e12, "source": source}
+    if peak is None:
+        results.note(source)
     for bs in args.bs:
-        results.add(config="bound (4.8 TB/s)", acceptance="-", bs=bs, tok_s=bs * HBM_BYTES_PER_S / tbytes,
-                    ms_per_iter=1e3 * tbytes / HBM_BYTES_PER_S, note="target weight bytes / HBM bandwidth")
+        if peak is not None:
+            results.add(config=f"bound ({peak / 1e12:.3g} TB/s)", acceptance="-", bs=bs, tok_s=bs * peak / tbytes,
+                        ms_per_iter=1e3 * tbytes / peak, note=f"target weight bytes / peak HBM bandwidth ({source})")
         if bw:
             results.add(config="bound (measured copy)", acceptance="-", bs=bs, tok_s=bs * bw / tbytes,
                         ms_per_iter=1e3 * tbytes / bw, note=f"copy bandwidth measured here {bw / 1e12:.2f} TB/s")

@@ -1,17 +1,17 @@
-"""Refine the plain bs=1 decode step's GEMV decisions in the real step (H200), from a tuning file.
+"""Refine the plain bs=1 decode step's GEMV decisions in the real step (8B target), from a tuning file.
 
-    python3 bench/tune_step.py --out OUT --base .tuning/h200.json
+    python3 bench/tune_step.py --out OUT --base bench/tuning/h200.json
 
 The setup's tuner (`gpu.models`) times each projection alone or in short CUDA-graph chains; the
 real decode step disagrees with those chains on a few one-row shapes (the chains miss how a
-projection's programs share the GPU with the attention's or the next kernel's: see
-`bench/results/explore/README.md`). This script takes the tuned decisions of the 8B target's
-one-row projections (fused QKV, o, fused gate/up, down, lm_head) and, one shape at a time, times
-the whole decode step (`explore_fusion.plain_step_ms`: 255 steps in graphs of 8, the faster of two
-runs) with each candidate configuration, keeping the fastest (a candidate must beat the kept one
-by `--margin` ms). The kept decisions are written to `OUT/tuning_h200.json` (`gpu.models.
-load_decisions`' format, for `bench_e2e.py --tuning-file`), every measurement to `OUT/tune_step.json`.
-Only decisions at one row change: every other entry is the base file's.
+projection's programs share the GPU with the attention's or the next kernel's). This script takes
+the tuned decisions of the 8B target's one-row projections (fused QKV, o, fused gate/up, down,
+lm_head) and, one shape at a time, times the whole decode step (`ab.plain_step_ms`: 255 steps in
+graphs of 8, the faster of two runs) with each candidate configuration, keeping the fastest (a
+candidate must beat the kept one by `--margin` ms). The kept decisions are written to
+`OUT/tuning.json` (`gpu.models.load_decisions`' format, for `bench_e2e.py --tuning-file`), every
+measurement to `OUT/tune_step.json`. Only decisions at one row change: every other entry is the
+base file's. The base file must come from the same kind of GPU (`bench_e2e.py --save-tuning`).
 """
 
 import argparse
@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
+for _path in (ROOT / "src", ROOT / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 SHAPES = {"o": [4096, 4096], "gate_up": [28672, 4096], "down": [4096, 14336], "qkv": [6144, 4096],
           "lm_head": [128256, 4096]}
@@ -41,7 +42,9 @@ def current(data: dict, shape: list) -> dict:
 
 def main() -> int:
     import bench_e2e as E
-    from explore_configs import step_with, variant_file
+    from ab import plain_step_ms, variant_file
+
+    from spec_runtime.gpu import models as M
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
@@ -58,8 +61,13 @@ def main() -> int:
     t0 = time.time()
 
     def step_ms(d: dict) -> float:
+        """The step time under decisions `d` (loaded over the previous ones: same keys)."""
         scratch.write_text(json.dumps(d))
-        return step_with(target, scratch)["ms_per_step"]
+        M.load_decisions(scratch)
+        target.__dict__.pop("_spec_fast_models", None)  # rebuilt with these decisions
+        got = plain_step_ms(target, {})["ms_per_step"]
+        torch.cuda.empty_cache()
+        return got
 
     base_ms = best_ms = step_ms(data)
     log["steps"].append({"shape": None, "config": "base", "ms_per_step": base_ms})
@@ -82,7 +90,7 @@ def main() -> int:
     log["final"] = {"base_ms": base_ms, "refined_ms": final_ms, "base_again_ms": step_ms(base)}
     print(json.dumps(log["final"]), flush=True)
     (out / "tune_step.json").write_text(json.dumps(log, indent=1))
-    (out / "tuning_h200.json").write_text(json.dumps(data))
+    (out / "tuning.json").write_text(json.dumps(data))
     scratch.unlink()
     return 0
 

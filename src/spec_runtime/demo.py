@@ -11,6 +11,7 @@ import dataclasses
 import random
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -36,8 +37,9 @@ def build_demo_models(cache_dir: Path) -> dict[str, Path]:
 DEMO_TREES = {"STANDALONE": (4, 1, 5), "EAGLE": (3, 2, 6), "EAGLE3": (5, 4, 8)}
 
 
-def run_demo(cache_dir: Path, max_new_tokens: int = 48, batch_size: int = 4) -> int:
-    """Run the demo; returns 0 when every algorithm matched target-only decoding."""
+def run_demo(cache_dir: Path, max_new_tokens: int = 48, batch_size: int = 4, threads: Optional[int] = 1) -> int:
+    """Run the demo; returns 0 when every algorithm matched target-only decoding. `threads`: torch
+    intra-op threads to set (None leaves torch's setting, e.g. from OMP_NUM_THREADS)."""
     import spec_schema
 
     from .baseline import target_only_generate
@@ -46,8 +48,9 @@ def run_demo(cache_dir: Path, max_new_tokens: int = 48, batch_size: int = 4) -> 
     from .runtime import Runtime
 
     # Tiny models gain nothing from intra-op threads, and on a busy machine the thread pool's
-    # spin-waits made each small op ~25x slower (measured): run on one thread.
-    torch.set_num_threads(1)
+    # spin-waits made each small op ~25x slower (measured): one thread by default.
+    if threads is not None:
+        torch.set_num_threads(threads)
     paths = build_demo_models(cache_dir)
     target = load_target(paths["target"])
     rng = random.Random(0)

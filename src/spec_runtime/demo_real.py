@@ -97,11 +97,12 @@ def run_real(target_dir: Path, drafts_root: Path, max_new_tokens: int = 64, devi
     from spec_schema import SpecAlgorithm
 
     from .baseline import target_only_generate
-    from .engine import SpecEngine, resolve_executor
+    from .engine import SpecEngine, check_device, resolve_executor
     from .models.loading import DRAFT_LOADERS, load_target
     from .runtime import Runtime
 
     dirs = draft_dirs(drafts_root)
+    check_device(device)
     chosen = resolve_executor(executor, device)
     prompts = chat_prompts(target_dir)
     target = load_target(target_dir, torch.float32, device)

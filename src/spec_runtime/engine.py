@@ -10,7 +10,8 @@ join between iterations; an iteration in which every request finishes goes on wi
 """
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -42,6 +43,25 @@ def resolve_executor(executor: str, device: Any) -> str:
     if executor == "cuda_graph" and kind != "cuda":
         raise ValueError(f"executor cuda_graph needs a CUDA device, got device {device!r}; use eager or static")
     return executor
+
+
+def check_device(device: Any) -> torch.device:
+    """`device` as a torch.device this process can use; `SetupError` (field "device") for a name torch
+    does not know or a CUDA device that is not there, before any model is loaded."""
+    from .runtime import SetupError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise SetupError("device", f"unknown device {device!r} (use cpu, cuda or cuda:N): {err}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise SetupError("device", f"device {device!r} asks for CUDA, but {why}; use cpu")
+        if dev.index is not None and dev.index >= count:
+            raise SetupError("device", f"device {device!r}: only {count} CUDA device(s) are visible")
+    return dev
 
 
 class RequestError(ValueError):
@@ -121,6 +141,7 @@ class SpecEngine:
         from .models.loading import DRAFT_LOADERS, load_target
 
         alg = SpecAlgorithm(algorithm)
+        check_device(device)
         chosen = resolve_executor(executor, device)
         t = load_target(target, dtype, device)
         d = DRAFT_LOADERS[alg](draft, t, dtype, device)
@@ -139,10 +160,18 @@ class SpecEngine:
         stop_token_ids: Iterable[int] = (),
         ignore_eos: bool = False,
     ) -> int:
-        """Queue a request; returns its id. Raises `RequestError` naming the problem."""
-        prompt = [int(t) for t in prompt]
-        self._validate(prompt, max_new_tokens)
-        stop = frozenset(stop_token_ids) | (frozenset() if ignore_eos else self.eos)
+        """Queue a request; returns its id. Raises `RequestError` naming the field at fault; a
+        rejected request leaves nothing queued and the engine serves later requests as before."""
+        vocab = self.rt.spec_config.vocab
+        prompt = _token_ids(prompt, "prompt", vocab)
+        max_new_tokens = _count(max_new_tokens, "max_new_tokens")
+        stop_ids = _token_ids(stop_token_ids, "stop_token_ids", vocab)
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise RequestError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
+        if not isinstance(ignore_eos, bool):
+            raise RequestError(f"ignore_eos must be a bool, got {type(ignore_eos).__name__}")
+        self._validate(prompt)
+        stop = frozenset(stop_ids) | (frozenset() if ignore_eos else self.eos)
         req = Request(next(self._ids), prompt, max_new_tokens, sampling or GREEDY, stop)
         self.requests[req.rid] = req
         if max_new_tokens == 0:
@@ -151,18 +180,12 @@ class SpecEngine:
             self.waiting.append(req)
         return req.rid
 
-    def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
-        vocab = self.rt.spec_config.vocab
+    def _validate(self, prompt: list[int]) -> None:
         limit = self.rt.target_cache.req_to_token.shape[1]
         if not prompt:
             raise RequestError("empty prompt: a request needs at least one token")
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         if len(prompt) >= limit:
             raise RequestError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
-        if max_new_tokens < 0:
-            raise RequestError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 
     @property
     def has_work(self) -> bool:
@@ -299,14 +322,89 @@ class SpecEngine:
         stop_token_ids: Iterable[int] = (),
     ) -> list[Request]:
         """Generate for a batch of prompts. A rejected prompt gets `.error`; the others run normally."""
-        reqs = []
-        for prompt in prompts:
-            try:
-                rid = self.add_request(prompt, max_new_tokens, sampling, stop_token_ids)
-                reqs.append(self.requests[rid])
-            except RequestError as err:
-                rejected = Request(-1, list(prompt), max_new_tokens, sampling or GREEDY, frozenset())
-                rejected.error, rejected.finish_reason = str(err), "error"
-                reqs.append(rejected)
+        reqs = self.queue(prompts, max_new_tokens, sampling, stop_token_ids)
         self.run()
         return reqs
+
+    def queue(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        sampling: Optional[SamplingParams] = None,
+        stop_token_ids: Iterable[int] = (),
+    ) -> list[Request]:
+        """Queue a batch of prompts without running it: a rejected prompt comes back as a `Request`
+        with `.error` (rid -1, finish_reason "error"). Should anything else raise, the requests
+        this call queued are withdrawn first, so no caller-less request is left to run."""
+        reqs: list[Request] = []
+        if isinstance(stop_token_ids, Iterator):  # it would be used up by the first prompt
+            stop_token_ids = list(stop_token_ids)
+        try:
+            for prompt in prompts:
+                try:
+                    reqs.append(self.requests[self.add_request(prompt, max_new_tokens, sampling, stop_token_ids)])
+                except RequestError as err:
+                    reqs.append(rejected_request(prompt, max_new_tokens, sampling, err))
+        except BaseException:
+            self._withdraw([r for r in reqs if r.rid >= 0])
+            raise
+        return reqs
+
+    def _withdraw(self, reqs: list[Request]) -> None:
+        """Forget requests that were queued but not yet admitted (they hold no rows or KV)."""
+        gone = {r.rid for r in reqs}
+        self.waiting = [r for r in self.waiting if r.rid not in gone]
+        for rid in gone:
+            self.requests.pop(rid, None)
+
+
+def rejected_request(prompt: Any, max_new_tokens: Any, sampling: Any, err: Exception) -> Request:
+    """The `Request` that stands for a rejected one in a batch's results (rid -1, finish_reason
+    "error", `.error` the message); the prompt is kept as given when it is not a token list."""
+    try:
+        kept = list(prompt)
+    except Exception:  # not iterable (None, an int): keep it as given
+        kept = prompt
+    req = Request(-1, kept, max_new_tokens, sampling if isinstance(sampling, SamplingParams) else GREEDY,
+                  frozenset())
+    req.error, req.finish_reason = str(err), "error"
+    return req
+
+
+def _count(value: Any, name: str) -> int:
+    """`value` as an int >= 0 (Python or numpy ints; floats, bools and strings are refused)."""
+    if isinstance(value, bool) or not _is_int(value):
+        raise RequestError(f"{name} must be an int >= 0, got {value!r} ({type(value).__name__})")
+    value = operator.index(value)
+    if value < 0:
+        raise RequestError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _token_ids(ids: Any, name: str, vocab: int) -> list[int]:
+    """`ids` as a list of token ids in [0, vocab): a sequence (list, tuple, integer tensor or array)
+    of ints. Floats are refused, not truncated (1.7 is no token id); so are strings and bools."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise RequestError(f"{name} must be a sequence of int token ids, got {type(ids).__name__}")
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool or ids.dim() != 1:
+            raise RequestError(f"{name} must be a 1-d integer tensor of token ids, got {ids.dtype} of "
+                               f"shape {tuple(ids.shape)}")
+        ids = ids.tolist()
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not _is_int(t):
+            raise RequestError(f"{name}[{i}] must be an int token id, got {t!r} ({type(t).__name__})")
+        out.append(operator.index(t))
+    bad = [t for t in out if not 0 <= t < vocab]
+    if bad:
+        raise RequestError(f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+    return out

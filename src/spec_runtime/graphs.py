@@ -139,7 +139,7 @@ class GraphSet:
         # One replay here, on the same (padding) buffers as the warm-up runs: a graph's first
         # replay also uploads it to the device, which cost the first timed 255-step plain decode
         # on the H200 0.009-0.014 ms per step (2-3.5 ms once, an 8-step graph of ~2000 kernels;
-        # bench/results/explore/tail_prefetch_s20.json, `ms_per_step_runs`); a setup cost, not a request's.
+        # explore-archive:bench/results/explore/tail_prefetch_s20.json, `ms_per_step_runs`); a setup cost, not a request's.
         graph.replay()
         torch.cuda.synchronize()
         self.graphs[key] = _Graph(graph, out)
@@ -937,7 +937,7 @@ class DecodeRunner:
     bucket has a captured graph of one step and one of `steps_per_graph` steps ("cuda_graph"), or
     runs the same calls eagerly on the same buffers ("static"), and the loop only replays them.
     On the H200 (8B shape, bs=1) this took 0.035 ms off the step, 4.039-4.041 -> 4.004-4.006 ms
-    (`bench/results/explore/decode_loop_ab.json`): the host loop's small launches between replays
+    (`explore-archive:bench/results/explore/decode_loop_ab.json`): the host loop's small launches between replays
     (five buffer copies, the slot-table write, the length update, the token copy), the ten small
     kernels that built the decode's `AttnBatch` inside the graph, and the float32 copy of the
     logits before the argmax are gone. Graphs of 8 steps timed the same as graphs of one (which

@@ -21,6 +21,14 @@ EXECUTORS = ("eager", "static", "cuda_graph")
 with eager calls, runnable on CPU. `cuda_graph`: the same path replayed from captured CUDA graphs."""
 
 
+class SetupError(ValueError):
+    """A setting does not fit the loaded models; `field` names the setting (e.g. "topk")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass
 class Counters:
     """What the runtime did, for tests and stats (STANDALONE must keep the hidden-state ones at 0)."""
@@ -322,6 +330,9 @@ class Runtime:
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         config = build_spec_config(algorithm, target, draft, num_steps, topk, num_draft_tokens)
+        if config.topk > config.draft_vocab:  # each tree node keeps the topk best of the draft's scores
+            raise SetupError("topk", f"topk {config.topk} exceeds the draft vocabulary of {config.draft_vocab} "
+                                     f"tokens: a draft node has at most {config.draft_vocab} candidates")
         device = next(target.parameters()).device
         t_slots = max_batch_size * (max_context + num_draft_tokens)
         d_slots = max_batch_size * (max_context + topk * num_steps)

@@ -11,13 +11,16 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .defaults import DEFAULT_TEMPERATURE
+
 __all__ = ["SamplingParams", "probs_from_logits", "probs_from_logits_batched", "sample_from_probs", "softmax_topk"]
 
 
 class SamplingParams(BaseModel):
     """Per-request sampling parameters (frozen; unknown fields are rejected).
 
-    - ``temperature``: float >= 0; 0 means greedy (argmax, handled by the caller).
+    - ``temperature``: float >= 0; 0 (the default, as the CLI's) means greedy (argmax, handled by the
+      caller).
     - ``top_k``: int; 0 or -1 turn it off, otherwise keep the ``top_k`` most likely tokens.
     - ``top_p``: float in (0, 1]; 1 turns it off.
     - ``seed``: optional int in [0, 2**63), for the caller's generator.
@@ -25,7 +28,7 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
     top_k: int = Field(default=0, strict=True)
     top_p: float = 1.0
     seed: Optional[int] = Field(default=None, strict=True)

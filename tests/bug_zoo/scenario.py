@@ -214,35 +214,24 @@ def make_engine(models: Models, case: FaultCase, pair: Optional[str] = None) -> 
     return SpecEngine(rt)
 
 
-class _Progress:
-    steps = 0
-
-
 def run_scenario(models: Models, case: FaultCase, fault: Optional[str], pair: Optional[str] = None,
-                 progress: Optional[_Progress] = None) -> RunResult:
-    """Run the scenario with `fault` injected (None: fault-free). Exceptions propagate."""
+                 progress: Optional[Any] = None) -> RunResult:
+    """Run the scenario with `fault` injected (None: fault-free). Exceptions propagate; `progress` (an
+    `engine_harness.Run`) then tells how many steps ran."""
     from spec_runtime import faults
+    from tests.engine_harness import Job, Run, drive
 
-    progress = progress or _Progress()
+    progress = Run() if progress is None else progress
     engine = make_engine(models, case, pair)
-    rids = []
+    jobs = [Job(PROMPTS[i], max_new) for i, max_new in FIRST_BATCH]
+    jobs.append(Job(PROMPTS[AFTER_IDLE[0]], AFTER_IDLE[1], after_idle=True))
     case_faults = () if fault is None else (fault, *case.with_faults)
     with contextlib.ExitStack() as stack:
         for name in case_faults:
             stack.enter_context(faults.inject(name))
-        for i, max_new in FIRST_BATCH:
-            rids.append(engine.add_request(PROMPTS[i], max_new))
-        while engine.has_work:
-            engine.step()
-            progress.steps += 1
-        assert engine.step() == []  # idle step: every request finished
-        progress.steps += 1
-        rids.append(engine.add_request(PROMPTS[AFTER_IDLE[0]], AFTER_IDLE[1]))
-        while engine.has_work:
-            engine.step()
-            progress.steps += 1
+        drive(engine, jobs, progress)
     rt = engine.rt
-    reqs = [engine.requests[r] for r in rids]
+    reqs = progress.requests(engine)
     whole = rt.target_cache.is_whole() and rt.draft_cache.is_whole()
     return RunResult([r.output for r in reqs], [r.accept_lengths for r in reqs], [r.finish_reason for r in reqs], whole,
                      rt.counters.hidden_allocs, progress.steps)
@@ -282,7 +271,9 @@ def run_outcome(models: Models, fault: str, pair: Optional[str] = None,
     if case.executor == "static" and not static_executor_available():
         out.update(outcome="skipped", message="spec_runtime.buffers (the static executor) is not in this checkout")
         return out
-    progress = _Progress()
+    from tests.engine_harness import Run
+
+    progress = Run()
     try:
         result = run_scenario(models, case, fault, pair, progress)
     except Exception as err:  # noqa: BLE001 - what the fault does is the point

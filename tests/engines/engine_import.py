@@ -5,24 +5,15 @@ while it runs); vLLM's inside `vllm_env`. Both report a missing engine through `
 """
 
 import importlib
-import os
 import types
 from typing import NoReturn
 
-import pytest
-
-
-def in_ci() -> bool:
-    """True under CI (env CI set to anything but empty/0/false/no), where a missing engine fails."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+from tests.features import missing
 
 
 def engine_missing(engine: str, why: object) -> NoReturn:
     """Skip the test, or fail it under CI: CI installs the `engines` extra, so a missing engine is a bug."""
-    message = f"{engine} is not importable on this machine: {why}"
-    if in_ci():
-        pytest.fail(message + " (CI=true: install the 'engines' extra)", pytrace=False)
-    pytest.skip(message)
+    missing(engine, why, "install the 'engines' extra (scripts/setup_env.sh installs sglang and vllm --no-deps)")
 
 
 def import_sglang(*names: str) -> list[types.ModuleType]:

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.features import require
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
@@ -25,7 +27,7 @@ def gpu_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str, 
     (head dim 12: the dense attention fallback) with a 96-of-128 draft vocab.
     size "small": target 128 wide (4 heads of 32), vocab 512; drafts 64 / 128 / 128 wide (head dims 32:
     the Triton attention everywhere), EAGLE-3 draft vocab 384."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     transformers.utils.logging.disable_progress_bar()
     from spec_runtime.models.loading import load_eagle1, load_eagle3, load_standalone, load_target
     from spec_runtime.tiny import (

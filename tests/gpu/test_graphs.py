@@ -29,6 +29,7 @@ from spec_runtime.graphs import DecodeRunner
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
+from tests.engine_harness import Job, drive
 from tests.helpers import drop_generated, first_seen_at
 
 pytestmark = pytest.mark.gpu
@@ -61,22 +62,9 @@ def _runtime(target, draft, algorithm: str, executor: str, **kw) -> Runtime:
 
 def _drive(engine: SpecEngine, prompts: list[list[int]], first: int, sampling=None) -> list[tuple]:
     """`first` requests at step 0, the rest join after step 2; staggered lengths."""
-    rids = []
-
-    def add(i: int) -> None:
-        params = None if sampling is None else sampling[i % len(sampling)]
-        rids.append(engine.add_request(prompts[i], 8 + (5 * i) % 17, params))
-
-    for i in range(first):
-        add(i)
-    step = 0
-    while engine.has_work:
-        if step == 2:
-            for i in range(first, len(prompts)):
-                add(i)
-        engine.step()
-        step += 1
-    return [(engine.requests[r].output, engine.requests[r].finish_reason) for r in rids]
+    jobs = [Job(tuple(p), 8 + (5 * i) % 17, sampling=None if sampling is None else sampling[i % len(sampling)],
+                arrival=0 if i < first else 2) for i, p in enumerate(prompts)]
+    return [(output, reason) for output, reason, _ in drive(engine, jobs).results(engine)]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

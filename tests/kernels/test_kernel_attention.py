@@ -73,97 +73,74 @@ def test_tree_verify(topk, num_steps, num_draft):
     _check(torch.randn(bs * num_draft, 4, 16, device=dev), cache, attn)
 
 
-def _merge_cases(dev, gen):
-    """(q, cache, attn) of decode (3 requests, 3 prefix splits), a tree verify (prefix and extra
-    splits) and, on CUDA, a long-extra extend (several extra splits; rows of a block across
-    requests). The switch-equivalence tests that use these compare two settings of one kernel bit
-    for bit; under the CPU interpreter the 150-row case cost them about 4 minutes of the suite, so
-    there they run the two small cases (the reference tests above cover long extends)."""
+def _decode_case(dev, splits: int = 3):
+    """(q, cache, attn, num_splits) of a small decode: 3 requests with prefixes 21, 0 and 5 over
+    `splits` prefix splits (with 4, most of a request's shares are empty) and one extra split.
+    The tests that compare two settings of the kernel bit for bit run this case only (the
+    reference tests above cover trees and long, ragged extends)."""
     cache = _cache(hkv=2, d=16, slots=400, max_context=160)
     _commit(cache, [1, 3, 0], [21, 0, 5])
     ones = torch.ones(3, dtype=torch.int64, device=dev)
-    yield (torch.randn(3, 4, 16, device=dev), cache,
-           AttnBatch.extend(torch.tensor([1, 3, 0], device=dev), torch.tensor([21, 0, 5], device=dev), ones,
-                            cache.alloc_slots(3)), 3)
-    _, _, _, tree = random_tree(gen, 2, 2, 3, 6, vocab=20)
-    slots = cache.alloc_slots(12).view(2, 6)
-    yield (torch.randn(12, 4, 16, device=dev), cache,
-           AttnBatch.tree(torch.tensor([1, 0], device=dev), torch.tensor([21, 5], device=dev), slots, tree[0].to(dev)),
-           None)
-    if torch.device(dev).type != "cuda":
-        return
-    yield (torch.randn(150, 4, 16, device=dev), cache,
-           AttnBatch.extend(torch.tensor([1, 0], device=dev), torch.tensor([21, 5], device=dev),
-                            torch.tensor([140, 10], device=dev), cache.alloc_slots(150)), 2)
+    attn = AttnBatch.extend(torch.tensor([1, 3, 0], device=dev), torch.tensor([21, 0, 5], device=dev), ones,
+                            cache.alloc_slots(3))
+    return torch.randn(3, 4, 16, device=dev), cache, attn, splits
+
+
+def _attend(q, cache, attn, splits) -> torch.Tensor:
+    return triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits)
 
 
 def test_fused_merge_is_the_merge_kernel(monkeypatch):
-    """`SPEC_ATTN_MERGE=fused` (the last program of each row block and KV head merges): bit for
-    bit what the merge kernel writes, and the arrival counters are left at zero."""
+    """The fused merge (the last program of each row block and KV head merges; `FUSED_MERGE_ROWS`)
+    writes bit for bit what the merge kernel writes, and leaves the arrival counters at zero;
+    calls of 2 rows merge fused, others with the kernel."""
     from spec_runtime.kernels import attention as A
 
-    gen = torch.Generator().manual_seed(7)
-    for q, cache, attn, splits in _merge_cases(DEVICE, gen):
-        monkeypatch.setenv(A.MERGE_ENV, "kernel")
-        want = _check(q, cache, attn, num_splits=splits)
-        monkeypatch.setenv(A.MERGE_ENV, "fused")
-        got = triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits)
-        assert torch.equal(got, want)
-        assert not A._COUNTERS[q.device].any()
-    monkeypatch.setenv(A.MERGE_ENV, "last")
-    with pytest.raises(ValueError, match="SPEC_ATTN_MERGE must be 'auto', 'kernel' or 'fused', got 'last'"):
-        triton_attention(q, cache, 1, attn, 0.25)
-    monkeypatch.delenv(A.MERGE_ENV)  # auto: fused at FUSED_MERGE_ROWS rows only (2)
+    q, cache, attn, splits = _decode_case(DEVICE)
+    monkeypatch.setattr(A, "FUSED_MERGE_ROWS", ())
+    want = _check(q, cache, attn, num_splits=splits)
+    monkeypatch.setattr(A, "FUSED_MERGE_ROWS", (q.shape[0],))
+    assert A.merge_mode(q.shape[0]) == "fused"
+    assert torch.equal(_attend(q, cache, attn, splits), want)
+    assert not A._COUNTERS[q.device].any()
+    monkeypatch.undo()
     assert [A.merge_mode(t) for t in (1, 2, 3, 8)] == ["kernel", "fused", "kernel", "kernel"]
 
 
 def test_merge_unroll_keeps_the_order(monkeypatch):
     """The merge adds `MERGE_UNROLL` partials per trip of its loop (unrolled, so their loads are in
-    flight together): one at a time, 2 (a loop of several trips) or 8 (one trip) give the same
-    bits, with both merges; the order of the additions does not depend on it."""
+    flight together): one at a time, 2 (a loop of two trips) or 8 (one trip over the 4 splits)
+    give the same bits, with both merges; the order of the additions does not depend on it."""
     from spec_runtime.kernels import attention as A
 
-    gen = torch.Generator().manual_seed(5)
-    for q, cache, attn, splits in _merge_cases(DEVICE, gen):
-        for merge in ("kernel", "fused"):
-            monkeypatch.setenv(A.MERGE_ENV, merge)
-            got = {}
-            for unroll in (1, 2, 8):
-                monkeypatch.setattr(A, "MERGE_UNROLL", unroll)
-                got[unroll] = triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits)
-            assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[8]), merge
+    q, cache, attn, splits = _decode_case(DEVICE)
+    for fused_rows in ((), (q.shape[0],)):
+        monkeypatch.setattr(A, "FUSED_MERGE_ROWS", fused_rows)
+        got = {}
+        for unroll in (1, 2, 8):
+            monkeypatch.setattr(A, "MERGE_UNROLL", unroll)
+            got[unroll] = _attend(q, cache, attn, splits)
+        assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[8]), fused_rows
 
 
 def test_skip_empty_splits_is_bit_for_bit(monkeypatch):
-    """`SPEC_ATTN_SKIP_EMPTY=1` (empty prefix splits leave before the wait, the merge adds only
-    the splits that hold keys) gives the bits of `=0` (every split stores an empty partial), with
-    both merges, while the partial buffers hold NaNs from an earlier allocation: a skipped split's
-    slots are never read. `auto` skips above one row; a bad value is named."""
+    """Skipping empty prefix splits (they leave before the wait, the merge adds only the splits
+    that hold keys) gives the bits of running every split, while the partial buffers hold NaNs
+    from an earlier allocation: a skipped split's slots are never read. Calls of more than
+    `SKIP_EMPTY_MIN_ROWS` rows skip."""
     from spec_runtime.kernels import attention as A
 
-    gen = torch.Generator().manual_seed(11)
-    cases = list(_merge_cases(DEVICE, gen))
-    cache = cases[0][1]  # decode rows with prefixes 21, 0, 5 and 4 splits: most shares are empty
-    ones = torch.ones(3, dtype=torch.int64, device=DEVICE)
-    cases.append((torch.randn(3, 4, 16, device=DEVICE), cache,
-                  AttnBatch.extend(torch.tensor([1, 3, 0], device=DEVICE), torch.tensor([21, 0, 5], device=DEVICE),
-                                   ones, cache.alloc_slots(3)), 4))
-    for merge in ("kernel", "fused"):
-        monkeypatch.setenv(A.MERGE_ENV, merge)
-        for q, cache, attn, splits in cases:
-            outs = []
-            for skip in ("0", "1"):
-                monkeypatch.setenv(A.SKIP_EMPTY_ENV, skip)
-                torch.full((1 << 16,), float("nan"), device=DEVICE)  # freed: the buffers may reuse it
-                outs.append(triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits))
-            assert torch.equal(outs[0], outs[1]), (merge, splits)
-            torch.testing.assert_close(outs[1], torch_attention(q, cache, 1, attn, q.shape[-1] ** -0.5),
-                                       atol=2e-5, rtol=2e-5)
-    monkeypatch.delenv(A.SKIP_EMPTY_ENV)
+    q, cache, attn, splits = _decode_case(DEVICE, splits=4)
+    outs = []
+    for min_rows in (q.shape[0], 0):  # off, then on
+        monkeypatch.setattr(A, "SKIP_EMPTY_MIN_ROWS", min_rows)
+        assert A.skip_empty_mode(q.shape[0]) == (min_rows == 0)
+        torch.full((1 << 16,), float("nan"), device=DEVICE)  # freed: the buffers may reuse it
+        outs.append(_attend(q, cache, attn, splits))
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], torch_attention(q, cache, 1, attn, q.shape[-1] ** -0.5), atol=2e-5, rtol=2e-5)
+    monkeypatch.undo()
     assert [A.skip_empty_mode(t) for t in (1, 2, 8)] == [False, True, True]
-    monkeypatch.setenv(A.SKIP_EMPTY_ENV, "yes")
-    with pytest.raises(ValueError, match="SPEC_ATTN_SKIP_EMPTY must be 'auto', '1' or '0', got 'yes'"):
-        A.skip_empty_mode(3)
 
 
 def _split_kernel_types(**extra: str) -> dict:
@@ -175,51 +152,36 @@ def _split_kernel_types(**extra: str) -> dict:
 
 
 def test_split_kernel_compiles_for_hopper_with_pdl():
-    """The PDL paths (the batch description read before the wait, or everything after it), with
-    either merge, build for sm90: the interpreter runs neither PDL path, nor does it type-check
-    the branches the way the compiler does."""
+    """The PDL path (the batch description, and with the early K/V tile that tile, read before the
+    wait), with either merge, builds for sm90: the interpreter runs no PDL path, nor does it
+    type-check the branches the way the compiler does. In the Triton IR: one wait in each branch
+    of the split (prefix, extra slots), the fused merge's atomics, and the early tile's load
+    called by the kernel before the wait."""
     types = _split_kernel_types()
     base = dict(G=4, GP=4, D=64, BLOCK_M=2, BLOCK_R=16, BLOCK_N=128, BLOCK_E=4, BLOCK_J=16, NUM_SPLITS=4,
                 SEARCH_ITERS=2, DOT_F32=False, PDL=True, NSP=8)
-    cases = [dict(base, EARLY=early, FUSED_MERGE=fused) for early in (True, False) for fused in (True, False)]
+    cases = [dict(base, FUSED_MERGE=fused, EARLY_KV=early_kv) for fused in (True, False) for early_kv in (True, False)]
     irs = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types, cases)
     for case, ir in zip(cases, irs):
-        # the wait: in each branch of the split (prefix, extra slots) when early, else once at the top
-        assert ir.count("griddepcontrol.wait") == (2 if case["EARLY"] else 1), case
+        assert ir.count("griddepcontrol.wait") == 2, case
         assert ("atom" in ir) == case["FUSED_MERGE"], case
-    # SPEC_ATTN_PREFETCH's L2 prefetches (inline PTX) go through ptxas, and come before the wait:
-    # the first prefix tile's 128 slots x 2 lines x (K, V) and the extra tile's 16 x 2 x 2, over 128 threads
-    ptx = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,
-                      [dict(base, D=128, EARLY=True, FUSED_MERGE=True, PREFETCH=True, KV_PARTS=2, KV_LINE=64)], ptx=True)[0]
-    assert ptx.count("prefetch.global.L2") == 6
-    assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
-    # SPEC_ATTN_EARLY_KV's tile: more global loads before the (first) wait than without it
-    late, early_kv = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,
-                                  [dict(base, EARLY=True, FUSED_MERGE=True, EARLY_KV=e) for e in (False, True)],
-                                  ptx=True)
-
-    def loads_before_wait(text: str) -> int:
-        return text[:text.index("griddepcontrol.wait")].count("ld.global")
-
-    assert loads_before_wait(early_kv) > loads_before_wait(late) > 0
+        kernel = ir[: ir.index("tt.func private")]  # the kernel's own body (helpers follow, not inlined yet)
+        call = kernel.find("._load_kv_")
+        assert (0 <= call < kernel.index("griddepcontrol.wait")) == case["EARLY_KV"], case
 
 
 def test_early_kv_tile_is_the_late_one(monkeypatch):
-    """`SPEC_ATTN_EARLY_KV=1` (the first committed K/V tile of each program loaded before the PDL
-    wait) gives the bits of `0` on decode, tree verify and (on CUDA) a long extend whose row blocks span
-    requests; `auto` is on up to EARLY_KV_ROWS rows; other values are refused."""
+    """The first committed K/V tile of each program loaded before the PDL wait (calls of at most
+    `EARLY_KV_ROWS` rows) gives the bits of loading it in the loop."""
     from spec_runtime.kernels import attention as A
 
-    gen = torch.Generator().manual_seed(3)
-    for q, cache, attn, splits in _merge_cases(DEVICE, gen):
-        monkeypatch.setenv(A.EARLY_KV_ENV, "0")
-        want = _check(q, cache, attn, num_splits=splits)
-        monkeypatch.setenv(A.EARLY_KV_ENV, "1")
-        assert torch.equal(triton_attention(q, cache, 1, attn, q.shape[-1] ** -0.5, num_splits=splits), want)
-    monkeypatch.setenv(A.EARLY_KV_ENV, "yes")
-    with pytest.raises(ValueError, match="SPEC_ATTN_EARLY_KV must be 'auto', '1' or '0', got 'yes'"):
-        triton_attention(q, cache, 1, attn, 0.25)
-    monkeypatch.delenv(A.EARLY_KV_ENV)
+    q, cache, attn, splits = _decode_case(DEVICE)
+    monkeypatch.setattr(A, "EARLY_KV_ROWS", 0)
+    want = _check(q, cache, attn, num_splits=splits)
+    monkeypatch.setattr(A, "EARLY_KV_ROWS", q.shape[0])
+    assert A.early_kv_mode(q.shape[0])
+    assert torch.equal(_attend(q, cache, attn, splits), want)
+    monkeypatch.undo()
     assert [A.early_kv_mode(t) for t in (1, A.EARLY_KV_ROWS, A.EARLY_KV_ROWS + 1)] == [True, True, False]
 
 
@@ -310,9 +272,12 @@ def _llama_cache(prefix: list[int], dtype=torch.bfloat16, max_context: int = 409
 @pytest.mark.parametrize("merge", ["kernel", "fused", "auto"])
 @pytest.mark.parametrize("prefix", [[1], [2048], [127, 0, 1500, 64, 999, 3, 2047, 512]])
 def test_gpu_decode(prefix, merge, monkeypatch):
-    monkeypatch.setenv("SPEC_ATTN_MERGE", merge)
-    cache = _llama_cache(prefix)
+    from spec_runtime.kernels import attention as A
+
     bs = len(prefix)
+    if merge != "auto":
+        monkeypatch.setattr(A, "FUSED_MERGE_ROWS", (bs,) if merge == "fused" else ())
+    cache = _llama_cache(prefix)
     ones = torch.ones(bs, dtype=torch.int64, device="cuda")
     attn = AttnBatch.extend(torch.arange(bs, device="cuda"), torch.tensor(prefix, device="cuda"), ones,
                             cache.alloc_slots(bs))
@@ -324,7 +289,9 @@ def test_gpu_decode(prefix, merge, monkeypatch):
 @pytest.mark.parametrize("merge", ["kernel", "fused"])
 @pytest.mark.parametrize("bs", [1, 8])
 def test_gpu_tree_verify(bs, merge, monkeypatch):
-    monkeypatch.setenv("SPEC_ATTN_MERGE", merge)
+    from spec_runtime.kernels import attention as A
+
+    monkeypatch.setattr(A, "FUSED_MERGE_ROWS", (bs * 8,) if merge == "fused" else ())
     gen = torch.Generator().manual_seed(bs)
     _, _, _, tree = random_tree(gen, bs, 4, 4, 8, vocab=1000)
     prefix = torch.randint(1, 2048, (bs,), generator=gen).tolist()
@@ -337,12 +304,14 @@ def test_gpu_tree_verify(bs, merge, monkeypatch):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("early_kv", ["0", "1"])
+@pytest.mark.parametrize("early_kv", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gpu_extend_long(dtype, early_kv, monkeypatch):
     """Prefill-like extends (300 and 77 rows: many extra slots and extra splits) after prefixes,
     with and without the early K/V tile."""
-    monkeypatch.setenv("SPEC_ATTN_EARLY_KV", early_kv)
+    from spec_runtime.kernels import attention as A
+
+    monkeypatch.setattr(A, "EARLY_KV_ROWS", 377 if early_kv else 0)
     prefix, ext = [700, 0], [300, 77]
     cache = _llama_cache(prefix, dtype=dtype)
     attn = AttnBatch.extend(torch.arange(2, device="cuda"), torch.tensor(prefix, device="cuda"),
@@ -365,7 +334,7 @@ def test_gpu_mqa_large_group_uses_dot_for_extras():
 def test_tail_prefetch_plan(monkeypatch):
     """The tail prefetch's runs end exactly at the weight's end, are whole 128-byte lines, stay
     within the budget and half the weight; it is off for other row counts, the fused merge, a
-    strided weight, `SPEC_ATTN_TAIL_MB=0` and under the interpreter; a bad budget is refused."""
+    strided weight, a zero `TAIL_MB` and under the interpreter."""
     from spec_runtime.kernels import attention as A
 
     monkeypatch.setattr(A, "interpreting", lambda: False)
@@ -384,24 +353,22 @@ def test_tail_prefetch_plan(monkeypatch):
     assert A.tail_prefetch_plan(w.t(), 1, False, 1, 8, 128) == (0, {})
     assert A.tail_prefetch_plan(None, 1, False, 1, 8, 128) == (0, {})
     assert A.tail_prefetch_plan(torch.empty(16, 16, device="meta"), 1, False, 1, 8, 128) == (0, {})  # < a line each
-    monkeypatch.setenv(A.TAIL_ENV, "0")
+    monkeypatch.setattr(A, "TAIL_MB", 0.0)
     assert A.tail_prefetch_plan(w, 1, False, 1, 8, 128) == (0, {})
-    monkeypatch.setenv(A.TAIL_ENV, "lots")
-    with pytest.raises(ValueError, match="SPEC_ATTN_TAIL_MB must be a non-negative number of megabytes, got 'lots'"):
-        A.tail_prefetch_plan(w, 1, False, 1, 8, 128)
-    monkeypatch.delenv(A.TAIL_ENV)
+    monkeypatch.setattr(A, "TAIL_MB", 12.0)
     monkeypatch.setattr(A, "interpreting", lambda: True)
     assert A.tail_prefetch_plan(w, 1, False, 1, 8, 128) == (0, {})  # the interpreter (CI): inline PTX is off
 
 
 def test_tail_prefetch_builds_for_hopper():
-    """The tail-prefetch programs (inline PTX through ptxas): one bulk L2 prefetch per thread,
-    after a PDL wait of their own; without them the kernel has no prefetch at all."""
+    """The tail-prefetch programs build for sm90 (the interpreter runs none): in the Triton IR, one
+    bulk L2 prefetch (inline PTX), after a PDL wait of their own; without them the kernel has no
+    prefetch at all. That they run on the GPU and change no bit: `test_gpu_decode_tail_prefetch_same_bits`."""
     types = _split_kernel_types(pf_ptr="*bf16")
     base = dict(G=4, GP=4, D=128, BLOCK_M=1, BLOCK_R=16, BLOCK_N=128, BLOCK_E=1, BLOCK_J=16, NUM_SPLITS=4,
-                SEARCH_ITERS=1, DOT_F32=False, PDL=True, NSP=8, EARLY=True, EARLY_KV=True)
+                SEARCH_ITERS=1, DOT_F32=False, PDL=True, NSP=8, EARLY_KV=True)
     with_tail, without = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,
-                                      [dict(base, PF_PROGS=4, PF_ELEMS=1536, PF_BYTES=3072), base], ptx=True)
+                                      [dict(base, PF_PROGS=4, PF_ELEMS=1536, PF_BYTES=3072), base])
     assert with_tail.count("cp.async.bulk.prefetch.L2") == 1
     assert with_tail.count("griddepcontrol.wait") == without.count("griddepcontrol.wait") + 1
     assert with_tail.index("griddepcontrol.wait") < with_tail.index("cp.async.bulk.prefetch.L2")

@@ -50,16 +50,15 @@ def test_embed_rmsnorm_bad_ids_and_shapes():
     assert torch.equal(ew.embed_rmsnorm(ids, table, weight, 1e-6)[0], table[ids])
 
 
-@pytest.mark.parametrize("mode", ["auto", "0", "1"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_add_rmsnorm_between_gemvs_same_bits(rows, mode, monkeypatch):
-    """`between_gemvs` (residual loaded before the PDL wait; at one row, or any row count with
-    the switch at 1, the next kernel triggered before it) moves loads and the trigger only: the
-    sum and the normed rows are bit for bit the plain launch's, for a whole delta and for split-K
+def test_add_rmsnorm_between_gemvs_same_bits(rows):
+    """`between_gemvs` (residual loaded before the PDL wait; at `TRIGGER_FIRST_ROWS` rows, here 1,
+    the next kernel triggered before it, at 3 not) moves loads and the trigger only: the sum and
+    the normed rows are bit for bit the plain launch's, for a whole delta and for split-K
     partials, and stay the torch reference's."""
     from spec_runtime.kernels.gemv import SplitKParts
 
-    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, mode)
+    assert ew.trigger_first(rows) == (rows == 1)
     hidden = 4096 if ON_GPU else 48
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16).to(DEVICE)
@@ -73,20 +72,6 @@ def test_add_rmsnorm_between_gemvs_same_bits(rows, mode, monkeypatch):
     ref = ew.reference_add_rmsnorm(x, parts.sum(0).to(torch.bfloat16), w, 1e-5)
     for a, b in zip(ew.add_rmsnorm(x, parts.sum(0).to(torch.bfloat16), w, 1e-5, between_gemvs=True), ref):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
-
-
-def test_trigger_first_switch(monkeypatch):
-    """`SPEC_NORM_TRIGGER_FIRST`: auto triggers first at `TRIGGER_FIRST_ROWS` rows only, 0 never,
-    1 at any row count; another value is refused, the variable named."""
-    monkeypatch.delenv(ew.TRIGGER_FIRST_ENV, raising=False)
-    assert ew.trigger_first(1) and not ew.trigger_first(ew.TRIGGER_FIRST_ROWS + 1)
-    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "0")
-    assert not ew.trigger_first(1)
-    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "1")
-    assert ew.trigger_first(8)
-    monkeypatch.setenv(ew.TRIGGER_FIRST_ENV, "yes")
-    with pytest.raises(ValueError, match="SPEC_NORM_TRIGGER_FIRST must be 'auto', '1' or '0', got 'yes'"):
-        ew.trigger_first(1)
 
 
 def test_fast_forward_marks_only_the_layer_norms_between_gemvs(tmp_path, monkeypatch):

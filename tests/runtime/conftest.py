@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.features import require
 
 from spec_runtime.engine import SpecEngine
 from spec_runtime.models.loading import load_eagle1, load_eagle3, load_standalone, load_target
@@ -35,7 +36,7 @@ from spec_runtime.tiny import (
     build_tiny_target,
 )
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
 

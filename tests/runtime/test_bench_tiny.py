@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_bench_tiny_runs_and_hands_over_its_setup_decisions(tmp_path) -> None:
     """`bench_e2e.py --tiny` runs plain decode and EAGLE-3 at bs=1, loads the decisions of
-    `--tuning-file` (recorded in its meta), and `--save-tuning` writes them back out."""
+    `--tuning-file` (recorded in its meta), `--save-tuning` writes them back out, and
+    `--bandwidth-tbs` gives the CPU (no card in the table) a bound row."""
     from spec_runtime.gpu import models as M
     from spec_runtime.kernels import gemv as G
 
@@ -28,24 +29,24 @@ def test_bench_tiny_runs_and_hands_over_its_setup_decisions(tmp_path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     res = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e.py"), "--tiny", "--out", str(tmp_path / "out"),
                           "--configs", "plain,EAGLE3", "--bs", "1", "--tuning-file", str(tmp_path / "in.json"),
-                          "--save-tuning", str(tmp_path / "back.json")],
+                          "--save-tuning", str(tmp_path / "back.json"), "--bandwidth-tbs", "0.5"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "bench_e2e.json").read_text())
-    assert {(r["config"], r["bs"]) for r in data["rows"]} >= {("plain", 1), ("EAGLE3", 1)}
+    assert {(r["config"], r["bs"]) for r in data["rows"]} >= {("plain", 1), ("EAGLE3", 1), ("bound (0.5 TB/s)", 1)}
     assert data["meta"]["tuning_file"]["entries"] == 1 and not data["errors"]
     back = json.loads((tmp_path / "back.json").read_text())
     assert back["decisions"] == json.loads((tmp_path / "in.json").read_text())["decisions"]
 
 
-def test_explore_ablation_leaves_out_and_restores() -> None:
-    """`bench/explore_ablation.py`'s patches: inside `left_out`, the fast target's forward skips the
+def test_ab_leaves_out_and_restores() -> None:
+    """`bench/ab.py`'s `leave_out` patches: inside `left_out`, the fast target's forward skips the
     norms and the attention (its output changes) and its logits are zeros; after it, the forward is
     the real one again (same output as before)."""
     sys.path.insert(0, str(REPO / "bench"))
     try:
+        import ab as A
         import bench_e2e as E
-        import explore_ablation as A
     finally:
         sys.path.remove(str(REPO / "bench"))
     from spec_runtime.attention import AttnBatch
@@ -74,12 +75,38 @@ def test_explore_ablation_leaves_out_and_restores() -> None:
     before, logits = forward(fresh())
     with A.left_out(("norm", "attn", "lm_head")):
         skipped, zeros = forward(fresh())
-    with A.left_out(("norm_spacer", "attn_spacer")):
-        spaced, _ = forward(fresh())
-    with A.left_out(("norm_then_spacer",)):
-        norm_spaced, _ = forward(fresh())
+    with A.left_out(("attn",)):
+        no_attn, _ = forward(fresh())
     after, _ = forward(fresh())
     assert not torch.allclose(skipped, before) and torch.equal(zeros, torch.zeros_like(logits))
-    assert not torch.allclose(spaced, before)
-    assert torch.equal(norm_spaced, before)  # a copy after each norm changes nothing
+    assert not torch.allclose(no_attn, before) and not torch.allclose(no_attn, skipped)
     assert torch.equal(after, before) and logits.abs().sum() > 0
+
+
+def test_ab_variants_and_tuning_overrides() -> None:
+    """`bench/ab.py`: `--variants` parsing names the variant and key at fault; a `gemv` override
+    changes exactly the configuration of its shape and row count in a copy of the tuning data."""
+    import pytest
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import ab as A
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    got = A.parse_variants('base:{};cublas:{"linear":"torch","env":{"SPEC_PDL":"0"}};cut:{"leave_out":["norm"]}')
+    assert got == [("base", {}), ("cublas", {"linear": "torch", "env": {"SPEC_PDL": "0"}}),
+                   ("cut", {"leave_out": ["norm"]})]
+    for bad, msg in (('a:{"linaer":"torch"}', "variant 'a': unknown keys \\['linaer'\\]"),
+                     ('a:{"leave_out":["mlp"]}', "leave_out \\['mlp'\\]"), ("a:{", "variant 'a': invalid JSON"),
+                     ("a:{};a:{}", "given twice"), ("{}", "not name:JSON")):
+        with pytest.raises(ValueError, match=msg):
+            A.parse_variants(bad)
+    cfg = {"block_n": 8, "block_k": 512, "split_k": 1}
+    base = {"decisions": [[[64, 32], "torch.bfloat16", False, 1, "cuda", 0.1, 0.2, dict(cfg)],
+                          [[64, 32], "torch.bfloat16", False, 2, "cuda", 0.1, 0.2, dict(cfg)]],
+            "tuned": [[1, 64, 32, "torch.bfloat16", "torch.bfloat16", False, "cuda", dict(cfg)]], "epilogues": []}
+    data = A.variant_file(base, [{"shape": [64, 32], "rows": 1, "config": {"block_n": 4}}])
+    assert data["decisions"][0][-1] == {**cfg, "block_n": 4} and data["tuned"][0][-1] == {**cfg, "block_n": 4}
+    assert data["decisions"][1][-1] == cfg and base["decisions"][0][-1] == cfg  # other rows, the base: untouched
+    with pytest.raises(ValueError, match="shape \\[64, 64\\] at 1 rows"):
+        A.variant_file(base, [{"shape": [64, 64], "rows": 1, "config": {}}])

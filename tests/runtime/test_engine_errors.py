@@ -161,9 +161,13 @@ def test_invalid_sampling_params(kwargs, message) -> None:
         SamplingParams(**kwargs)
 
 
-def test_engine_default_is_greedy_and_sampling_default_is_not() -> None:
-    assert SamplingParams().temperature == 1.0 and not SamplingParams().greedy
-    assert SamplingParams(temperature=0.0).greedy
+def test_sampling_default_is_greedy_as_the_engine_and_the_cli() -> None:
+    from spec_runtime.cli import _parser
+    from spec_runtime.engine import GREEDY
+
+    cli_default = _parser().parse_args(["generate", "--target", "t", "--draft", "d"]).temperature
+    assert SamplingParams().temperature == cli_default == GREEDY.temperature == 0.0
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.7).greedy
 
 
 @pytest.mark.parametrize("algorithm, pair, steps, topk, n, message", [

@@ -14,15 +14,15 @@ Checked: outputs (cut after a stop token, or at the length limit), finish reason
 Run under SPEC_STRICT=1 so every phase boundary is contract-checked as well.
 """
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from tests.engine_harness import Job, Run, assert_pools_whole, drive
 
-from spec_runtime.engine import SpecEngine, TokenEvent
+from spec_runtime.engine import SpecEngine
 from spec_runtime.sampling import SamplingParams
 from spec_schema.config import max_tree_nodes
 
@@ -61,43 +61,7 @@ def pair_dirs(request: pytest.FixtureRequest, pair: str) -> tuple[Path, Path]:
     return request.getfixturevalue(spec[0]), request.getfixturevalue(spec[1])
 
 
-# ---- driving the engine ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Job:
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    stop_ids: frozenset[int] = frozenset()
-    join_step: int = 0  # added before the engine.step() of this index
-    after_idle: bool = False  # added once every earlier request has finished
-
-
-def drive(engine: SpecEngine, jobs: Sequence[Job]) -> tuple[dict[int, Job], dict[int, list[TokenEvent]]]:
-    """Add the jobs at their steps, step until all finished; returns (rid -> job, rid -> events)."""
-    pending = list(jobs)
-    by_rid: dict[int, Job] = {}
-    events: dict[int, list[TokenEvent]] = defaultdict(list)
-
-    def add(job: Job) -> None:
-        pending.remove(job)
-        by_rid[engine.add_request(job.prompt, job.max_new_tokens, stop_token_ids=job.stop_ids)] = job
-
-    step = 0
-    while pending or engine.has_work:
-        for job in [j for j in pending if not j.after_idle and j.join_step <= step]:
-            add(job)
-        if not engine.has_work and not [j for j in pending if not j.after_idle]:
-            # Everything finished (the last iteration went on with idle inputs): an idle step
-            # emits nothing, then the late requests join the idle state.
-            assert engine.step() == []
-            for job in list(pending):
-                add(job)
-        for event in engine.step():
-            events[event.rid].append(event)
-        step += 1
-        assert step < 1000, "engine does not finish"
-    return by_rid, events
+# ---- checking a run ------------------------------------------------------------------------------
 
 
 def expected(ref: list[int], job: Job) -> tuple[list[int], str]:
@@ -109,11 +73,10 @@ def expected(ref: list[int], job: Job) -> tuple[list[int], str]:
     return out, "length"
 
 
-def check_run(engine: SpecEngine, by_rid: dict[int, Job], events: dict[int, list[TokenEvent]],
-              target_dir: Path, reference_greedy: Callable, label: str) -> None:
+def check_run(engine: SpecEngine, run: Run, target_dir: Path, reference_greedy: Callable, label: str) -> None:
     rt = engine.rt
     steps = rt.spec_config.num_steps
-    for rid, job in by_rid.items():
+    for rid, job in run.rids.items():
         req = engine.requests[rid]
         want, reason = expected(reference_greedy(target_dir, job.prompt, job.max_new_tokens), job)
         where = (f"{label} rid {rid} prompt len {len(job.prompt)} max_new {job.max_new_tokens} "
@@ -125,15 +88,13 @@ def check_run(engine: SpecEngine, by_rid: dict[int, Job], events: dict[int, list
                         f"  engine {req.output}\n  ref    {want}\n  accept_lengths {req.accept_lengths}")
         assert req.finish_reason == reason, where
         assert req.error is None, where
-        evs = events[rid]
+        evs = run.events[rid]
         assert [t for e in evs for t in e.tokens] == req.output, f"{where}: streamed tokens != output"
         assert [e.finished for e in evs] == [False] * (len(evs) - 1) + [True], f"{where}: finished flags"
         assert sum(req.accept_lengths) == len(req.output) - 1, f"{where}: {req.accept_lengths}"
         assert req.iterations == len(req.accept_lengths), where
         assert all(1 <= a <= steps + 1 for a in req.accept_lengths), f"{where}: {req.accept_lengths}"
-    assert not engine.has_work
-    assert rt.target_cache.is_whole(), f"{label}: target KV slots leaked"
-    assert rt.draft_cache.is_whole(), f"{label}: draft KV slots leaked"
+    assert_pools_whole(engine, label)
     if rt.spec_config.algorithm.value == "STANDALONE":
         c = rt.counters
         assert (c.hidden_captured_bytes, c.hidden_copied_bytes, c.hidden_allocs) == (0, 0, 0), label
@@ -158,7 +119,7 @@ def plan_jobs(case_index: int, bs: int, target_dir: Path, reference_greedy: Call
             max_new = 1  # a join that finishes at prefill (its length budget) while others run
         elif i == bs + 1:
             stop = frozenset({reference_greedy(target_dir, prompt, 1)[0]})  # stops on its prefill token
-        jobs.append(Job(prompt, max_new, stop, join_step=0 if i < bs else 2, after_idle=after_idle))
+        jobs.append(Job(prompt, max_new, stop, arrival=0 if i < bs else 2, after_idle=after_idle))
     return jobs
 
 
@@ -231,8 +192,7 @@ def _run_case(request, case: Case, case_index: int, make_engine, reference_greed
     engine = make_engine(case.algorithm, target_dir, draft_dir, num_steps=case.num_steps, topk=case.topk,
                          num_draft_tokens=case.num_draft_tokens, max_batch_size=MAX_BATCH, max_context=MAX_CONTEXT)
     jobs = plan_jobs(case_index, case.bs, target_dir, reference_greedy)
-    by_rid, events = drive(engine, jobs)
-    check_run(engine, by_rid, events, target_dir, reference_greedy, case.id)
+    check_run(engine, drive(engine, jobs), target_dir, reference_greedy, case.id)
     assert engine.rt.requests.num_free == MAX_BATCH
     return engine
 
@@ -281,9 +241,9 @@ def test_stop_token_mid_acceptance(aligned_dirs, make_engine, reference_greedy) 
     assert len(jobs) >= 3, "the aligned pair should accept multi-token blocks"
 
     engine = make_engine("STANDALONE", target_dir, draft_dir, **kw)
-    by_rid, events = drive(engine, jobs)
-    check_run(engine, by_rid, events, target_dir, reference_greedy, "stop-mid-acceptance")
-    for rid, (j, block, kept) in zip(by_rid, cut_blocks):
+    run = drive(engine, jobs)
+    check_run(engine, run, target_dir, reference_greedy, "stop-mid-acceptance")
+    for rid, (j, block, kept) in zip(run.rids, cut_blocks):
         req = engine.requests[rid]
         assert req.finish_reason == "stop" and len(req.output) == j + 1
         assert req.accept_lengths[-1] == kept < block, (req.accept_lengths, j, block, kept)
@@ -294,11 +254,11 @@ def test_requests_queue_when_the_batch_is_full(eagle3_dir, llama_dir, make_engin
     """More requests than rows: they wait and are admitted as rows free up (rows are reused)."""
     engine = make_engine("EAGLE3", llama_dir, eagle3_dir, num_steps=3, topk=2, num_draft_tokens=6,
                          max_batch_size=2, max_context=MAX_CONTEXT)
-    jobs = [Job(PROMPTS[i], 8 + 3 * i, join_step=0 if i < 4 else 3) for i in range(6)]
-    by_rid, events = drive(engine, jobs)
-    check_run(engine, by_rid, events, llama_dir, reference_greedy, "queue")
+    jobs = [Job(PROMPTS[i], 8 + 3 * i, arrival=0 if i < 4 else 3) for i in range(6)]
+    run = drive(engine, jobs)
+    check_run(engine, run, llama_dir, reference_greedy, "queue")
     assert engine.rt.requests.num_free == 2
-    assert sorted({engine.requests[r].row for r in by_rid}) == [0, 1]
+    assert sorted({engine.requests[r].row for r in run.rids}) == [0, 1]
 
 
 def test_sampled_chain_engine_merges_idle_state(llama_dir, standalone_dir, make_engine, reference_greedy) -> None:

@@ -21,6 +21,7 @@ from collections import Counter
 
 import pytest
 import torch
+from tests.features import require
 from tests.sampling_stats import chi2_sf, chi_square, exact_next
 
 import spec_runtime.verify
@@ -30,7 +31,7 @@ from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
 from spec_runtime.tiny import build_tiny_eagle3, build_tiny_standalone, build_tiny_target
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -33,6 +33,7 @@ from typing import Optional
 
 import pytest
 import torch
+from tests.features import require
 from tests.sampling_stats import chi2_sf, chi_square, exact_next
 
 import spec_runtime
@@ -43,7 +44,7 @@ from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
 from spec_runtime.tiny import build_tiny_aligned_pair
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from tests.features import require
 
 from spec_runtime.attention import AttnBatch
 from spec_runtime.kv_cache import KVCache
@@ -29,7 +30,7 @@ from spec_runtime.tiny import (
     build_tiny_target,
 )
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 transformers.utils.logging.disable_progress_bar()
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 
 import pytest
+from tests.features import require
 
 from spec_runtime import cli, real_model
 
@@ -73,8 +74,8 @@ def test_a_failed_conversion_leaves_nothing(monkeypatch, tmp_path) -> None:
 
 
 def test_a_given_gguf_file_must_exist(tmp_path):
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")
+    require("gguf")
+    require("accelerate")
     missing = tmp_path / "nope.gguf"
     with pytest.raises(FileNotFoundError, match=f"{missing}: no such GGUF file"):
         real_model.real_model_dir(tmp_path / "cache", gguf=missing)

@@ -22,7 +22,7 @@ def _logits(probs):
 
 
 def test_params_defaults_and_greedy():
-    assert SamplingParams() == SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=None)
+    assert SamplingParams() == SamplingParams(temperature=0.0, top_k=0, top_p=1.0, seed=None)
     assert SamplingParams(temperature=0).greedy
     assert not SamplingParams(temperature=0.7, top_k=-1, seed=3).greedy
 

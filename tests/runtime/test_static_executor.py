@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.engine_harness import Job, drive
+from tests.features import require
 from tests.helpers import drop_generated, first_seen_at
 
 import spec_schema
@@ -78,28 +80,12 @@ def _drive(engine: SpecEngine, first: int, joins: int, sampling=None, budget: in
     an idle step once all finished, then one more request (budgets from `budget` tokens up). Returns every request's
     (output, finish reason, accept lengths) and the streamed events, step by step."""
     prompts = _prompts(first + joins + 1)
-    rids, log = [], []
-
-    def add(i: int) -> None:
-        params = None if sampling is None else sampling[i % len(sampling)]
-        stops = [prompts[i][0]] if i % 4 == 3 else []
-        rids.append(engine.add_request(prompts[i], budget + (7 * i) % 15, params, stop_token_ids=stops))
-
-    for i in range(first):
-        add(i)
-    step = 0
-    while engine.has_work:
-        if step == 2:
-            for i in range(first, first + joins):
-                add(i)
-        log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
-        step += 1
-    assert engine.step() == []
-    add(first + joins)
-    while engine.has_work:
-        log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
-    reqs = [engine.requests[r] for r in rids]
-    return [(r.output, r.finish_reason, r.accept_lengths) for r in reqs] + [("events", log)]
+    jobs = [Job(tuple(p), budget + (7 * i) % 15, frozenset([p[0]] if i % 4 == 3 else []),
+                None if sampling is None else sampling[i % len(sampling)],
+                arrival=0 if i < first else 2, after_idle=i == first + joins)
+            for i, p in enumerate(prompts)]
+    run = drive(engine, jobs)
+    return run.results(engine) + [("events", run.log)]
 
 
 def _compare(algorithm, target, draft, first, joins, sampling=None, no_ahead: bool = False, budget: int = 6,
@@ -163,10 +149,8 @@ def test_simulated_acceptance(request, load_pair, pair: str) -> None:
         engine = SpecEngine(_runtime(algorithm, target, draft, executor, num_steps=4, topk=2, num_draft_tokens=6,
                                      simulate_accept_len=2.5))
         # staggered budgets: a request finishing mid-run cancels a launch prepared before the read
-        rids = [engine.add_request(p, budget, ignore_eos=True) for p, budget in zip(_prompts(3), (13, 40, 40))]
-        while engine.has_work:
-            engine.step()
-        reqs = [engine.requests[r] for r in rids]
+        run = drive(engine, [Job(tuple(p), budget, ignore_eos=True) for p, budget in zip(_prompts(3), (13, 40, 40))])
+        reqs = run.requests(engine)
         runs[executor] = [(r.output, r.accept_lengths) for r in reqs]
         if executor == "static":  # the cancel rewinds the generator: the draws stay in step with eager's
             ahead = engine.rt.runner.ahead_stats
@@ -191,13 +175,9 @@ def test_launch_before_read(request, load_pair, pair: str) -> None:
     runs = {}
     for executor, extra in (("eager", {}), ("static", {"launch_before_read": 8})):
         engine = SpecEngine(_runtime(algorithm, target, draft, executor, **extra))
-        log = []
-        rids = [engine.add_request(p, 30 if i != 2 else 45, stop_token_ids=[s] if i != 1 else [], ignore_eos=True)
-                for i, (p, s) in enumerate(zip(prompts, stops))]
-        while engine.has_work:
-            log.append([(e.rid, tuple(e.tokens), e.finished) for e in engine.step()])
-        reqs = [engine.requests[r] for r in rids]
-        runs[executor] = ([(r.output, r.finish_reason, r.accept_lengths) for r in reqs], log)
+        run = drive(engine, [Job(tuple(p), 30 if i != 2 else 45, frozenset([s] if i != 1 else []), ignore_eos=True)
+                             for i, (p, s) in enumerate(zip(prompts, stops))])
+        runs[executor] = (run.results(engine), run.log)
         rt = engine.rt
         assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), f"{executor} leaked KV slots"
         for cache in (rt.target_cache, rt.draft_cache):
@@ -495,7 +475,7 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
 def test_elementwise_kernels_interpreter() -> None:
     """Triton RMSNorm / add+RMSNorm / SiLU-mul / RoPE+store against their torch references, and an
     engine on them, under the CPU interpreter (a subprocess: TRITON_INTERPRET is read at import)."""
-    pytest.importorskip("triton")
+    require("triton")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     env.pop("SPEC_STRICT", None)
     proc = subprocess.run([sys.executable, "-c", ELEMENTWISE_SCRIPT], env=env, capture_output=True, text=True,
@@ -513,6 +493,8 @@ def test_fast_options_reject_unknown_choices() -> None:
     assert FastOptions.of({"epilogues": "rope,parts"}).epilogues == "rope,parts"
     with pytest.raises(ValueError, match="FastOptions.epilogues must be one of 'auto', 'fused', 'separate'"):
         FastOptions(epilogues="rope,gelu")
+    with pytest.raises(ValueError, match="FastOptions.tuning_file must be a path or None, got 3"):
+        FastOptions(tuning_file=3)
 
 
 def test_epilogue_choice_per_backend() -> None:
@@ -558,13 +540,24 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     forced = M.Linear(torch.zeros(4, 5), epilogue="silu")
     be.choose_linears([forced])
     assert forced.gemv_buckets == {1, 2, 4, 8, 16} and forced.fused_buckets == {1}
+    # FastOptions.gemv_tune reaches the GEMV's launches as an argument (no global setting)
+    from spec_runtime.kernels import gemv as G
+
+    tuning = M.FastBackend(M.FastOptions(linear="gemv", gemv_tune=True), torch.device("cpu"))
+    lin = M.Linear(torch.zeros(4, 6))
+    tuning.choose_linears([lin])
+    seen = []
+    monkeypatch.setattr(G, "triton_linear", lambda x, w, b=None, *, config=None, tune=True: seen.append(tune) or x)
+    lin(torch.zeros(1, 6))
+    forced(torch.zeros(1, 5))
+    assert seen == [True, False]
 
 
 def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     """The down projection follows the gate/up GEMV directly, so its timing chains run the gate/up's
     decided path in front of every call (`FastBackend._lead`): the fused SiLU path where the
     gate/up's GEMV and epilogue won, GEMV then SiLU where only the GEMV won, cuBLAS then SiLU where
-    cuBLAS won. Other linears, and every linear under SPEC_GEMV_CHAIN_LEAD=0, get no lead."""
+    cuBLAS won. Other linears get no lead."""
     import types
 
     from spec_runtime.gpu import models as M
@@ -595,13 +588,11 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log, lead: None)
     real_decide(mlp.down, 2, None)
     assert seen[(id(mlp.down), 2)].path(None) == "separate"
-    monkeypatch.setenv(M.CHAIN_LEAD_ENV, "0")
-    assert be._lead(mlp.down, 1) is None
 
 
 def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
     """`save_decisions` / `load_decisions` (the benchmark's --save-tuning / --tuning-file, its
-    strict-comparison children, SPEC_TUNING_FILE): GEMV-or-cuBLAS, launch configurations and
+    strict-comparison children, `FastOptions.tuning_file`): GEMV-or-cuBLAS, launch configurations and
     epilogue path timings (which can overrule the first) come back equal, so another process runs
     the same kernels. A file tuned on another kind of device, or not such a file, is refused by name."""
     import importlib.util
@@ -630,13 +621,17 @@ def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
         table.clear()
     assert bench.load_linear_cache(str(path)) == 5  # 2 decisions, 1 configuration, 2 epilogue timings
     assert M._GEMV_DECISIONS == decisions and M._EPILOGUE_DECISIONS == epilogues and G._TUNED == tuned
-    # SPEC_TUNING_FILE: loaded once, before the first decision, over whatever the process has
+    # FastOptions.tuning_file (default $SPEC_TUNING_FILE): loaded once, by the setup's first
+    # decisions (choose_linears), over whatever the process has
     M._GEMV_DECISIONS.clear()
-    monkeypatch.setenv(M.TUNING_FILE_ENV, str(path))
-    M._load_tuning_file()
+    monkeypatch.setenv("SPEC_TUNING_FILE", str(path))
+    options = M.FastOptions(linear="gemv")
+    assert options.tuning_file == str(path) and M.FastOptions(tuning_file=None).tuning_file is None
+    be = M.FastBackend(options, torch.device("cpu"))
+    be.choose_linears([])
     assert M._GEMV_DECISIONS == decisions and str(path) in M._TUNING_LOADED
     M._GEMV_DECISIONS.clear()
-    M._load_tuning_file()  # once per path
+    be.choose_linears([])  # once per path
     assert M._GEMV_DECISIONS == {}
     # refused: another kind of device, not a decisions file
     data = json.loads(path.read_text())

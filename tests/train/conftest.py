@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.features import require
 
 from spec_runtime.train import TrainConfig, TrainResult, train_draft
 from spec_runtime.train.toy import build_toy_target, toy_prompts
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
 

@@ -11,6 +11,7 @@ drafted tokens, even where acceptance on a predictable target barely moves.
 
 import pytest
 import torch
+from tests.features import require
 
 import spec_runtime.engine as engine_mod
 from spec_runtime.engine import SpecEngine
@@ -75,7 +76,7 @@ def reference_chain(algorithm: str, hf_target, reference, context: list[int], au
 @pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
 def test_runtime_drafts_what_the_trained_draft_computes(algorithm: str, executor: str, trained_draft, toy_target,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     result = trained_draft(algorithm)
     hf_target = transformers.AutoModelForCausalLM.from_pretrained(toy_target).eval()
     if algorithm == "STANDALONE":

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.features import require
 from tests.train.conftest import AUX_LAYERS, VOCAB, toy_config, write_prompts
 
 from spec_runtime.cli import main
@@ -83,7 +84,7 @@ def test_standalone_layout(trained_draft) -> None:
     assert "lm_head.weight" not in sd and sd["model.embed_tokens.weight"].shape == (VOCAB, 32)
     draft = load_standalone(out, load_target(out.parent / "toy_target"))
     assert draft.hidden_size == 32 and draft.num_layers == 2
-    hf = pytest.importorskip("transformers").AutoModelForCausalLM.from_pretrained(out)
+    hf = require("transformers").AutoModelForCausalLM.from_pretrained(out)
     assert hf.config.hidden_size == 32
 
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._common import auto_switch, pdl_options
+from spec_runtime.kernels._common import pdl_options
 from spec_runtime.kernels.gemv import SplitKParts
 
 __all__ = [
@@ -116,20 +116,18 @@ def _rmsnorm_kernel(
     tl.store(out_ptr + row * s_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-TRIGGER_FIRST_ENV = "SPEC_NORM_TRIGGER_FIRST"
-"""`auto` (default): an add + RMSNorm between two GEMVs (`add_rmsnorm(between_gemvs=True)`) of
-`TRIGGER_FIRST_ROWS` rows lets the next kernel's programs start before its own PDL wait; `0`:
-never; `1`: at any row count. Read at each launch."""
 TRIGGER_FIRST_ROWS = 1
-"""Rows up to which `auto` triggers first. On the H200 (8B shape) the plain bs=1 decode step ran
-3.829-3.832 -> 3.761-3.774 ms with the trigger on (in one process, alternating), but triggering
+"""An add + RMSNorm between two GEMVs (`add_rmsnorm(between_gemvs=True)`) of at most this many
+rows lets the next kernel's programs start before its own PDL wait. On the H200 (8B shape) the
+plain bs=1 decode step ran 3.829-3.832 -> 3.761-3.774 ms with the trigger on (in one process,
+alternating), but triggering
 first at 2 rows (the STANDALONE draft) and 8 rows (the verify) was slower: draft graph 2.670 ->
-2.746 ms, verify 4.197 -> 4.40 (`bench/results/explore/session23.json`)."""
+2.746 ms, verify 4.197 -> 4.40 (`explore-archive:bench/results/explore/session23.json`)."""
 
 
 def trigger_first(rows: int) -> bool:
     """Whether an add + RMSNorm between two GEMVs of `rows` rows triggers before its wait."""
-    return auto_switch(TRIGGER_FIRST_ENV, rows <= TRIGGER_FIRST_ROWS)
+    return rows <= TRIGGER_FIRST_ROWS
 
 
 def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float, between_gemvs: bool = False):
@@ -175,7 +173,7 @@ def _norm_warps(block: int, adds: bool) -> int:
     The residual add reads one or more rows per output row (several float32 split-K partials):
     16 warps keep more loads in flight. On the H200 the 1B down projection's add + RMSNorm of
     4 partials went 14.9 -> 13.1 µs in the setup's chain and the STANDALONE verify and
-    draft-extend graphs 0.07-0.1 ms faster each (bench/results/explore/norm_parts_warps_ab.json,
+    draft-extend graphs 0.07-0.1 ms faster each (explore-archive:bench/results/explore/norm_parts_warps_ab.json,
     16 warps for partials only). Every add uses the same count, so summing the partials here
     stays bit for bit the reduce kernel then the add."""
     return 16 if adds and block >= 1024 else (8 if block >= 4096 else 4)

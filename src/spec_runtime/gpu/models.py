@@ -24,7 +24,6 @@ Nothing here reads a tensor value on the host, so every forward can be captured 
 """
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -37,87 +36,9 @@ from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.eagle import Eagle1Head
 from spec_runtime.models.eagle3 import Eagle3Head
 from spec_runtime.models.llama import LlamaForCausal, RotaryEmbedding, StandaloneDraft, apply_rotary
+from spec_runtime.options import FastOptions
 
 __all__ = ["FastOptions", "FastBackend", "RopeTable", "dense_attention", "build_fast_models"]
-
-
-@dataclass(frozen=True)
-class FastOptions:
-    """Choices of the fast path ("auto" picks by device).
-
-    Attributes:
-        fuse: fuse QKV and gate/up weights (auto: on CUDA).
-        attention: "triton" (`kernels.attention`), "dense" (sync-free torch), "reference" (the
-            host-reading torch reference: static executor on CPU only), "auto" (triton where it can
-            run on CUDA, else dense).
-        elementwise: "triton" (`gpu/elementwise.py`) or "torch" (auto: triton on CUDA).
-        linear: "torch" (cuBLAS), "gemv" (Triton GEMV up to its row limit), "auto" (time both per
-            weight shape and row bucket at setup on CUDA; torch on CPU).
-        tree: "triton" (`kernels.tree_build` / `kernels.verify`) or "torch" (`gpu/ops.py`, the
-            sync-free torch versions) (auto: triton on CUDA).
-        topk: "triton" (`kernels.topk`: the draft's softmax top-k and the argmax of verify and
-            plain decode in two launches each) or "torch" (auto: triton on CUDA).
-        frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
-            step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
-            triton on CUDA).
-        bookkeeping: "triton" (`kernels.bookkeeping.ahead_extend_in` / `_out`: the launch-ahead
-            draft-extend graph's bookkeeping in one launch before its forward and one after) or
-            "torch" (the same steps as torch ops, about forty kernels) (auto: triton on CUDA; on
-            the H200 the STANDALONE draft-extend graph ran 1.036 -> 1.000 ms and EAGLE-3's 0.340
-            -> 0.291, `bench/results/explore/bookkeeping_rope_ab.json`).
-        epilogues: the elementwise step after a GEMV done in its epilogue: "rope" (RoPE + KV store
-            after the QKV projection), "silu" (SiLU-and-multiply after gate/up), "parts" (the o and
-            down projections' split-K partials summed by the next residual add + RMSNorm instead
-            of a reduce kernel). "fused" (all three) or a comma list of them: wherever the GEMV
-            runs; "separate": none; "auto" (default): on CUDA, each where it measured faster at
-            setup, per weight shape and row bucket (`_epilogue_timing`), none elsewhere. Only where
-            the GEMV runs (not cuBLAS), with the Triton elementwise kernels, for bias-free weights.
-        gemv_rows: row counts to time the GEMV at (auto linear only).
-        gemv_tune: let the Triton GEMV tune its launch configuration per shape (seconds per shape
-            and row bucket); off by default: its heuristic configuration is used, unless the
-            environment sets SPEC_GEMV_TUNE.
-    """
-
-    fuse: Optional[bool] = None
-    attention: str = "auto"
-    elementwise: str = "auto"
-    linear: str = "auto"
-    tree: str = "auto"
-    topk: str = "auto"
-    frontier: str = "auto"
-    bookkeeping: str = "auto"
-    epilogues: str = "auto"
-    gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
-    gemv_tune: bool = False
-
-    _CHOICES = {
-        "attention": ("auto", "triton", "dense", "reference"),
-        "elementwise": ("auto", "triton", "torch"),
-        "linear": ("auto", "torch", "gemv"),
-        "tree": ("auto", "triton", "torch"),
-        "topk": ("auto", "triton", "torch"),
-        "frontier": ("auto", "triton", "torch"),
-        "bookkeeping": ("auto", "triton", "torch"),
-        "epilogues": ("auto", "fused", "separate"),
-    }
-    EPILOGUES = ("rope", "silu", "parts")
-
-    def __post_init__(self) -> None:
-        for name, allowed in self._CHOICES.items():
-            value = getattr(self, name)
-            if name == "epilogues" and value not in allowed and set(value.split(",")) <= set(self.EPILOGUES):
-                continue
-            if value not in allowed:
-                raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-
-    @classmethod
-    def of(cls, value: Any) -> "FastOptions":
-        """From None, a dict of fields, or a FastOptions."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        return cls(**dict(value))
 
 
 def _is_cuda(device: torch.device) -> bool:
@@ -201,6 +122,7 @@ class Linear:
     epilogue: str = ""  # what the GEMV can do in its epilogue: "rope", "silu", "parts" (or nothing)
     heads: tuple[int, int, int] = (0, 0, 0)  # (q heads, kv heads, head dim) of a "rope" QKV weight
     fused_buckets: frozenset = field(default_factory=frozenset)  # row buckets that use the epilogue
+    tune: bool = False  # FastOptions.gemv_tune: kernels.gemv may time configurations the setup did not decide
     after: Optional["Linear"] = field(default=None, repr=False, compare=False)
     """The linear whose GEMV runs right before this one in a layer, nothing in between (the down
     projection's gate/up): its path leads each call in the setup's timing chains (`_Chain`)."""
@@ -217,7 +139,7 @@ class Linear:
         if self.gemv_for(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear
 
-            return triton_linear(x, self.weight, self.bias)
+            return triton_linear(x, self.weight, self.bias, tune=self.tune)
         return F.linear(x, self.weight, self.bias)
 
     def parts(self, x: torch.Tensor) -> Any:
@@ -226,7 +148,7 @@ class Linear:
         if self.epilogue == "parts" and self.fuses(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_parts
 
-            return triton_linear_parts(x, self.weight)
+            return triton_linear_parts(x, self.weight, tune=self.tune)
         return self(x)
 
 
@@ -254,11 +176,6 @@ def _lin(m: torch.nn.Linear) -> Linear:
 
 
 # ---- the backend: which implementation of each piece -------------------------------------------
-
-
-EMBED_NORM_ENV = "SPEC_EMBED_NORM"
-"""`SPEC_EMBED_NORM=0`: the forward's embedding gather is torch's, then the first RMSNorm
-(`FastBackend.embed_rmsnorm`). Read at each call."""
 
 
 class FastBackend:
@@ -301,8 +218,6 @@ class FastBackend:
 
             self.softmax_topk_fn, self.argmax_fn = softmax_topk, row_argmax
         self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
-        if self.linear != "torch" and "SPEC_GEMV_TUNE" not in os.environ:
-            os.environ["SPEC_GEMV_TUNE"] = "1" if options.gemv_tune else "0"  # read per call by kernels.gemv
         # the GEMV epilogues: they hand over to the Triton add + RMSNorm, so they need those kernels
         epi = options.epilogues
         if epi == "auto":
@@ -341,10 +256,10 @@ class FastBackend:
     def embed_rmsnorm(self, ids: torch.Tensor, table: torch.Tensor, weight: Optional[torch.Tensor],
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """`(embedding(ids), rmsnorm(embedding(ids)))`: with the Triton kernels one launch
-        (`elementwise.embed_rmsnorm`, off with `SPEC_EMBED_NORM=0`). On the H200 the plain decode
+        (`elementwise.embed_rmsnorm`). On the H200 the plain decode
         step ran 3.903-3.906 -> 3.892-3.899 ms, STANDALONE 7.997-8.013 -> 7.968-7.998 ms/iter
-        (`bench/results/explore/embed_norm_s19.json`)."""
-        if self.elementwise == "triton" and weight is not None and os.environ.get(EMBED_NORM_ENV, "1") != "0":
+        (`explore-archive:bench/results/explore/embed_norm_s19.json`)."""
+        if self.elementwise == "triton" and weight is not None:
             return self._ew.embed_rmsnorm(ids, table, weight, eps)
         x = F.embedding(ids, table)
         return x, self.rmsnorm(x, weight, eps)
@@ -387,10 +302,15 @@ class FastBackend:
         return qr
 
     def choose_linears(self, linears: Sequence[Linear], log: Optional[list] = None) -> None:
-        """Pick cuBLAS or the Triton GEMV per weight shape and row bucket (timed on CUDA)."""
+        """Pick cuBLAS or the Triton GEMV per weight shape and row bucket (timed on CUDA, after
+        loading `FastOptions.tuning_file`)."""
         if self.linear == "torch":
             return
         from spec_runtime.kernels.gemv import MAX_M
+
+        load_tuning_file(self.options.tuning_file)
+        for lin in linears:
+            lin.tune = self.options.gemv_tune
 
         rows = [m for m in self.options.gemv_rows if m <= MAX_M]
         if self.linear == "gemv":
@@ -425,7 +345,7 @@ class FastBackend:
         cuBLAS then the separate kernel. The GEMV runs if either of its paths beats cuBLAS's. So a
         GEMV a hair slower than cuBLAS alone still runs where its epilogue saves a kernel (on the
         H200 the 8B gate/up chain timed 57.7 µs against cuBLAS's 57.1, and the plain decode step
-        with cuBLAS there ran 0.11 ms slower: `bench/results/explore/cublas_chain_ab.json`)."""
+        with cuBLAS there ran 0.11 ms slower: `explore-archive:bench/results/explore/cublas_chain_ab.json`)."""
         def lead() -> Optional[_Lead]:  # built only where something is timed
             return self._lead(lin, rows, forced)
 
@@ -443,20 +363,19 @@ class FastBackend:
 
     def _lead(self, lin: Linear, rows: int, forced: bool = False) -> Optional["_Lead"]:
         """The path of `lin.after` (the GEMV right before `lin` in a layer) at `rows` rows as
-        decided, for the timing chains of `lin` to run in front of each call; None without one, or
-        with `SPEC_GEMV_CHAIN_LEAD=0`.
+        decided, for the timing chains of `lin` to run in front of each call; None without one.
 
         Why: the down projection follows the gate/up GEMV directly, and its early-launched (PDL)
         programs share the GPU with that GEMV's tail. Behind a small kernel, tiles timed as
         near-ties (0.2-1.9 % apart) that were not in the real graphs; behind the gate/up they
         separate as there (H200,
-        `bench/results/explore/down_tile.json`): the 1B down at 2 rows on the non-swapped 64x128
+        `explore-archive:bench/results/explore/down_tile.json`): the 1B down at 2 rows on the non-swapped 64x128
         tile chained 12.63 against 12.60 µs behind a small kernel, 30.61 against 29.04 behind the
         gate/up, and ran the STANDALONE draft graph at 2.96 against 2.72 ms; the 8B down at 8 rows
         on 32x256 without a K split chained 32.84 against 32.23 µs, 97.2 against 87.7, and ran the
         verify graph at 5.03 against 4.27 ms."""
         before = lin.after
-        if before is None or os.environ.get(CHAIN_LEAD_ENV, "1") == "0":
+        if before is None:
             return None
         gemv, fused = self._decide(before, rows, None, forced)
         paths = _epilogue_paths(before, rows) if self._epilogue_on(before) else None
@@ -467,7 +386,7 @@ class FastBackend:
 
         x = torch.randn(rows, before.weight.shape[1], device=before.weight.device, dtype=before.weight.dtype)
         if gemv:
-            return _Lead(lambda wc: G.triton_linear(x, wc, before.bias), before.weight)
+            return _Lead(lambda wc: G.triton_linear(x, wc, before.bias, tune=before.tune), before.weight)
         return _Lead(lambda wc: F.linear(x, wc, before.bias), before.weight)
 
 
@@ -512,7 +431,6 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list], lead: Callable[[], O
 
     w = lin.weight
     key = _decision_key(lin, rows)
-    _load_tuning_file()
     if key not in _GEMV_DECISIONS:
         _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log, lead())
     decision = _GEMV_DECISIONS[key]
@@ -525,23 +443,26 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list], lead: Callable[[], O
 def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead] = None) -> GemvDecision:
     """Time F.linear against the Triton GEMV at `rows` rows (medians of CUDA-event timings, L2
     flushed by `do_bench`). The GEMV is timed at its heuristic configuration and at a short list of
-    candidate launch configurations; the few fastest are then re-timed in graph chains
+    candidate launch configurations; the `_SHORTLIST` fastest are then re-timed in graph chains
     (`_rerank_in_chains`) and the fastest there is the GEMV's configuration. Returns both times
-    and that configuration. `SPEC_GEMV_SETUP_TUNE=0`: the heuristic configuration only.
+    and that configuration.
 
     GEMV against cuBLAS: cuBLAS is timed in the same chain as the shortlist (a small kernel after
     each call, PDL on for the GEMV and the small kernel, as a decode graph runs them), and the
-    chain times decide (`SPEC_GEMV_CUBLAS_CHAIN=0`: the one-launch times with a 3 % margin for the
-    GEMV, as before). Timing in chains *without* a kernel between the calls was tried and is worse:
+    chain times decide; only where a chain cannot be timed (a failed capture, fewer than two
+    configurations) do the one-launch times, with a 3 % margin for the GEMV. Against the one-launch
+    comparison, the chains ran plain decode 4.20 -> 4.13 ms per step and STANDALONE 8.44-8.65 ->
+    8.18-8.27 ms per iteration (`explore-archive:bench/results/explore/cublas_chain_ab.json`). Timing in chains
+    *without* a kernel between the calls was tried and is worse:
     it picked cuBLAS for the 8B gate/up projection, which a captured verify then ran 0.45 ms slower
-    (`bench/results/explore/tuning.json`).
+    (`explore-archive:bench/results/explore/tuning.json`).
 
     With a `lead` (`FastBackend._lead`) every call in the chains follows its predecessor's path, and
     every configuration is re-timed there, not only the one-launch fastest: one-launch times cannot
     see what the predecessor does to a tile. On the H200, with the 8 one-launch fastest re-timed,
     one process's shortlist for the 1B down projection at 2 rows held no swapped tile with a K
     split, and the multiply-and-reduce tile it picked instead ran the draft graph at 2.83 against
-    2.71-2.76 ms (`bench/results/explore/chain_lead_ab.json`)."""
+    2.71-2.76 ms (`explore-archive:bench/results/explore/chain_lead_ab.json`)."""
     import triton.testing
 
     from spec_runtime.kernels import gemv as G
@@ -556,9 +477,7 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
         return triton.testing.do_bench(fn, warmup=2, rep=6, return_mode="median")
 
     heuristic = G.heuristic_config(m, n, k, w.device)
-    configs = [heuristic]
-    if os.environ.get("SPEC_GEMV_SETUP_TUNE", "1") != "0":
-        configs += [c for c in G._candidates(n, k, w.device, m) if c != heuristic]
+    configs = [heuristic] + [c for c in G._candidates(n, k, w.device, m) if c != heuristic]
     timed: list[tuple[float, Any]] = []
     errors = []
     for cfg in configs:
@@ -573,9 +492,8 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
         return GemvDecision(None, t_blas, None)
     ranked = sorted(timed, key=lambda tc: tc[0])
     t_gemv, best = ranked[0]
-    rival = (lambda wc: F.linear(x, wc, bias)) if os.environ.get(CUBLAS_CHAIN_ENV, "1") != "0" else None
-    n_short = int(os.environ.get(RERANK_ENV, len(ranked) if lead is not None else _SHORTLIST))
-    shortlist, chain_blas = _rerank_in_chains(x, w, bias, out, ranked[:n_short], rival, lead)
+    n_short = len(ranked) if lead is not None else _SHORTLIST
+    shortlist, chain_blas = _rerank_in_chains(x, w, bias, out, ranked[:n_short], lambda wc: F.linear(x, wc, bias), lead)
     chain_gemv = None
     if shortlist:
         # The fastest in the chain; swapped tiles win near-ties (within _SWAP_PREFERENCE).
@@ -600,36 +518,29 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
 
 
 _SHORTLIST = 4
-"""Configurations of the one-launch timing's fastest that `_time_gemv` re-times in graph chains."""
+"""Configurations of the one-launch timing's fastest that `_time_gemv` re-times in graph chains
+(every configuration behind a lead). On the H200 the 8B verify graph ran 4.32-4.34 ms in every
+re-ranked process, where one-launch choices gave 4.28-5.15 (`explore-archive:bench/results/explore/rerank_ab.json`,
+`mulred_ab.json`)."""
 _SWAP_PREFERENCE = 0.02
 """Chain times of swapped tiles count 2 % less. In the H200 decode graphs the non-swapped tile
 was the slow one of a near-tie twice: the 1B down projection at 2 rows, 64x128 with 4 splits,
 draft graph 3.13 ms against 2.87-2.90 swapped, where the chain timed the two 12.59 and 12.64 µs;
-and the 8B down projection at 8 rows (above). `bench/results/explore/rerank_ab.json`."""
-RERANK_ENV = "SPEC_GEMV_RERANK"
-"""`SPEC_GEMV_RERANK=N` re-times the N fastest configurations in graph chains (default 4; 0 or 1:
-keep the one-launch choice)."""
-CUBLAS_CHAIN_ENV = "SPEC_GEMV_CUBLAS_CHAIN"
-"""`SPEC_GEMV_CUBLAS_CHAIN=0`: GEMV against cuBLAS by one-launch times (3 % margin), not chains."""
-CHAIN_LEAD_ENV = "SPEC_GEMV_CHAIN_LEAD"
-"""`SPEC_GEMV_CHAIN_LEAD=0`: time every linear behind a small kernel, even the down projection
-(which in a layer follows the gate/up GEMV: `FastBackend._lead`)."""
-
-
+and the 8B down projection at 8 rows (above). `explore-archive:bench/results/explore/rerank_ab.json`."""
 def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-                      fastest: list[tuple[float, Any]], rival: Optional[Callable[[torch.Tensor], Any]],
+                      fastest: list[tuple[float, Any]], rival: Callable[[torch.Tensor], Any],
                       lead: Optional[_Lead] = None) -> tuple[list[tuple[float, Any, float]], Optional[float]]:
     """`(one-launch ms, config, chain ms)` of each of the `fastest` configurations, timed as the
     epilogue decisions are (`_Chain.ms`: a captured chain over rotating weight copies, a small
     kernel after each call, PDL as the runtime launches; the `lead` in front of each call), and
-    the chain ms of `rival(w)` (cuBLAS; None without a rival). Empty and None when there is
-    nothing to choose or a capture fails.
+    the chain ms of `rival(w)` (cuBLAS). Empty and None when there is nothing to choose or a
+    capture fails.
 
     Why: the one-launch timings of the best tiles are within noise of each other, and now and then
     the fastest alone is slow in the decode graphs. On the H200 one process picked a 32x256 tile
     without a K split for the 8B down projection at 8 rows, and its verify graph ran 5.15 ms
     against 4.28-4.43 in processes that picked the swapped 64x128 tile with two splits
-    (`bench/results/explore/mulred_ab.json`)."""
+    (`explore-archive:bench/results/explore/mulred_ab.json`)."""
     from spec_runtime.kernels import gemv as G
 
     if len(fastest) < 2 or not w.is_cuda:
@@ -639,8 +550,6 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
         shortlist = [(t, cfg, chain.ms(lambda wc, cfg=cfg: G._launch(x, wc, bias, out, cfg))) for t, cfg in fastest]
     except Exception:  # noqa: BLE001 - a capture that fails: keep the one-launch choice
         return [], None
-    if rival is None:
-        return shortlist, None
     try:
         return shortlist, chain.ms(rival)
     except Exception:  # noqa: BLE001 - as above: the one-launch comparison
@@ -651,7 +560,7 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
 class EpilogueTiming:
     """Graph-chain ms per call of the paths of one linear with an epilogue, at one row count: the
     GEMV then the separate kernel, the GEMV with its epilogue, and cuBLAS then the separate kernel
-    (None when `SPEC_GEMV_CUBLAS_CHAIN=0`)."""
+    (None in decisions saved before cuBLAS was always timed)."""
 
     separate_ms: float
     fused_ms: float
@@ -675,13 +584,12 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
     Timed as a CUDA graph of 16 calls over rotating weight copies (enough that L2 holds none), each
     followed by a small kernel, PDL on, as the runtime's graphs run them. On the H200 this agreed in
     sign with the captured plain decode step for all five gate/up configurations tried
-    (`bench/results/explore/silu_cfg.json`). Without the small kernel (GEMV right after GEMV) it
+    (`explore-archive:bench/results/explore/silu_cfg.json`). Without the small kernel (GEMV right after GEMV) it
     did not: 77.7 against 57.8 µs for the tuned tile, where the decode step ran 0.09 ms *faster*
     fused (`silu_cfg_nospacer.json`); one-launch timing (`do_bench`) cannot see launch overlap.
     Where `lead()` gives a lead, each call follows its predecessor's path (`FastBackend._lead`)."""
     w = lin.weight
     key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
-    _load_tuning_file()
     if key in _EPILOGUE_DECISIONS:
         return _EPILOGUE_DECISIONS[key]
     decision = _GEMV_DECISIONS.get(_decision_key(lin, rows))
@@ -689,9 +597,7 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
     if pair is None:
         _EPILOGUE_DECISIONS[key] = None
         return None
-    paths = {"separate": pair[0], "fused": pair[1]}
-    if os.environ.get(CUBLAS_CHAIN_ENV, "1") != "0":
-        paths["cublas"] = pair[2]
+    paths = {"separate": pair[0], "fused": pair[1], "cublas": pair[2]}
     lead_path = lead()
     chain = _Chain.around(w, lead_path)
     try:
@@ -714,9 +620,6 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
     return timing
 
 
-TUNING_FILE_ENV = "SPEC_TUNING_FILE"
-"""`SPEC_TUNING_FILE=PATH`: before its first setup decision, a process loads the decisions saved in
-PATH (`save_decisions`), if the file exists, and times only what is not there."""
 _TUNING_LOADED: set[str] = set()
 
 
@@ -793,11 +696,12 @@ def load_decisions(path: Any, check_device: bool = True) -> int:
     return len(decisions) + len(tuned) + len(epilogues)
 
 
-def _load_tuning_file() -> None:
-    """`SPEC_TUNING_FILE`, once per process and path, if set and the file exists."""
+def load_tuning_file(path: Optional[str]) -> None:
+    """`FastOptions.tuning_file` (default `$SPEC_TUNING_FILE`): the decisions saved in `path`
+    (`save_decisions`) loaded before the first setup decision, once per process and path, if the
+    file exists; the setup then times only what is not there."""
     from pathlib import Path
 
-    path = os.environ.get(TUNING_FILE_ENV)
     if path and path not in _TUNING_LOADED and Path(path).exists():
         load_decisions(path)
         _TUNING_LOADED.add(path)
@@ -814,7 +718,7 @@ def _epilogue_paths(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable
     w = lin.weight
     n, k = w.shape
     x = torch.randn(rows, k, device=w.device, dtype=w.dtype)
-    cfg = G._tuned_config(x, w, None)
+    cfg = G._tuned_config(x, w, None, tune=lin.tune)
 
     def gemv(wc: torch.Tensor) -> torch.Tensor:
         return G.triton_linear(x, wc, config=cfg)
@@ -955,14 +859,14 @@ class _AttnBlock:
 
             store = RopeStore(rope.cos_f32, rope.sin_f32, positions.contiguous(), attn.out_slots.contiguous(),
                               cache.k[layer], cache.v[layer], nh, nkv, hd)
-            q = triton_linear_rope_store(x, self.qkv.weight, store)
+            q = triton_linear_rope_store(x, self.qkv.weight, store, tune=self.qkv.tune)
         else:
             if self.qkv is not None:
                 q, k, v = self.qkv(x).split(self.split, dim=-1)
             else:
                 q, k, v = self.q(x), self.k(x), self.v(x)
             q = self.be.rope_store(q, k, v, rope, positions, cache, layer, attn.out_slots, self.heads)
-        # the Triton attention prefetches the o weight's tail into L2 (kernels.attention.TAIL_ENV)
+        # the Triton attention prefetches the o weight's tail into L2 (kernels.attention.TAIL_MB)
         tail = {"next_weight": self.o.weight} if self.attention is self.be._triton_attention else {}
         out = self.attention(q, cache, layer, attn, hd ** -0.5, **tail).reshape(t, nh * hd)
         return self.o.parts(out) if defer else self.o(out)
@@ -994,7 +898,7 @@ class _MLPBlock:
         elif gu.fuses(x.shape[0]):
             from spec_runtime.kernels.gemv import triton_linear_silu_mul
 
-            h = triton_linear_silu_mul(x, gu.weight)
+            h = triton_linear_silu_mul(x, gu.weight, tune=gu.tune)
         else:
             h = self.be.silu_mul(gu(x))
         return self.down.parts(h) if defer else self.down(h)

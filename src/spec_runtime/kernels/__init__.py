@@ -18,23 +18,20 @@ whether the Triton backend can run here: triton importable, and CUDA present or
 """
 
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from spec_runtime.options import triton_interpreting
+
 __all__ = ["KERNELS_AVAILABLE", "KernelSet", "kernels_available", "select"]
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 def kernels_available() -> bool:
     """Triton importable, and CUDA available or `TRITON_INTERPRET=1` (read now)."""
-    return importlib.util.find_spec("triton") is not None and (torch.cuda.is_available() or _interpreting())
+    return importlib.util.find_spec("triton") is not None and (torch.cuda.is_available() or triton_interpreting())
 
 
 KERNELS_AVAILABLE: bool = kernels_available()

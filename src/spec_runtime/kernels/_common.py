@@ -6,9 +6,10 @@ syncs with the GPU and can be captured in a CUDA graph.
 
 import contextlib
 import functools
-import os
 
 import torch
+
+from spec_runtime.options import triton_interpreting
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -16,7 +17,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def interpreting() -> bool:
     """True when Triton kernels run on the CPU interpreter (`TRITON_INTERPRET=1`)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    return triton_interpreting()
 
 
 def next_pow2(n: int) -> int:
@@ -37,10 +38,6 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-PDL_ENV = "SPEC_PDL"
-"""`SPEC_PDL=0` turns programmatic dependent launch off (read at each launch)."""
-
-
 @functools.cache
 def _pdl_capable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
@@ -52,7 +49,8 @@ _PDL_SUPPRESSED = [0]
 @contextlib.contextmanager
 def pdl_suppressed():
     """Launch without PDL inside this block (a CUDA-graph capture that PDL invalidated is redone
-    under it: stream capture refuses a programmatic edge from some producers that are not kernels)."""
+    under it: stream capture refuses a programmatic edge from some producers that are not kernels;
+    benchmarks capture graphs under it to time or profile the kernels without PDL)."""
     _PDL_SUPPRESSED[0] += 1
     try:
         yield
@@ -67,9 +65,10 @@ def pdl(device: torch.device) -> bool:
     and only then `gdc_launch_dependents()`: at most one kernel waits ahead, so everything written
     two or more launches back is complete when a kernel starts. Before the wait, the GEMV reads
     only weights (and its RoPE inputs) and the attention split kernel its batch description and,
-    in small calls, committed K/V (see its module). Off
-    under the interpreter, below sm90, or with `SPEC_PDL=0`."""
-    if interpreting() or _PDL_SUPPRESSED[0] or os.environ.get(PDL_ENV, "1") == "0":
+    in small calls, committed K/V (see its module). Off under the interpreter, below sm90, or
+    inside `pdl_suppressed()`. On the H200 PDL ran plain decode 1.043x as fast, EAGLE-3 1.039x,
+    STANDALONE 1.056x (`docs/performance.md`)."""
+    if interpreting() or _PDL_SUPPRESSED[0]:
         return False
     return _pdl_capable(torch.device(device))
 
@@ -84,13 +83,6 @@ def require(ok: bool, message: str) -> None:
     """Raise `ValueError(message)` unless `ok` (never `assert`: `python -O` strips it)."""
     if not ok:
         raise ValueError(message)
-
-
-def auto_switch(env: str, auto: bool) -> bool:
-    """An on/off switch read from `env` at each call: "1" on, "0" off, "auto" (the default) `auto`."""
-    mode = os.environ.get(env, "auto")
-    require(mode in ("auto", "1", "0"), f"{env} must be 'auto', '1' or '0', got {mode!r}")
-    return auto if mode == "auto" else mode == "1"
 
 
 def check_tensor(

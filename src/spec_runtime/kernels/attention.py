@@ -18,13 +18,16 @@ description (row ranges, prefixes, request rows, the first slot tile) before it 
 kernel before it, which writes only q and the new K/V: the fast path writes the batch description
 earlier in the forward, and every PDL kernel waits before it lets the next one start, so those
 writes are complete. Calls of at most two query rows (plain decode, a top-2 draft step) also load
-each program's first K/V tile of the committed prefix there (`SPEC_ATTN_EARLY_KV`): new K/V only
+each program's first K/V tile of the committed prefix there (`EARLY_KV_ROWS`): new K/V only
 ever go to extra slots (`AttnBatch.out_slots`), so the prefix's were written by an earlier forward.
 Those calls also skip pass 2: the last program of each (row block, KV head) to finish (an
 arrival counter, acquire-release, reset by that program) merges the block's partials itself. Both merges add the
-splits in the same order, so they give the same bits (`SPEC_ATTN_MERGE` overrides the choice).
-One-row calls given the next GEMV's weight add programs that only ask L2 for that weight's last
-rows while HBM would idle (the tail prefetch, `TAIL_ENV`); the results do not change.
+splits in the same order, so they give the same bits (`FUSED_MERGE_ROWS`). Calls of more rows
+skip the prefix splits that hold no keys (`SKIP_EMPTY_MIN_ROWS`). One-row calls given the next
+GEMV's weight add programs that only ask L2 for that weight's last rows while HBM would idle (the
+tail prefetch, `TAIL_MB`); the results do not change. Each of these choices is a function of the
+call's row count only, measured on the H200 (the constants' notes); none is read from anywhere at
+launch.
 
 Precondition (every `AttnBatch` builder meets it): the extra slots of one row are distinct. The
 reference de-duplicates them; this kernel would count a repeated slot twice.
@@ -32,8 +35,6 @@ reference de-duplicates them; this kernel would count a repeated slot twice.
 Long extends (prefill) are correct but not tuned: every row gathers its own extra slots, so a
 causal extend of `n` rows reads `O(n^2)` K/V rows (mostly from L2).
 """
-
-import os
 
 import torch
 import triton
@@ -44,7 +45,6 @@ from spec_runtime.attention import AttnBatch, torch_attention
 from spec_runtime.kernels._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
-    auto_switch,
     cdiv,
     check_head_dim,
     check_tensor,
@@ -67,76 +67,62 @@ _MAX_ROWS = 64  # BLOCK_M * padded group: rows of one tl.dot
 _KEYS_PER_TILE = 64  # extra slots of one tile, over all rows of the block
 # Launch parameters on the GPU (measured on an H200, bench/kernels_bench.py).
 _GPU = dict(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
-MERGE_ENV = "SPEC_ATTN_MERGE"
-"""`SPEC_ATTN_MERGE=fused`: the split kernel's last program per (row block, KV head) merges the
-partials (no second kernel); `kernel`: the merge kernel does; `auto` (default): fused for calls of
-`FUSED_MERGE_ROWS` query rows only. Read at each call."""
 FUSED_MERGE_ROWS = (2,)
-"""The row counts `auto` merges fused. On the H200 (`bench/results/explore/attn_merge_ab.json`) it
-ran the STANDALONE draft graph (2 rows per step) 2.84 -> 2.80 ms, but the 8-row tree verify
+"""The row counts whose calls merge fused: the split kernel's last program per (row block, KV
+head) merges the partials (no second kernel); other calls launch the merge kernel. On the H200
+(`explore-archive:bench/results/explore/attn_merge_ab.json`) the fused merge ran the STANDALONE draft graph (2
+rows per step) 2.84 -> 2.80 ms, but the 8-row tree verify
 4.42 -> 4.47 ms: there one program merges 32 (row, head) pairs on the critical path, while the merge
 kernel's launch overlaps the split kernel's tail. Plain decode (1 row) gained 0.01 ms per step then;
 since its o projection became a one-row multiply-and-reduce GEMV (16 KB weight tiles), the merge
-kernel runs it 3.906-3.927 -> 3.887-3.902 ms per step (`bench/results/explore/mulred_row1_s16.json`)."""
+kernel runs it 3.906-3.927 -> 3.887-3.902 ms per step (`explore-archive:bench/results/explore/mulred_row1_s16.json`)."""
 
-EARLY_ENV = "SPEC_ATTN_EARLY"
-"""`SPEC_ATTN_EARLY=0`: the split kernel waits for the previous kernel (PDL) before it reads
-anything, as before the early reads; default on. On the H200 the early reads ran plain decode
-4.247 -> 4.210 ms/step and STANDALONE 8.24 -> 8.14 ms/iter (`bench/results/explore/attn_early_ab.json`).
-Read at each call."""
-EARLY_KV_ENV = "SPEC_ATTN_EARLY_KV"
-"""`SPEC_ATTN_EARLY_KV=auto` (default): with the early reads, calls of at most `EARLY_KV_ROWS` query
-rows also load the first K/V tile of each program's share of the committed prefix before the PDL
-wait; `1`: every call does; `0`: none. Read at each call."""
+# Under PDL the split kernel reads its batch description before it waits for the kernel before it
+# (on the H200: plain decode 4.247 -> 4.210 ms/step, STANDALONE 8.24 -> 8.14 ms/iter,
+# `explore-archive:bench/results/explore/attn_early_ab.json`).
 EARLY_KV_ROWS = 2
-"""On the H200 the early K/V tile ran plain decode (1 row) 4.09 -> 4.01-4.03 ms/step and the
-STANDALONE draft graph (2 rows) 2.72-2.74 -> 2.69 ms, but when every call used it, the 8-row tree
-verify graph 4.25 -> 4.29 ms (`bench/results/explore/attn_early_kv_ab.json`)."""
+"""Calls of at most this many query rows also load the first K/V tile of each program's share of
+the committed prefix before the PDL wait. On the H200 the early K/V tile ran plain decode (1 row)
+4.09 -> 4.01-4.03 ms/step and the STANDALONE draft graph (2 rows) 2.72-2.74 -> 2.69 ms, but when
+every call used it, the 8-row tree verify graph 4.25 -> 4.29 ms
+(`explore-archive:bench/results/explore/attn_early_kv_ab.json`)."""
 EARLY_KV_TILE_BYTES = 32768
 """The early tile is skipped when one K tile is larger (float32 or head_dim 256 at 128 keys): held
 across the wait beside the pipelined loop's buffers, it overflowed the H200's shared memory."""
-PREFETCH_ENV = "SPEC_ATTN_PREFETCH"
-"""`SPEC_ATTN_PREFETCH=1` (with the early reads; not under the interpreter): the split kernel also
-asks L2 for its first tile's K and V rows before the wait, so the gathers after it need not go to
-HBM (the weight stream evicts the cache between forwards). Off by default: on the H200 it gained
-nothing (`bench/results/explore/bookkeeping_rope_ab.json`). Read at each call."""
-
 
 MERGE_UNROLL = 8
 """Partials the merge (kernel or fused) adds per trip of its loop, unrolled so that their loads
 are in flight together instead of one L2 round trip per partial; the order, and so the bits, is
-the rolled loop's. On the H200 (`bench/results/explore/session22.json`) it ran plain decode
+the rolled loop's. On the H200 (`explore-archive:bench/results/explore/session22.json`) it ran plain decode
 3.896-3.908 -> 3.838-3.840 ms/step, STANDALONE 8.003-8.016 -> 7.965-7.974 ms/iter and EAGLE-3
 5.583-5.591 -> 5.559-5.579, in one process: the one-row merge kernel had cost about 1.9 µs per
 layer (leaving it out ran 3.837-3.844), nearly all of it the five partials loaded one after the
 other."""
 
-SKIP_EMPTY_ENV = "SPEC_ATTN_SKIP_EMPTY"
-"""`SPEC_ATTN_SKIP_EMPTY=1`: a prefix split program whose block is one request with no keys in
-its share (the prefix ends before the split's chunk) leaves before its PDL wait, and the merge
-adds only the splits that hold keys (`_splits_used`, from the prefix lengths); `0`: every split
-runs and stores an empty partial; `auto` (default): on for calls of more than
-`SKIP_EMPTY_MIN_ROWS` rows. Bit for bit the same output either way (an empty partial adds zeros).
+SKIP_EMPTY_MIN_ROWS = 1
+"""Calls of more rows skip empty prefix splits: a prefix split program whose block is one request
+with no keys in its share (the prefix ends before the split's chunk) leaves before its PDL wait,
+and the merge adds only the splits that hold keys (`_splits_used`, from the prefix lengths);
+other calls run every split, each storing a partial, empty or not. Bit for bit the same output
+either way (an empty partial adds zeros).
 The decode graphs size their splits for the longest context, so early in a request most splits
-are empty. On the H200 (`bench/results/explore/session21.json`, sections `skip_empty_*`) it ran
+are empty. On the H200 (`explore-archive:bench/results/explore/session21.json`, sections `skip_empty_*`) it ran
 the STANDALONE verify graph (8 rows) 4.269-4.270 -> 4.256-4.259 ms and its draft-extend 0.992 ->
 0.980-0.982 ms (8.037-8.050 -> 8.016-8.022 ms per iteration), but on for one-row calls too the
-plain decode step 3.846-3.853 -> 3.855-3.861 ms (not understood), hence `auto`. Never with the
-fused merge (it counts every program's arrival). Read at each call."""
-SKIP_EMPTY_MIN_ROWS = 1
+plain decode step 3.846-3.853 -> 3.855-3.861 ms (not understood). Never with the fused merge
+(it counts every program's arrival)."""
 
-TAIL_ENV = "SPEC_ATTN_TAIL_MB"
-"""`SPEC_ATTN_TAIL_MB=MB`: the budget of the tail prefetch (default `TAIL_MB`; 0 turns it off).
-Calls of `TAIL_ROWS` query rows (plain decode) that are given the next projection's weight add
-about `TAIL_PROGRAMS` programs to the split kernel. After the PDL wait (the QKV GEMV is done, so
-HBM idles until the o projection streams) they ask L2 for the last `min(MB, half the weight)` of
+TAIL_MB = 12.0
+"""The budget of the tail prefetch, in MiB. Calls of `TAIL_ROWS` query rows (plain decode) that
+are given the next projection's weight add about `TAIL_PROGRAMS` programs to the split kernel.
+After the PDL wait (the QKV GEMV is done, so HBM idles until the o projection streams) they ask
+L2 for the last `min(TAIL_MB, half the weight)` of
 it (`cp.async.bulk.prefetch.L2`): the rows the o GEMV's later programs read, when the first
 ones have long started. On the H200 (8B, o weight 33.5 MB) 12 MB over 32 programs ran plain decode
 3.885-3.896 -> 3.878-3.881 ms/step on slower machines, 3.845-3.846 -> 3.823-3.833 on a faster one;
 64 programs, 2 per KV head, 16 or 20 MB, and 8-row calls (tree verify) were slower
-(`bench/results/explore/tail_prefetch_s20.json`). Read at each call; off under the interpreter
-(inline PTX) and with the fused merge (its arrival count)."""
-TAIL_MB = 12.0
+(`explore-archive:bench/results/explore/tail_prefetch_s20.json`). Off under the interpreter (inline PTX) and
+with the fused merge (its arrival count)."""
 TAIL_ROWS = (1,)
 TAIL_PROGRAMS = 32
 
@@ -147,18 +133,12 @@ def tail_prefetch_plan(w: torch.Tensor | None, t: int, fused: bool, blocks: int,
     block, KV head), the split kernel's arguments), or `(0, {})` when off. Each of the
     `blocks * hkv * programs * threads` threads asks for one run of `per` elements (a multiple of
     a 128-byte line); the runs end at the weight's end."""
-    raw = os.environ.get(TAIL_ENV, str(TAIL_MB))
-    try:
-        mb = float(raw)
-    except ValueError:
-        mb = -1.0
-    require(mb >= 0, f"{TAIL_ENV} must be a non-negative number of megabytes, got {raw!r}")
-    if mb == 0 or w is None or t not in TAIL_ROWS or fused or interpreting() or not w.is_contiguous():
+    if w is None or t not in TAIL_ROWS or fused or interpreting() or not w.is_contiguous():
         return 0, {}
     progs = cdiv(TAIL_PROGRAMS, blocks * hkv)
     n = blocks * hkv * progs * threads
     line = 128 // w.element_size()
-    per = min(int(mb * (1 << 20)), w.numel() * w.element_size() // 2) // w.element_size() // n // line * line
+    per = min(int(TAIL_MB * (1 << 20)), w.numel() * w.element_size() // 2) // w.element_size() // n // line * line
     if per == 0:
         return 0, {}
     return progs, dict(pf_ptr=w, pf_start=w.numel() - per * n, PF_PROGS=progs, PF_ELEMS=per, PF_THREADS=threads,
@@ -177,22 +157,6 @@ def _request_of_row(indptr_ptr, bs, row, SEARCH_ITERS: tl.constexpr):
         lo = tl.where(active & ok, mid, lo)
         hi = tl.where(active & ~ok, mid - 1, hi)
     return lo
-
-
-@triton.jit
-def _prefetch_kv(k_ptr, v_ptr, slot, ok, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, PARTS: tl.constexpr,
-                 LINE: tl.constexpr):
-    """Ask L2 for the K and V rows of `slot (J,)` where `ok` (`prefetch.global.L2` at each of the
-    `PARTS` 128-byte lines of `LINE` elements; no register waits for it). Always safe: L2 is where
-    global memory is coherent, so a later load sees any write in between."""
-    part = tl.arange(0, PARTS) * LINE
-    safe = tl.where(ok, slot, 0)
-    k_at = k_ptr + safe[:, None] * s_ks + kvh * s_kh + part[None, :] * s_kd
-    v_at = v_ptr + safe[:, None] * s_vs + kvh * s_vh + part[None, :] * s_vd
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [k_at], dtype=tl.int32,
-                              is_pure=False, pack=1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [v_at], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -353,16 +317,12 @@ def _attn_split_kernel(
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SEARCH_ITERS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
-    FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, MERGE_UNROLL: tl.constexpr = 1, EARLY: tl.constexpr = True,
-    PREFETCH: tl.constexpr = False, KV_PARTS: tl.constexpr = 1, KV_LINE: tl.constexpr = 64,
+    FUSED_MERGE: tl.constexpr = False, NSP: tl.constexpr = 1, MERGE_UNROLL: tl.constexpr = 1,
     EARLY_KV: tl.constexpr = False, SKIP_EMPTY: tl.constexpr = False,
-    # the tail prefetch (TAIL_ENV): programs NS .. NS + PF_PROGS - 1 of axis 2 ask L2 for a weight's end
+    # the tail prefetch (TAIL_MB): programs NS .. NS + PF_PROGS - 1 of axis 2 ask L2 for a weight's end
     pf_ptr=None, pf_start=0, PF_PROGS: tl.constexpr = 0, PF_ELEMS: tl.constexpr = 0,
     PF_THREADS: tl.constexpr = 128, PF_BYTES: tl.constexpr = 0,
 ):
-    if PDL and not EARLY:
-        gdc_wait()
-        gdc_launch_dependents()
     # Under PDL these programs may start while the kernel before this one (the layer's RoPE and K/V
     # store) still runs. The batch description (row ranges, prefixes, request rows, slot table,
     # extra slots) is written earlier in the forward, so its loads, which the K/V gathers depend
@@ -380,8 +340,8 @@ def _attn_split_kernel(
     d = tl.arange(0, D)
     q_ptrs = q_ptr + row[:, None].to(tl.int64) * s_qt + head[:, None] * s_qh + d[None, :] * s_qd
     if PF_PROGS > 0:
-        if split >= NS:  # a tail-prefetch program (see TAIL_ENV), one run of PF_ELEMS per thread
-            if PDL and EARLY:
+        if split >= NS:  # a tail-prefetch program (see TAIL_MB), one run of PF_ELEMS per thread
+            if PDL:
                 gdc_wait()
                 gdc_launch_dependents()
             p = (tl.program_id(0) * tl.num_programs(1) + kvh) * PF_PROGS + (split - NS)
@@ -410,11 +370,9 @@ def _attn_split_kernel(
             cols_0 = split * chunk_0 + tl.arange(0, BLOCK_N)
             ok_0 = cols_0 < tl.minimum(split * chunk_0 + chunk_0, p_len_0)
             slot_p0 = tl.load(rt_ptr + req_0 * s_rt + cols_0, mask=ok_0, other=0).to(tl.int64)
-            if PREFETCH:  # the first tile's K/V rows toward L2 while the previous kernel runs
-                _prefetch_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
             if EARLY_KV:  # the first tile of this share of the committed prefix (see the module)
                 kt0, vt0 = _load_kv(k_ptr, v_ptr, slot_p0, ok_0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, D)
-            if PDL and EARLY:  # programmatic dependent launch: the previous kernel's writes are visible from here
+            if PDL:  # programmatic dependent launch: the previous kernel's writes are visible from here
                 gdc_wait()
                 gdc_launch_dependents()
             q = _load_q(q_ptrs, rvalid, DOT_F32)
@@ -464,9 +422,7 @@ def _attn_split_kernel(
         e_ptrs = extra_ptr + j_row.to(tl.int64) * s_et
         e_col_0 = e_lo + j % BLOCK_E
         slot_e0 = tl.load(e_ptrs + e_col_0 * s_ee, mask=j_ok & (e_col_0 < e_hi), other=-1).to(tl.int64)
-        if PREFETCH:
-            _prefetch_kv(k_ptr, v_ptr, slot_e0, slot_e0 >= 0, kvh, s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, KV_PARTS, KV_LINE)
-        if PDL and EARLY:
+        if PDL:
             gdc_wait()
             gdc_launch_dependents()
         q = _load_q(q_ptrs, rvalid, DOT_F32)
@@ -566,25 +522,21 @@ def _plan(t: int, bs: int, hkv: int, g: int, e: int, max_context: int, device: t
 
 
 def merge_mode(rows: int) -> str:
-    """How the partials of a call with `rows` query rows are merged: "kernel" (a second kernel) or
-    "fused" (`SPEC_ATTN_MERGE`, default "auto": fused at `FUSED_MERGE_ROWS` rows)."""
-    mode = os.environ.get(MERGE_ENV, "auto")
-    require(mode in ("auto", "kernel", "fused"), f"{MERGE_ENV} must be 'auto', 'kernel' or 'fused', got {mode!r}")
-    if mode == "auto":
-        return "fused" if rows in FUSED_MERGE_ROWS else "kernel"
-    return mode
+    """How the partials of a call with `rows` query rows are merged: "fused" at `FUSED_MERGE_ROWS`
+    rows, else "kernel" (a second kernel)."""
+    return "fused" if rows in FUSED_MERGE_ROWS else "kernel"
 
 
 def skip_empty_mode(rows: int) -> bool:
-    """Whether a call with `rows` query rows skips empty prefix splits (`SKIP_EMPTY_ENV`, default
-    "auto": calls of more than `SKIP_EMPTY_MIN_ROWS` rows; never with the fused merge)."""
-    return auto_switch(SKIP_EMPTY_ENV, rows > SKIP_EMPTY_MIN_ROWS)
+    """Whether a call with `rows` query rows skips empty prefix splits: more than
+    `SKIP_EMPTY_MIN_ROWS` rows (never with the fused merge)."""
+    return rows > SKIP_EMPTY_MIN_ROWS
 
 
 def early_kv_mode(rows: int) -> bool:
-    """Whether a call with `rows` query rows loads its first committed K/V tile before the PDL wait
-    (`SPEC_ATTN_EARLY_KV`, default "auto": up to `EARLY_KV_ROWS` rows)."""
-    return auto_switch(EARLY_KV_ENV, rows <= EARLY_KV_ROWS)
+    """Whether a call with `rows` query rows loads its first committed K/V tile before the PDL wait:
+    at most `EARLY_KV_ROWS` rows."""
+    return rows <= EARLY_KV_ROWS
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -618,7 +570,7 @@ def triton_attention(
         attn: the batch description; the extra slots of a row must be distinct.
         scale: softmax scale.
         num_splits: prefix splits per row block (default: enough programs for two waves).
-        next_weight: the `(N, K)` weight the next GEMV streams, for the tail prefetch (`TAIL_ENV`).
+        next_weight: the `(N, K)` weight the next GEMV streams, for the tail prefetch (`TAIL_MB`).
 
     Returns:
         `(T, Hq, D)` in q's dtype; rows that see no key are zeros.
@@ -638,10 +590,8 @@ def triton_attention(
     k, v, rt, extra = cache.k[layer], cache.v[layer], cache.req_to_token, attn.extra_kv
     dot_f32 = interpreting() or q.dtype == torch.float32 or q.dtype != cache.k.dtype
     fused = merge_mode(t) == "fused"
-    early = os.environ.get(EARLY_ENV, "1") != "0"
-    line = max(1, 128 // k.element_size())  # K/V elements per 128-byte line (SPEC_ATTN_PREFETCH)
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
-    early_kv = early and early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
+    early_kv = early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
     skip = skip_empty_mode(t) and not fused  # the fused merge counts every program's arrival
     unroll = min(next_pow2(ns), MERGE_UNROLL)
     pf_progs, pf_args = tail_prefetch_plan(next_weight, t, fused, plan["blocks"], hkv, 32 * _GPU["num_warps"])
@@ -655,9 +605,7 @@ def triton_attention(
         G=hq // hkv, GP=plan["GP"], D=d, BLOCK_M=plan["BLOCK_M"], BLOCK_R=plan["BLOCK_R"],
         BLOCK_N=plan["BLOCK_N"], BLOCK_E=plan["BLOCK_E"], BLOCK_J=plan["BLOCK_J"],
         NUM_SPLITS=plan["NUM_SPLITS"], SEARCH_ITERS=max(1, (bs + 1).bit_length()), DOT_F32=dot_f32,
-        FUSED_MERGE=fused, NSP=next_pow2(ns), MERGE_UNROLL=unroll, EARLY=early,
-        PREFETCH=early and not interpreting() and os.environ.get(PREFETCH_ENV, "0") == "1",
-        KV_LINE=line, KV_PARTS=cdiv(d, line), EARLY_KV=early_kv, SKIP_EMPTY=skip, **pf_args,
+        FUSED_MERGE=fused, NSP=next_pow2(ns), MERGE_UNROLL=unroll, EARLY_KV=early_kv, SKIP_EMPTY=skip, **pf_args,
         num_warps=_GPU["num_warps"], num_stages=_GPU["num_stages"], **pdl_options(q.device),
     )
     if fused:

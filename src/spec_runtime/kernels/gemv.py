@@ -10,8 +10,9 @@ at 1-2 rows; at one row its accumulator is 2-D, in the weight tile's own layout 
 conversion per tile), and its 4 x 2048 tile streams the 8B projections close to the read ceiling.
 With `SPLIT_K > 1` the programs write float32 partials that a second pass sums in a fixed order
 (deterministic, no atomics) and casts. Block sizes and `SPLIT_K` are tuned per
-`(M bucket, N, K, dtype)` on first use by timing the whole op (both passes) on the device;
-`SPEC_GEMV_TUNE=0`, a CUDA-graph capture, or the interpreter use a heuristic config instead.
+`(M bucket, N, K, dtype)` on first use by timing the whole op (both passes) on the device, unless
+the caller says `tune=False` (the fast path's setup decides them: `FastOptions.gemv_tune`); then,
+in a CUDA-graph capture, or under the interpreter, a heuristic config is used.
 
 Epilogues fold the decode step after a projection into it (`EPI_*`): `triton_linear_silu_mul`
 (gate/up then SiLU-and-multiply), `triton_linear_rope_store` (QKV then RoPE and the KV store), and
@@ -19,7 +20,6 @@ Epilogues fold the decode step after a projection into it (`EPI_*`): `triton_lin
 Each gives bit for bit what the GEMV followed by the separate kernel gives.
 """
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -57,8 +57,6 @@ MAX_M = 16
 """Rows handled by the Triton kernel; `linear` sends larger inputs to `torch.nn.functional.linear`."""
 MULRED_MAX_M = 4
 """Rows a `GemvConfig(mulred=True)` launch handles."""
-MULRED_ENV = "SPEC_GEMV_MULRED"
-"""`SPEC_GEMV_MULRED=0` leaves the multiply-and-reduce configs out of the tuner's candidates."""
 
 
 def reference_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -158,8 +156,12 @@ def _pair_row(pair, half, NUM_PAIRS, EPI: tl.constexpr, HD2: tl.constexpr):
 @triton.jit
 def _rope_inputs(rows, row_ok, pairs, pair_ok, pos_ptr, slot_ptr, cos_ptr, sin_ptr, s_tab, HD2: tl.constexpr):
     """What the RoPE epilogue reads for (rows x pairs): cos and sin of both halves at the rows'
-    positions, and the rows' KV slots. Positions and slots are written before the forward, so a
-    GEMV may read them before its PDL wait (`EARLY_EPI`); the slot load does not wait for the
+    positions, and the rows' KV slots. Positions and slots are written before the forward, so the
+    GEMV (and the split-K reduce) read them at its start, before its PDL wait and its K loop:
+    loaded after the products, the position load and the table loads it feeds were two dependent
+    round trips at the end of every QKV projection. On the H200 loading them up front ran plain
+    decode 4.171 -> 4.156 ms/step, STANDALONE 8.11 -> 8.08 ms/iter and EAGLE-3 5.645 -> 5.62
+    (`explore-archive:bench/results/explore/bookkeeping_rope_ab.json`). The slot load does not wait for the
     position's, the table loads do."""
     ok = row_ok & pair_ok
     d = pairs % HD2
@@ -179,7 +181,7 @@ def _pair_epilogue(a0, a1, rows, row_ok, pairs, pair_ok, out_ptr, s_om,
     """Pairs' float32 sums `a0`, `a1` (rows x pairs) -> the epilogue's outputs. Each projection
     output is rounded to the output dtype first, exactly as the separate elementwise kernels
     (`gpu/elementwise.py`) see it, and they do the same float32 arithmetic after. `pre`: the
-    RoPE inputs (`_rope_inputs`) already loaded, or None to load them here."""
+    RoPE inputs (`_rope_inputs`), loaded at the kernel's start (None for SiLU)."""
     ok = row_ok & pair_ok
     x0 = a0.to(out_ptr.dtype.element_ty).to(tl.float32)
     x1 = a1.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -190,11 +192,7 @@ def _pair_epilogue(a0, a1, rows, row_ok, pairs, pair_ok, out_ptr, s_om,
     else:
         head = pairs // HD2
         d = pairs % HD2
-        if pre is None:
-            c0, s0, c1, s1, slot = _rope_inputs(rows, row_ok, pairs, pair_ok, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
-                                                s_tab, HD2)
-        else:
-            c0, s0, c1, s1, slot = pre
+        c0, s0, c1, s1, slot = pre
         # rotate-half, as `_rope_store_kernel` writes it, the fused multiply-add explicit: left to the
         # compiler, which product it fuses depended on the code around it (early inputs, float32)
         y0 = tl.fma(x0, c0, (-1.0 * x1) * s0)
@@ -227,7 +225,6 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False,
     EPI: tl.constexpr = 0, HD2: tl.constexpr = 1, PDL: tl.constexpr = False, MULRED: tl.constexpr = False,
-    EARLY_EPI: tl.constexpr = False,
 ):
     ROW1: tl.constexpr = MULRED and BLOCK_M == 1  # one row: 2-D products in the weight tile's own layout
     pid_n = tl.program_id(0)
@@ -257,7 +254,7 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = k0
     pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    if EPI == EPI_ROPE and SPLIT_K == 1 and EARLY_EPI:  # the epilogue's inputs, before the wait and the loop
+    if EPI == EPI_ROPE and SPLIT_K == 1:  # the epilogue's inputs, before the wait and the loop
         pre = _rope_inputs(rm[:, None], m_ok[:, None], pairs[None, :], (pairs < N // 2)[None, :],
                            pos_ptr, slot_ptr, cos_ptr, sin_ptr, s_tab, HD2)
     else:
@@ -318,13 +315,13 @@ def _split_k_reduce_kernel(
     # q and KV head counts, table row stride, cache slot and head strides, q output head stride
     pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, NQ, NKV, s_tab, s_cs, s_ch, s_oh,
     SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr = 0,
-    HD2: tl.constexpr = 1, PDL: tl.constexpr = False, EARLY_EPI: tl.constexpr = False,
+    HD2: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     m = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rn < N
     pairs = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
-    if EPI == EPI_ROPE and EARLY_EPI:  # the epilogue's inputs, before the wait
+    if EPI == EPI_ROPE:  # the epilogue's inputs, before the wait
         pre = _rope_inputs(m, m < M, pairs, pairs < N // 2, pos_ptr, slot_ptr, cos_ptr, sin_ptr, s_tab, HD2)
     else:
         pre = None
@@ -383,22 +380,6 @@ class SplitKParts:
         return acc.to(self.dtype)
 
 
-EARLY_EPI_ENV = "SPEC_GEMV_EARLY_ROPE"
-"""`SPEC_GEMV_EARLY_ROPE=1` (default): the RoPE epilogue's inputs (positions, cos/sin rows, KV
-slots) are loaded at the start of the GEMV (before its PDL wait and its K loop) or of the split-K
-reduce, instead of after the products, where the position load and the table loads it feeds are
-two dependent round trips at the end of every QKV projection; `0`: at the end. On the H200 it ran
-plain decode 4.171 -> 4.156 ms/step, STANDALONE 8.11 -> 8.08 ms/iter and EAGLE-3 5.645 -> 5.62
-(`bench/results/explore/bookkeeping_rope_ab.json`). Read at each launch. Same bits either way."""
-
-
-def early_epilogue_inputs() -> bool:
-    """Whether `SPEC_GEMV_EARLY_ROPE` asks for the RoPE epilogue's inputs up front."""
-    raw = os.environ.get(EARLY_EPI_ENV, "1")
-    require(raw in ("0", "1"), f"{EARLY_EPI_ENV} must be 0 or 1, got {raw!r}")
-    return raw == "1"
-
-
 def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig,
             epi: int = 0, rope: RopeStore | None = None, reduce: bool = True) -> torch.Tensor | None:
     """Launch the GEMV (and the split-K reduce). `epi`: `EPI_*` (bias must be None with one);
@@ -411,7 +392,6 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     b = bias if bias is not None else out
     dot_f32 = interpreting() or x.dtype == torch.float32 or w.dtype == torch.float32
     pdl = pdl_options(x.device)
-    early = rope is not None and early_epilogue_inputs()
     if rope is not None:
         r = rope
         rope_args = (r.positions, r.slots, r.cos, r.sin, r.k_cache, r.v_cache, r.num_heads, r.num_kv_heads,
@@ -423,7 +403,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
         x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0), *rope_args,
         BLOCK_M=next_pow2(m) if cfg.mulred else max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
-        EPI=epi, HD2=hd2, MULRED=cfg.mulred, EARLY_EPI=early, num_warps=cfg.num_warps,
+        EPI=epi, HD2=hd2, MULRED=cfg.mulred, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl,
     )
     if split == 1:
@@ -433,7 +413,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
     block = min(1024, max(16, next_pow2(n)))
     _split_k_reduce_kernel[(cdiv(n, block), m)](
         part, b, out, m, n, out.stride(0), *rope_args, SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None,
-        EPI=epi, HD2=hd2, EARLY_EPI=early, num_warps=4, **pdl,
+        EPI=epi, HD2=hd2, num_warps=4, **pdl,
     )
     return None
 
@@ -454,21 +434,21 @@ def heuristic_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig
 _TILES = ((32, 256, 4, False), (64, 128, 4, False), (64, 256, 3, False), (128, 128, 3, False), (16, 512, 3, False),
           (64, 256, 4, True), (64, 128, 5, True), (128, 128, 3, True))
 """(block_n, block_k, num_stages, swap) the tuner tries. The swapped tiles won 2-6 % on the 8B
-shapes in CUDA-graph chains on the H200 (`bench/results/explore/tma_sweep.json`)."""
+shapes in CUDA-graph chains on the H200 (`explore-archive:bench/results/explore/tma_sweep.json`)."""
 _MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4), (4, 2048, 4))
 """(block_n, block_k, num_warps) of the multiply-and-reduce configs tried for at most 2 rows (the
 first two for 3-4 rows): at one row they streamed the small 8B and 1B projections 10-50 % faster
-than the `tl.dot` tiles in CUDA-graph chains (`bench/results/explore/gemv_sweep.json`). With the
+than the `tl.dot` tiles in CUDA-graph chains (`explore-archive:bench/results/explore/gemv_sweep.json`). With the
 one-row accumulator in the weight tile's layout, 4 x 2048 (16 KB tiles) streams the 8B o, gate/up
 and down projections at one row faster than any other tile in the real decode step: 4.05-4.07 ->
-3.91-3.93 ms per step (`bench/results/explore/mulred_row1_s16.json`)."""
+3.91-3.93 ms per step (`explore-archive:bench/results/explore/mulred_row1_s16.json`)."""
 
 
 def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvConfig]:
     """About 35 configs (50 for `m <= MULRED_MAX_M`): tile shapes that stream `w` in 16-byte rows,
     times K splits around the count that fills the device (none, half, full, double)."""
     tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES]
-    if m <= MULRED_MAX_M and os.environ.get(MULRED_ENV, "1") != "0":
+    if m <= MULRED_MAX_M:
         mulred = _MULRED_TILES if m <= 2 else _MULRED_TILES[:2]
         tiles += [(bn, bk, warps, 3, False, True) for bn, bk, warps in mulred]
     out = []
@@ -484,13 +464,15 @@ def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvC
 _TUNED: dict[tuple, GemvConfig] = {}
 
 
-def _tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> GemvConfig:
+def _tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tune: bool = True) -> GemvConfig:
+    """The configuration registered for this shape and row bucket (by an earlier tuning or the
+    fast path's setup), else, with `tune` on a CUDA device outside a capture, the fastest candidate
+    timed now (and registered), else the heuristic one."""
     m, k = x.shape
     n = w.shape[0]
     key = (next_pow2(m), n, k, x.dtype, w.dtype, bias is not None, x.device)
     if key in _TUNED:
         return _TUNED[key]
-    tune = os.environ.get("SPEC_GEMV_TUNE", "1") != "0"
     if interpreting() or not tune or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return heuristic_config(m, n, k, x.device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -525,11 +507,13 @@ def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple
 
 
 def triton_linear(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None,
+    tune: bool = True,
 ) -> torch.Tensor:
     """`x (M, K) @ w (N, K).T (+ bias (N,))` -> `(M, N)` in x's dtype, float32 accumulation, `M <= 16`.
 
-    `config` fixes the launch configuration (default: tuned on first use per shape).
+    `config` fixes the launch configuration (default: the one registered for the shape, else tuned
+    on first use when `tune`, else the heuristic one: `_tuned_config`).
     """
     x, bias = _check(x, w, bias)
     m, k = x.shape
@@ -539,17 +523,17 @@ def triton_linear(
         return out
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
-    _launch(x, w, bias, out, config or _tuned_config(x, w, bias))
+    _launch(x, w, bias, out, config or _tuned_config(x, w, bias, tune))
     return out
 
 
-def triton_linear_parts(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None
-                        ) -> torch.Tensor | SplitKParts:
+def triton_linear_parts(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None,
+                        tune: bool = True) -> torch.Tensor | SplitKParts:
     """`triton_linear(x, w)` without the split-K reduce: `SplitKParts` when the configuration splits
     K, else the `(M, N)` result itself."""
     x, _ = _check(x, w, None)
     m, k = x.shape
-    cfg = config or _tuned_config(x, w, None)
+    cfg = config or _tuned_config(x, w, None, tune)
     if m == 0 or k == 0 or cfg.splits(k) == 1:
         return triton_linear(x, w, config=cfg)
     out = torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
@@ -562,7 +546,8 @@ def reference_linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def triton_linear_silu_mul(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None) -> torch.Tensor:
+def triton_linear_silu_mul(x: torch.Tensor, w: torch.Tensor, *, config: GemvConfig | None = None,
+                           tune: bool = True) -> torch.Tensor:
     """`reference_linear_silu_mul` in one GEMV (plus the split-K reduce, if any), the SiLU and the
     product in its epilogue: `(M, K)` @ a fused gate/up weight `(2I, K)` -> `(M, I)`."""
     x, _ = _check(x, w, None)
@@ -574,7 +559,7 @@ def triton_linear_silu_mul(x: torch.Tensor, w: torch.Tensor, *, config: GemvConf
         return out
     if k == 0:
         return out.zero_()
-    _launch(x, w, None, out, config or _tuned_config(x, w, None), epi=EPI_SILU.value)
+    _launch(x, w, None, out, config or _tuned_config(x, w, None, tune), epi=EPI_SILU.value)
     return out
 
 
@@ -609,7 +594,7 @@ def reference_linear_rope_store(x: torch.Tensor, w: torch.Tensor, r: RopeStore) 
 
 
 def triton_linear_rope_store(x: torch.Tensor, w: torch.Tensor, rope: RopeStore, *,
-                             config: GemvConfig | None = None) -> torch.Tensor:
+                             config: GemvConfig | None = None, tune: bool = True) -> torch.Tensor:
     """`reference_linear_rope_store` in one GEMV (plus the split-K reduce, if any): the QKV
     projection with RoPE and the KV store in its epilogue. Returns the rotated q `(M, Hq, D)`."""
     x, _ = _check(x, w, None)
@@ -620,7 +605,7 @@ def triton_linear_rope_store(x: torch.Tensor, w: torch.Tensor, rope: RopeStore, 
         return out
     if k == 0:
         return reference_linear_rope_store(x, w, rope)
-    _launch(x, w, None, out.view(m, -1), config or _tuned_config(x, w, None), epi=EPI_ROPE.value, rope=rope)
+    _launch(x, w, None, out.view(m, -1), config or _tuned_config(x, w, None, tune), epi=EPI_ROPE.value, rope=rope)
     return out
 
 

@@ -36,13 +36,43 @@ WEIGHT_FILES = (
 )
 
 
+# config.json keys every model here needs (a Llama-style decoder), each a positive int
+REQUIRED_CONFIG_INTS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+OPTIONAL_CONFIG_INTS = ("num_key_value_heads", "head_dim", "draft_vocab_size", "target_hidden_size")
+
+
 def read_config(directory: str | Path) -> dict[str, Any]:
-    """`config.json` of `directory` as a dict; raises FileNotFoundError when absent."""
+    """`config.json` of `directory` as a dict; raises FileNotFoundError when absent and
+    `CheckpointError` naming the file (and the key) when it is not JSON, not an object, or lacks a
+    required size or has one that is not a positive int."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {directory}")
-    with path.open() as f:
-        return json.load(f)
+    cfg = _read_json(path)
+    for key in REQUIRED_CONFIG_INTS:
+        if key not in cfg:
+            raise CheckpointError(f"{path} has no {key!r} (needed: {', '.join(REQUIRED_CONFIG_INTS)})")
+    for key in (*REQUIRED_CONFIG_INTS, *OPTIONAL_CONFIG_INTS):
+        value = cfg.get(key)
+        if (key in REQUIRED_CONFIG_INTS or value is not None) and not _positive_int(value):
+            raise CheckpointError(f"{path}: {key} must be a positive int, got {value!r}")
+    return cfg
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file; `CheckpointError` naming the file when it is not one."""
+    try:
+        with path.open() as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _check_no_remote_code(cfg: Mapping[str, Any], source: str) -> None:
@@ -54,14 +84,21 @@ def _check_no_remote_code(cfg: Mapping[str, Any], source: str) -> None:
 
 
 def _read_file(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        return load_file(str(path), device="cpu")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """One weights file; `CheckpointError` naming it when it cannot be read (truncated, corrupted)."""
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path), device="cpu")
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise  # permissions and the like: the message names the file already
+    except Exception as err:  # safetensors' SafetensorError, torch's unpickling and zip errors
+        raise CheckpointError(f"cannot read {path} (truncated or corrupted?): {type(err).__name__}: {err}") from None
 
 
 def _read_sharded(index: Path) -> tuple[dict[str, torch.Tensor], str]:
-    with index.open() as f:
-        weight_map: dict[str, str] = json.load(f)["weight_map"]
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index} has no weight_map object of tensor name -> shard file")
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         shard_path = index.parent / shard

@@ -1,0 +1,129 @@
+"""The fast path's options, typed and documented, and the one module of `spec_runtime` that reads
+the environment.
+
+`FastOptions` holds every choice of the static / CUDA-graph executors' model path. It is built once
+(`Runtime.create(fast=...)`, `GraphRunner`, `gpu.models.build_fast_models`) and handed down to
+`gpu.models.FastBackend`, which passes what a kernel needs as launch arguments: no kernel reads a
+global setting when it launches.
+
+Environment variables read here, and only here:
+
+| variable | read | meaning |
+|---|---|---|
+| `SPEC_TUNING_FILE` | when a `FastOptions` is built | default of `FastOptions.tuning_file` |
+| `TRITON_INTERPRET` | by `triton_interpreting()` | Triton's own switch: kernels run on its CPU interpreter |
+
+Elsewhere: `SPEC_STRICT` (spec_schema, at import: the contract checks) and
+`SPEC_HYPOTHESIS_PROFILE` (spec_schema's pytest plugin: the property tests' profile).
+
+The fast path's former environment switches (`SPEC_PDL`, `SPEC_ATTN_*`, `SPEC_GEMV_*`,
+`SPEC_EMBED_NORM`, `SPEC_NORM_TRIGGER_FIRST`) are gone: the variants that won their A/B are the
+code, the others were deleted (`docs/performance.md` keeps the measurements).
+"""
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = ["TUNING_FILE_ENV", "FastOptions", "triton_interpreting"]
+
+TUNING_FILE_ENV = "SPEC_TUNING_FILE"
+"""`SPEC_TUNING_FILE=PATH`: the default `FastOptions.tuning_file` (say, for the GPU tests)."""
+
+
+def triton_interpreting() -> bool:
+    """True when Triton kernels run on the CPU interpreter (`TRITON_INTERPRET=1`, Triton's own
+    variable, which it reads when a kernel is decorated)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def _tuning_file_from_env() -> Optional[str]:
+    return os.environ.get(TUNING_FILE_ENV) or None
+
+
+@dataclass(frozen=True)
+class FastOptions:
+    """Choices of the fast path ("auto" picks by device).
+
+    Attributes:
+        fuse: fuse QKV and gate/up weights (auto: on CUDA).
+        attention: "triton" (`kernels.attention`), "dense" (sync-free torch), "reference" (the
+            host-reading torch reference: static executor on CPU only), "auto" (triton where it can
+            run on CUDA, else dense).
+        elementwise: "triton" (`gpu/elementwise.py`) or "torch" (auto: triton on CUDA).
+        linear: "torch" (cuBLAS), "gemv" (Triton GEMV up to its row limit), "auto" (time both per
+            weight shape and row bucket at setup on CUDA; torch on CPU).
+        tree: "triton" (`kernels.tree_build` / `kernels.verify`) or "torch" (`gpu/ops.py`, the
+            sync-free torch versions) (auto: triton on CUDA).
+        topk: "triton" (`kernels.topk`: the draft's softmax top-k and the argmax of verify and
+            plain decode in two launches each) or "torch" (auto: triton on CUDA).
+        frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
+            step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
+            triton on CUDA).
+        bookkeeping: "triton" (`kernels.bookkeeping.ahead_extend_in` / `_out`: the launch-ahead
+            draft-extend graph's bookkeeping in one launch before its forward and one after) or
+            "torch" (the same steps as torch ops, about forty kernels) (auto: triton on CUDA; on
+            the H200 the STANDALONE draft-extend graph ran 1.036 -> 1.000 ms and EAGLE-3's 0.340
+            -> 0.291, `explore-archive:bench/results/explore/bookkeeping_rope_ab.json`).
+        epilogues: the elementwise step after a GEMV done in its epilogue: "rope" (RoPE + KV store
+            after the QKV projection), "silu" (SiLU-and-multiply after gate/up), "parts" (the o and
+            down projections' split-K partials summed by the next residual add + RMSNorm instead
+            of a reduce kernel). "fused" (all three) or a comma list of them: wherever the GEMV
+            runs; "separate": none; "auto" (default): on CUDA, each where it measured faster at
+            setup, per weight shape and row bucket (`gpu.models._epilogue_timing`), none elsewhere.
+            Only where the GEMV runs (not cuBLAS), with the Triton elementwise kernels, for
+            bias-free weights.
+        gemv_rows: row counts to time the GEMV at (auto linear only).
+        gemv_tune: where the setup decided no launch configuration for a GEMV's shape and row
+            bucket (`linear="gemv"`, or rows outside `gemv_rows`), let `kernels.gemv` time its
+            candidates on first use (seconds per shape) instead of taking its heuristic one.
+        tuning_file: setup decisions to load before the first one (`gpu.models.save_decisions`'
+            JSON: GEMV or cuBLAS, launch configurations, epilogues), so the setup times only what
+            the file lacks; refused if tuned on another kind of GPU. Default: `$SPEC_TUNING_FILE`.
+    """
+
+    fuse: Optional[bool] = None
+    attention: str = "auto"
+    elementwise: str = "auto"
+    linear: str = "auto"
+    tree: str = "auto"
+    topk: str = "auto"
+    frontier: str = "auto"
+    bookkeeping: str = "auto"
+    epilogues: str = "auto"
+    gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
+    gemv_tune: bool = False
+    tuning_file: Optional[str] = field(default_factory=_tuning_file_from_env)
+
+    _CHOICES = {
+        "attention": ("auto", "triton", "dense", "reference"),
+        "elementwise": ("auto", "triton", "torch"),
+        "linear": ("auto", "torch", "gemv"),
+        "tree": ("auto", "triton", "torch"),
+        "topk": ("auto", "triton", "torch"),
+        "frontier": ("auto", "triton", "torch"),
+        "bookkeeping": ("auto", "triton", "torch"),
+        "epilogues": ("auto", "fused", "separate"),
+    }
+    EPILOGUES = ("rope", "silu", "parts")
+
+    def __post_init__(self) -> None:
+        for name, allowed in self._CHOICES.items():
+            value = getattr(self, name)
+            if name == "epilogues" and value not in allowed and set(value.split(",")) <= set(self.EPILOGUES):
+                continue
+            if value not in allowed:
+                raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        if self.tuning_file is not None:  # a str or os.PathLike, kept as a str
+            if not isinstance(self.tuning_file, (str, os.PathLike)):
+                raise ValueError(f"FastOptions.tuning_file must be a path or None, got {self.tuning_file!r}")
+            object.__setattr__(self, "tuning_file", os.fspath(self.tuning_file))
+
+    @classmethod
+    def of(cls, value: Any) -> "FastOptions":
+        """From None, a dict of fields, or a FastOptions."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        return cls(**dict(value))
