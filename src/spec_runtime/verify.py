@@ -24,7 +24,7 @@ from spec_schema import DraftExtendInput, VerifyInput, VerifyOutput, boundary
 from . import faults
 from .attention import AttnBatch, ragged_rows
 from .runtime import BatchSampling, CoreOps, Runtime
-from .tree import verify_chain_rejection, verify_greedy, verify_tree_sampling
+from .tree import simulated_accept, verify_chain_rejection, verify_greedy, verify_tree_sampling
 
 
 @dataclass(frozen=True)
@@ -287,24 +287,6 @@ def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor, predict: Option
     tree_sampling = ops.verify_tree_sampling or verify_tree_sampling
     predicts, accept_index, num_correct = tree_sampling(*trees, probs, uniforms, c.uniform_final, steps)
     return accept_index, _tokens_at(predicts, accept_index), num_correct
-
-
-def simulated_accept(sim_accept: torch.Tensor, retrieve_index: torch.Tensor, draft_token: torch.Tensor,
-                     predict: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Benchmark override (labelled "simulated"): request b accepts nodes 0 .. a_b - 1
-    (`a = sim_accept`, 1 <= a_b <= width) as if they formed its path (whatever the tree), emitting
-    their draft tokens then the target's argmax `predict (bs, n)` at the last one, as sglang's
-    SGLANG_SIMULATE_ACC_LEN does. Timing only: the tokens are meaningless. Returns
-    `(accept_index (bs, width) int64, accept_tokens (bs, width) int64, num_correct (bs,) int32)`
-    (`kernels.verify.triton_simulated_accept`: the same in one launch)."""
-    bs, n = draft_token.shape
-    a = sim_accept.long()
-    cols = torch.arange(width, device=predict.device)[None, :]
-    index = torch.where(cols < a[:, None], retrieve_index[:, :1] + cols, -1)
-    nxt = draft_token.gather(1, (cols + 1).clamp(max=n - 1).expand(bs, width))
-    bonus = predict.gather(1, (a - 1)[:, None])
-    tokens = torch.where(cols < (a - 1)[:, None], nxt, torch.where(cols == (a - 1)[:, None], bonus, -1))
-    return index, tokens, (a - 1).to(torch.int32)
 
 
 def _simulated(ops: CoreOps, c: VerifyCoreIn, predict: torch.Tensor, width: int):
