@@ -10,7 +10,10 @@ target hidden states captured at their accepted rows.
 
 Split like the draft phase: `_prepare` (host: slots, pre-drawn coins), `verify_core` (the target
 forward and the acceptance walk, no host reads: what a CUDA graph captures), then the host-side
-stops, KV commit and the draft-extend input.
+stops, KV commit and the draft-extend input. The stops' one host read goes through the executor
+(`Executor.read_verify`): a static executor may launch the rest of the iteration around it
+(launch-ahead, `executors/ahead.py`), and the output is then built from device counts
+(`_ahead_output`).
 """
 
 from dataclasses import dataclass

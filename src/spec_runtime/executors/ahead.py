@@ -104,7 +104,7 @@ class LaunchAhead:
         with self.bookkeeping(side) as escape:
             prepared = self.prepare_ahead(greedy, room, bs, sim)
             if prepared:
-                escape(self.preparedtensors_in())
+                escape(self.prepared_tensors())
         early = prepared and self.may_launch_before_read(bs, budget, room)
         ext_slots = None
         try:
@@ -165,7 +165,7 @@ class LaunchAhead:
         self._prepared = Prepared(bs, sim, ext_slots, slots, sim_state)
         return True
 
-    def preparedtensors_in(self) -> tuple:
+    def prepared_tensors(self) -> tuple:
         """The slot tensors `prepare_ahead` allocated (empty when nothing is prepared)."""
         return () if self._prepared is None else (self._prepared.ext_slots, self._prepared.slots)
 
