@@ -179,7 +179,7 @@ def plain_step_ms(target: Any, fast: dict, steps: int = 255, steps_per_graph: in
     """The plain bs=1 decode step of `target` under FastOptions `fast`: ms per step (the faster of
     two timed runs of `steps` steps after a 128-token prompt), tokens/s and the step graph alone."""
     from spec_runtime.attention import AttnBatch
-    from spec_runtime.graphs import DecodeRunner
+    from spec_runtime.executors.decode import DecodeRunner
     from spec_runtime.kv_cache import KVCache
 
     ctx = 128 + steps + 9
@@ -217,7 +217,7 @@ def plain_step_ms(target: Any, fast: dict, steps: int = 255, steps_per_graph: in
 def spec_iter_ms(algorithm: str, target: Any, draft: Any, sim: float, fast: dict, buckets: tuple = (1,)) -> dict:
     """bs=1 spec iterations (128-token prompt, 256 new tokens, accept length forced to `sim`) with
     a CUDA event pair around every graph replay: ms per iteration, tokens/s, ms per graph call."""
-    import spec_runtime.graphs as G
+    import spec_runtime.executors.graphs as G
     from spec_runtime.engine import SpecEngine
     from spec_runtime.runtime import Runtime, SimulatedAccept
 

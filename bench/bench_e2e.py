@@ -11,7 +11,7 @@ request, batch sizes 1, 8, 32. Reported per configuration and batch size: decode
 after the prefill's first one, over the decode wall time), ms per iteration, mean accept length,
 prefill time.
 
-- plain: our target-only greedy decode, CUDA graphs of 8 steps with the bookkeeping on the device (`graphs.DecodeRunner`);
+- plain: our target-only greedy decode, CUDA graphs of 8 steps with the bookkeeping on the device (`executors.decode.DecodeRunner`);
 - STANDALONE (topk 2, 7 draft tokens, 4 steps), EAGLE and EAGLE-3 (5 steps, topk 4, 8 draft tokens)
   on executor "cuda_graph", with real acceptance (random heads: about 1) and with SIMULATED
   acceptance (`--simulate-accept-len`: real draft and verify passes, the accept count forced to L per
@@ -304,7 +304,7 @@ def random_prompts(bs: int, length: int, vocab: int, seed: int) -> list[list[int
 def run_plain(args: argparse.Namespace, target, results: Results) -> dict[int, float]:
     """Target-only greedy decode, CUDA graphs of 8 steps (static calls on CPU)."""
     from spec_runtime.attention import AttnBatch
-    from spec_runtime.graphs import DecodeRunner
+    from spec_runtime.executors.decode import DecodeRunner
     from spec_runtime.kv_cache import KVCache
 
     max_bs, ctx = max(args.bs), args.prompt_len + args.new_tokens + 8
@@ -618,18 +618,20 @@ class HostTimers:
         setattr(owner, attr, timed)
 
     def install(self) -> None:
+        import spec_runtime.buffers as B
         import spec_runtime.engine as E
-        import spec_runtime.graphs as G
         import spec_runtime.verify as V
+        from spec_runtime.executors.graphs import GraphSet
+        from spec_runtime.executors.static import GraphRunner
         from spec_schema import _contract as C
 
         for attr in ("draft", "verify", "draft_extend"):
             self.wrap(E, attr, f"phase.{attr}")  # the engine calls these module globals
         self.wrap(E.SpecEngine, "step", "step")
         for attr in ("draft", "verify", "draft_extend"):
-            self.wrap(G.GraphRunner, attr, f"runner.{attr}")
-        self.wrap(G.GraphSet, "run", "graph.replay")
-        self.wrap(G.B, "copy_in", "runner.copy_in")
+            self.wrap(GraphRunner, attr, f"runner.{attr}")
+        self.wrap(GraphSet, "run", "graph.replay")
+        self.wrap(B, "copy_in", "runner.copy_in")
         self.wrap(V, "_stops_host", "verify.stops_sync")
         orig, timers = C._check, self
 

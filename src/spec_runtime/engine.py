@@ -201,8 +201,7 @@ class SpecEngine:
         self._admit(events)
         self._finish_context_bound(events)
         if not self.running:
-            if self.rt.runner is not None:
-                self.rt.runner.discard_ahead()
+            self.rt.runner.discard_ahead()
             return events
         sampling = BatchSampling.from_params([r.sampling for r in self.running], self.rt.device)
         stops = StopBatch([r.max_new_tokens - len(r.output) for r in self.running],
@@ -210,7 +209,8 @@ class SpecEngine:
         vin = draft(self.rt, self.state, sampling)
         vout = verify(self.rt, vin, sampling, stops)
         self.rt.counters.iterations += 1
-        host = getattr(vout, "_host_emit", None)  # verify's host copies: no second device read
+        emit, self.rt.last_emit = self.rt.last_emit, None  # verify's host copies: no second device read
+        host = None if emit is None or emit.output is not vout else (emit.tokens, emit.counts, emit.finished)
         if host is None:  # one device-to-host copy for the three
             both = torch.cat([vout.accept_tokens.long(), vout.num_accept_tokens.long()[:, None],
                               vout.finished.long()[:, None]], dim=1).tolist()

@@ -10,7 +10,6 @@ request's last row proposes the root's children of the next tree.
 slot-table commit. Prefill stays eager (ragged prompts).
 """
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -18,56 +17,18 @@ import torch
 from spec_schema import DraftExtendInput, DraftInput, boundary
 
 from .attention import AttnBatch
+from .core_types import CoreOps, ExtendCoreIn, ExtendCoreOut
 from .draft import _propose, logits_into
-from .runtime import BatchSampling, CoreOps, Runtime
 from .sampling import probs_from_logits_batched, sample_from_probs
-
-
-@dataclass
-class ExtendCoreIn:
-    """The draft-extend core's tensors: a DraftExtendInput's rows, plus what the host prepared.
-
-    Rows are ragged (`stride` None: request r owns `num_accept_tokens[r]` consecutive rows), or laid
-    out with a fixed `stride` per request (the static path: `bs * stride` rows, rows at or beyond a
-    request's count are padding that attends nothing and writes the dummy `pad_slot`). `out_slots`:
-    the draft KV slot of every row. `uniform` `(bs,)`: sampled chains' coins. `draft_logits`
-    `(bs, draft_vocab)`: scratch the draft logits land in."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    hidden_states: Optional[torch.Tensor]
-    num_accept_tokens: torch.Tensor
-    seq_lens: torch.Tensor
-    req_pool_indices: torch.Tensor
-    out_slots: torch.Tensor
-    stride: Optional[int] = None
-    sampled: bool = False
-    uniform: Optional[torch.Tensor] = None
-    temperature: Optional[torch.Tensor] = None
-    top_k: Optional[torch.Tensor] = None
-    top_p: Optional[torch.Tensor] = None
-    draft_logits: Optional[torch.Tensor] = None
-    pad_slot: Optional[torch.Tensor] = None
-
-
-@dataclass
-class ExtendCoreOut:
-    """The next DraftInput's tensors: topk_p, topk_index `(bs, topk)`, the draft's last hidden state
-    per request `(bs, hidden_draft)` (None when the draft reads none) and, for sampled chains, the
-    draft distribution `(bs, vocab)`."""
-
-    topk_p: torch.Tensor
-    topk_index: torch.Tensor
-    hidden_states: Optional[torch.Tensor]
-    draft_probs: Optional[torch.Tensor]
+from .state import BatchSampling, RuntimeState
 
 
 @boundary
-def draft_extend(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) -> DraftInput:
+def draft_extend(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSampling) -> DraftInput:
     """Run the draft over the accepted rows and produce the next iteration's DraftInput."""
     if len(inp) == 0:
         return rt.idle_draft_input()
-    launched = rt.runner.take_extend(inp) if rt.static else None
+    launched = rt.runner.take_extend(inp)
     if launched is not None:  # run by verify's launch-ahead, slot tables committed on the device
         rt.counters.draft_forwards += 1
         out = DraftInput(
@@ -82,10 +43,10 @@ def draft_extend(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) ->
         rt.runner.note_output(out)
         return out
     core_in, slots = _prepare(rt, inp, sampling)
-    if rt.static and rt.runner.fits_extend(inp):
+    if rt.runner.fits_extend(inp):
         out = rt.runner.draft_extend(core_in)
-    else:  # eager, or a prefill's prompt rows (longer than the static stride): not captured
-        out = draft_extend_core(rt.runner.eager_ops() if rt.static else rt.core_ops(), core_in)
+    else:  # a prefill's prompt rows (longer than the static stride): not captured
+        out = draft_extend_core(rt.runner.eager_ops(), core_in)
     rt.counters.draft_forwards += 1
     counts = inp.num_accept_tokens.long()
     rows = inp.req_pool_indices.repeat_interleave(counts, output_size=inp.input_ids.shape[0])
@@ -101,7 +62,7 @@ def draft_extend(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) ->
     )
 
 
-def _prepare(rt: Runtime, inp: DraftExtendInput, sampling: BatchSampling) -> tuple[ExtendCoreIn, torch.Tensor]:
+def _prepare(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSampling) -> tuple[ExtendCoreIn, torch.Tensor]:
     """Host side: a draft slot per row, sampled-chain coins (the static path's dummy slot is reserved)."""
     rows = inp.input_ids.shape[0]
     slots = rt.draft_cache.alloc_slots(rows)
@@ -162,7 +123,7 @@ def extend_fixed_stride(req_pool_indices: torch.Tensor, prefix_lens: torch.Tenso
 
 
 @boundary
-def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampling: BatchSampling) -> DraftExtendInput:
+def prefill(rt: RuntimeState, rows: torch.Tensor, prompts: list[torch.Tensor], sampling: BatchSampling) -> DraftExtendInput:
     """Target extend over new prompts; the first token of each request becomes its bonus token.
 
     `rows` are the requests' slot-table rows. Returns the draft-extend input of the prompts, by the
@@ -175,7 +136,7 @@ def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampli
     positions = torch.cat([torch.arange(len(p), device=rt.device) for p in prompts])
     slots = rt.target_cache.alloc_slots(ids.shape[0])
     attn = AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots)
-    target = rt.runner.eager_ops().target if rt.static else rt.target  # static: the fast model, uncaptured
+    target = rt.runner.eager_ops().target  # static: the fast model, uncaptured
     hidden, aux = target.forward(ids, positions, attn, rt.target_cache, rt.aux_layer_ids)
     rt.counters.target_forwards += 1
     rt.target_cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
@@ -200,7 +161,7 @@ def prefill(rt: Runtime, rows: torch.Tensor, prompts: list[torch.Tensor], sampli
     )
 
 
-def _own_sequence(rt: Runtime, prompts: list[torch.Tensor], first: torch.Tensor, lens: torch.Tensor,
+def _own_sequence(rt: RuntimeState, prompts: list[torch.Tensor], first: torch.Tensor, lens: torch.Tensor,
                   rows: torch.Tensor, captured: Optional[torch.Tensor]) -> DraftExtendInput:
     """The prefill's draft-extend input for a draft that reads the target's own sequence: each
     prompt then its first token, at positions 0 .. len(prompt). `captured` is None (the traits
@@ -227,7 +188,7 @@ def _own_sequence(rt: Runtime, prompts: list[torch.Tensor], first: torch.Tensor,
     )
 
 
-def _first_tokens(rt: Runtime, logits: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
+def _first_tokens(rt: RuntimeState, logits: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
     if sampling.all_greedy:
         return logits.argmax(-1)
     probs = probs_from_logits_batched(logits, sampling.temperature, sampling.top_k, sampling.top_p)

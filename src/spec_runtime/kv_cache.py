@@ -61,7 +61,7 @@ class KVCache:
         self._num_free = num_slots
         # CUDA: when set, every alloc/free records `last_op`, an event on the stream it ran on, so
         # that work on another stream can be ordered after the pool's device state (launch-ahead's
-        # side stream, `GraphRunner.bookkeeping`)
+        # side stream, `executors.ahead.LaunchAhead.bookkeeping`)
         self.track_order = False
         self.last_op: "torch.cuda.Event | None" = None
 

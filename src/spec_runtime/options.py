@@ -53,7 +53,7 @@ class FastOptions:
         elementwise: "triton" (`gpu/elementwise.py`) or "torch" (auto: triton on CUDA).
         linear: "torch" (cuBLAS), "gemv" (Triton GEMV up to its row limit), "auto" (time both per
             weight shape and row bucket at setup on CUDA; torch on CPU).
-        tree: "triton" (`kernels.tree_build` / `kernels.verify`) or "torch" (`gpu/ops.py`, the
+        tree: "triton" (`kernels.tree_build` / `kernels.accept`) or "torch" (`gpu/ops.py`, the
             sync-free torch versions) (auto: triton on CUDA).
         topk: "triton" (`kernels.topk`: the draft's softmax top-k and the argmax of verify and
             plain decode in two launches each) or "torch" (auto: triton on CUDA).

@@ -10,10 +10,12 @@ target hidden states captured at their accepted rows.
 
 Split like the draft phase: `_prepare` (host: slots, pre-drawn coins), `verify_core` (the target
 forward and the acceptance walk, no host reads: what a CUDA graph captures), then the host-side
-stops, KV commit and the draft-extend input.
+stops, KV commit and the draft-extend input. The stops' one host read goes through the executor
+(`Executor.read_verify`): a static executor may launch the rest of the iteration around it
+(launch-ahead, `executors/ahead.py`), and the output is then built from device counts
+(`_ahead_output`).
 """
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -23,8 +25,9 @@ from spec_schema import DraftExtendInput, VerifyInput, VerifyOutput, boundary
 
 from . import faults
 from .attention import AttnBatch, ragged_rows
-from .runtime import BatchSampling, CoreOps, Runtime
-from .tree import verify_chain_rejection, verify_greedy, verify_tree_sampling
+from .core_types import CoreOps, VerifyCoreIn, VerifyCoreOut
+from .state import BatchSampling, RuntimeState, VerifyEmit
+from .tree import simulated_accept, verify_chain_rejection, verify_greedy, verify_tree_sampling
 
 
 @dataclass(frozen=True)
@@ -39,101 +42,33 @@ class StopBatch:
     room: Optional[list[int]] = None
 
 
-@dataclass
-class VerifyCoreIn:
-    """The verify core's tensors: a VerifyInput's, plus what the host prepared.
-
-    `slots` `(bs, num_draft)`: the target KV slot of every node. `greedy` (host flag) picks greedy
-    acceptance; otherwise `uniforms` `(bs, num_draft)` (a chain uses the first num_draft - 1) and
-    `uniform_final` `(bs,)` are the pre-drawn coins and `temperature`, `top_k`, `top_p` the requests'
-    parameters. `sim_accept` `(bs,)` (benchmarks): tokens to accept per request, whatever the target
-    says. `hidden_states` `(bs * num_draft, hidden_extend)`: scratch the captured target rows land in.
-    `pad_slot` `(1,)`: the dummy KV slot padded rows write to (static path only)."""
-
-    draft_token: torch.Tensor
-    positions: torch.Tensor
-    tree_mask: torch.Tensor
-    retrieve_index: torch.Tensor
-    retrieve_next_token: torch.Tensor
-    retrieve_next_sibling: torch.Tensor
-    seq_lens: torch.Tensor
-    req_pool_indices: torch.Tensor
-    slots: torch.Tensor
-    greedy: bool = True
-    draft_probs: Optional[torch.Tensor] = None
-    uniforms: Optional[torch.Tensor] = None
-    uniform_final: Optional[torch.Tensor] = None
-    temperature: Optional[torch.Tensor] = None
-    top_k: Optional[torch.Tensor] = None
-    top_p: Optional[torch.Tensor] = None
-    sim_accept: Optional[torch.Tensor] = None
-    hidden_states: Optional[torch.Tensor] = None
-    pad_slot: Optional[torch.Tensor] = None
-
-
-@dataclass
-class VerifyCoreOut:
-    """Acceptance before stops: accept_index / accept_tokens `(bs, num_steps + 1)` (-1 padded),
-    num_correct `(bs,)` int32, and the captured target rows `(bs * num_draft, hidden_extend)` or None."""
-
-    accept_index: torch.Tensor
-    accept_tokens: torch.Tensor
-    num_correct: torch.Tensor
-    captured: Optional[torch.Tensor]
-
-
 @boundary
-def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBatch) -> VerifyOutput:
+def verify(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling, stops: StopBatch) -> VerifyOutput:
     """Score the trees with the target, accept a path per request, commit its KV, cut at stops."""
     config = rt.spec_config
     bs = len(inp)
     if bs == 0:
         return VerifyOutput.create_idle(config, rt.device)
     sim = rt.simulate_accept is not None
-    launched = rt.runner.take_verify(inp, sampling.all_greedy, sim) if rt.static else None
+    launched = rt.runner.take_verify(inp, sampling.all_greedy, sim)
     host_rows = None
     if launched is not None:  # launched ahead by the previous verify, on this very tree
         slots, out, host_rows = launched
     else:
         core_in = _prepare(rt, inp, sampling)
-        out = rt.runner.verify(core_in) if rt.static else verify_core(rt.core_ops(), core_in)
+        out = rt.runner.verify(core_in)
         slots = core_in.slots
     rt.counters.target_forwards += 1
     captured = out.captured
     rt.counters.add_hidden(captured)
-    side = rt.static and 0 < bs <= rt.runner.before_read_bs  # bookkeeping beside the launched graphs
-    with rt.runner.bookkeeping(side) if rt.static else contextlib.nullcontext(None) as escape:
-        prepared = rt.static and rt.runner.prepare_ahead(sampling.all_greedy, stops.room, bs, sim)
-        if prepared:
-            escape(rt.runner.prepared_tensors())
-    # launch-ahead before the read (small batches that no budget or context can stop this
-    # iteration): the device goes on with the next phases while the host reads this verify
-    early = prepared and rt.runner.may_launch_before_read(bs, stops.budget, stops.room)
-    ext_slots = None
-    try:
-        if early:
-            host_rows = host_rows if host_rows is not None else rt.runner.host_rows(out)
-            ext_slots = rt.runner.launch_ahead()
-        counts_h, finished_h, rows_h = _stops_host(out.accept_tokens, out.num_correct, stops, rows=True,
-                                                   host_rows=host_rows)  # the one sync
-    except BaseException:
-        if early:  # whatever was launched (revoke) or only prepared (cancel)
-            rt.runner.revoke_ahead(inp.seq_lens, inp.req_pool_indices)
-        if prepared:
-            rt.runner.cancel_ahead()
-        raise
-    if early:  # a stop token refuses the launch: undo it and go the host way
-        prepared = rt.runner.settle_ahead(finished_h, counts_h, stops.room, inp.seq_lens, inp.req_pool_indices)
-    elif prepared and not rt.runner.can_launch_ahead(finished_h, counts_h, stops.room):
-        rt.runner.cancel_ahead()
-        prepared = False
-    if prepared:
-        ext_slots = ext_slots if ext_slots is not None else rt.runner.launch_ahead()
-        reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
-        with rt.runner.bookkeeping(early, reads) as escape:
-            vout = escape(_ahead_output(rt, inp, out, slots, ext_slots, counts_h))
-        object.__setattr__(vout, "_host_emit", ([row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h))
-        return vout
+    # the one host read; the executor may launch the rest of the iteration around it, and then
+    # the output is built from device counts (`_ahead_output`)
+    (counts_h, finished_h, rows_h), ahead = rt.runner.read_verify(
+        inp, out, slots, host_rows, sampling.all_greedy, sim, stops.budget, stops.room,
+        read=lambda rows: _stops_host(out.accept_tokens, out.num_correct, stops, rows=True, host_rows=rows),
+        build=lambda ext_slots, counts: _ahead_output(rt, inp, out, slots, ext_slots, counts))
+    if ahead is not None:
+        return _emitted(rt, ahead, rows_h, counts_h, finished_h)
     host_counts = tuple(c for c, done in zip(counts_h, finished_h) if not done)
     index = _HostIndex(counts_h, finished_h, out.accept_index.shape[1], out.accept_index.device)
     num_accept, finished = index.counts, index.finished
@@ -153,16 +88,21 @@ def verify(rt: Runtime, inp: VerifyInput, sampling: BatchSampling, stops: StopBa
         finished=finished,
         draft_extend_input=extend,
     )
-    # host copies of what the engine emits (tokens per request, counts, finished): the same values
-    # as the tensors above, so the engine needs no second read of the device
-    object.__setattr__(vout, "_host_emit", ([row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h))
+    return _emitted(rt, vout, rows_h, counts_h, finished_h)
+
+
+def _emitted(rt: RuntimeState, vout: VerifyOutput, rows_h: list[list[int]], counts_h: list[int],
+             finished_h: list[bool]) -> VerifyOutput:
+    """Keep the host copies of what the engine emits (tokens per request, counts, finished) in
+    `rt.last_emit`: the same values as `vout`'s tensors, so the engine needs no second device read."""
+    rt.last_emit = VerifyEmit(vout, [row[:c] for row, c in zip(rows_h, counts_h)], counts_h, finished_h)
     return vout
 
 
-def _ahead_output(rt: Runtime, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
+def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
                   ext_slots: torch.Tensor, counts_h: list[int]) -> VerifyOutput:
     """The VerifyOutput when every request goes on and the rest of the iteration was launched
-    ahead (`GraphRunner.launch_ahead`, which also committed the accepted nodes' slots on the
+    ahead (`executors.ahead.LaunchAhead.launch_ahead`, which also committed the accepted nodes' slots on the
     device). Built without a host read or a host-to-device copy, so the host works here while the
     device runs the launched phases: counts are the device's (no request was cut), ragged rows are
     gathered with sizes the host knows, and unused slots are picked by a stable sort."""
@@ -209,7 +149,7 @@ def _ahead_output(rt: Runtime, inp: VerifyInput, out: VerifyCoreOut, slots: torc
     )
 
 
-def _prepare(rt: Runtime, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:
+def _prepare(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:
     """Host side: a slot per node, coins, simulated accepts (the static path's dummy slot is reserved)."""
     config = rt.spec_config
     bs, n = len(inp), config.num_draft_tokens
@@ -287,24 +227,6 @@ def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor, predict: Option
     tree_sampling = ops.verify_tree_sampling or verify_tree_sampling
     predicts, accept_index, num_correct = tree_sampling(*trees, probs, uniforms, c.uniform_final, steps)
     return accept_index, _tokens_at(predicts, accept_index), num_correct
-
-
-def simulated_accept(sim_accept: torch.Tensor, retrieve_index: torch.Tensor, draft_token: torch.Tensor,
-                     predict: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Benchmark override (labelled "simulated"): request b accepts nodes 0 .. a_b - 1
-    (`a = sim_accept`, 1 <= a_b <= width) as if they formed its path (whatever the tree), emitting
-    their draft tokens then the target's argmax `predict (bs, n)` at the last one, as sglang's
-    SGLANG_SIMULATE_ACC_LEN does. Timing only: the tokens are meaningless. Returns
-    `(accept_index (bs, width) int64, accept_tokens (bs, width) int64, num_correct (bs,) int32)`
-    (`kernels.verify.triton_simulated_accept`: the same in one launch)."""
-    bs, n = draft_token.shape
-    a = sim_accept.long()
-    cols = torch.arange(width, device=predict.device)[None, :]
-    index = torch.where(cols < a[:, None], retrieve_index[:, :1] + cols, -1)
-    nxt = draft_token.gather(1, (cols + 1).clamp(max=n - 1).expand(bs, width))
-    bonus = predict.gather(1, (a - 1)[:, None])
-    tokens = torch.where(cols < (a - 1)[:, None], nxt, torch.where(cols == (a - 1)[:, None], bonus, -1))
-    return index, tokens, (a - 1).to(torch.int32)
 
 
 def _simulated(ops: CoreOps, c: VerifyCoreIn, predict: torch.Tensor, width: int):
@@ -389,7 +311,7 @@ def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return torch.where(cols < count[:, None], t, -1)
 
 
-def _commit_kv(rt: Runtime, inp: VerifyInput, slots: torch.Tensor, accept_index: torch.Tensor,
+def _commit_kv(rt: RuntimeState, inp: VerifyInput, slots: torch.Tensor, accept_index: torch.Tensor,
                num_accept: torch.Tensor, index: Optional["_HostIndex"] = None) -> None:
     """Point positions seq_len .. seq_len + a - 1 at the accepted nodes' slots; free the rest.
 
@@ -410,7 +332,7 @@ def _commit_kv(rt: Runtime, inp: VerifyInput, slots: torch.Tensor, accept_index:
     rt.target_cache.free_slots(slots[~used])
 
 
-def _extend_input(rt: Runtime, inp: VerifyInput, captured, accept_index, accept_tokens, num_accept,
+def _extend_input(rt: RuntimeState, inp: VerifyInput, captured, accept_index, accept_tokens, num_accept,
                   finished, host_counts: tuple[int, ...], index: Optional["_HostIndex"] = None) -> DraftExtendInput:
     """Draft-extend rows of the unfinished requests: the emitted tokens at positions seq_len + j, plus
     the draft's KV lead (a STANDALONE draft reads token seq_len + 1 + j at its own position).

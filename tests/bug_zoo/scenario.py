@@ -79,7 +79,7 @@ FAULT_CASES: dict[str, FaultCase] = {
     # The static executor (spec_runtime.buffers, CPU-runnable "static" path of the CUDA-graph code).
     "graph_buffer_wrong_model": FaultCase(
         "eagle3_aux2", "EAGLE3", "hidden_states", ("DraftBuffers", "hidden_draft", "48", "allocate"),
-        "contract", ("never skipped", "buffers.py"), executor="static"),
+        "contract", ("never skipped", "buffers/copy_in.py"), executor="static"),
     # The skip only bites when widths differ, i.e. together with a buffer of the wrong model's width
     # (DESIGN.md names the two together).
     "skip_hidden_copy_on_mismatch": FaultCase(

@@ -25,7 +25,7 @@ import torch
 from spec_runtime.attention import AttnBatch
 from spec_runtime.baseline import target_only_generate
 from spec_runtime.engine import SpecEngine
-from spec_runtime.graphs import DecodeRunner
+from spec_runtime.executors.decode import DecodeRunner
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams

@@ -119,12 +119,12 @@ def _ahead_state(gen, bucket: int, hidden: bool, max_bs: int = 4, width: int = 4
 @pytest.mark.parametrize("bucket,nlive", [(1, None), (3, None), (3, 2), (4, 1)])
 def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden, lead):
     """`ahead_extend_in` / `_out` (two launches) write exactly what the torch path
-    (`graphs.ahead_extend_in_torch` / `_out_torch`) writes: both slot tables, every draft-extend
+    (`executors.ahead_torch.ahead_extend_in_torch` / `_out_torch`) writes: both slot tables, every draft-extend
     and draft buffer, hidden states (EAGLE) or none (STANDALONE), live and padded requests, with the
     draft's KV lead (1: a STANDALONE draft's rows and slots one position on)."""
     import copy
 
-    from spec_runtime import graphs
+    from spec_runtime.executors import ahead_torch
     from spec_runtime.kernels import bookkeeping as BK
 
     gen = torch.Generator().manual_seed(bucket * 10 + (nlive or 0) + hidden)
@@ -138,9 +138,9 @@ def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden, lead)
             BK.ahead_extend_in(vo, vb, eb, ext, nl, t_rt, pad_row, pad_t, pad_d, lead)
             BK.ahead_extend_out(vo, vb, db, out, nl, d_rt, ext, scratch, pad_row, pad_d, eb.stride, lead)
         else:
-            prev = graphs.ahead_extend_in_torch(vo, vb, eb, ext, nl, t_rt, pad_row, torch.tensor(pad_t),
+            prev = ahead_torch.ahead_extend_in_torch(vo, vb, eb, ext, nl, t_rt, pad_row, torch.tensor(pad_t),
                                                 torch.tensor(pad_d), lead)
-            graphs.ahead_extend_out_torch(vo, vb, db, out, nl, d_rt, scratch, pad_row, torch.tensor(pad_d), prev)
+            ahead_torch.ahead_extend_out_torch(vo, vb, db, out, nl, d_rt, scratch, pad_row, torch.tensor(pad_d), prev)
         runs.append((eb, db, t_rt, d_rt))
     (eb0, db0, t0, d0), (eb1, db1, t1, d1) = runs
     assert torch.equal(t0, t1) and torch.equal(d0, d1)

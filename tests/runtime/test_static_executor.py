@@ -34,7 +34,8 @@ from spec_runtime import buffers as B
 from spec_runtime import faults
 from spec_runtime.baseline import target_only_generate
 from spec_runtime.engine import SpecEngine
-from spec_runtime.graphs import DecodeRunner, buckets_for
+from spec_runtime.executors.decode import DecodeRunner
+from spec_runtime.executors.graphs import buckets_for
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.runtime import Runtime
 from spec_runtime.sampling import SamplingParams
@@ -106,7 +107,7 @@ def _compare(algorithm, target, draft, first, joins, sampling=None, no_ahead: bo
             assert a == b, f"request {i}: {name} {b} != eager {a}"
         rt = engine.rt
         assert rt.target_cache.is_whole() and rt.draft_cache.is_whole(), f"{name} leaked KV slots"
-        assert rt.runner is None or rt.runner.ahead is None, f"{name} left launched results behind"
+        assert getattr(rt.runner, "ahead", None) is None, f"{name} left launched results behind"
     return runs["static"][1]
 
 
@@ -260,7 +261,7 @@ def test_launch_ahead_checks_buffer_widths(request, load_pair, phase: str) -> No
 
 
 def _live_draft(rt: Runtime, bs: int):
-    from spec_runtime.draft import DraftCoreIn
+    from spec_runtime.core_types import DraftCoreIn
 
     config = rt.spec_config
     k, s = config.topk, config.num_steps
@@ -288,7 +289,7 @@ def test_draft_copy_in_pads_with_sentinels(request, load_pair) -> None:
 
 
 def test_extend_copy_in_lays_out_ragged_rows(request, load_pair) -> None:
-    from spec_runtime.extend import ExtendCoreIn
+    from spec_runtime.core_types import ExtendCoreIn
 
     rt = _setup(request, load_pair, "eagle3")
     buf, pad_row = rt.runner.bufs.extend, rt.runner.pad_row

@@ -5,7 +5,7 @@ Modules (one per kernel family; each Triton kernel sits above its launcher):
 - `attention`: `triton_attention`, the `AttentionFn` over the token-slot KV cache.
 - `kv_store`: `store_kv`, the scatter of new K/V rows into the pool.
 - `tree_build`: `triton_build_tree` (`tree.build_tree`).
-- `verify`: `triton_verify_greedy`, `triton_verify_tree_sampling` (`tree.verify_*`).
+- `accept`: `triton_verify_greedy`, `triton_verify_tree_sampling` (`tree.verify_*`).
 - `bookkeeping`: `commit_accepted`, `extend_after_decode` (slot-table writes after verify).
 - `gemv`: `linear`, a split-K GEMV for linear layers at small batch.
 - `topk`: `softmax_topk` (the draft's `softmax(logits).topk(k)`) and `row_argmax`.
@@ -69,12 +69,12 @@ def _torch_set() -> KernelSet:
 
 
 def _triton_set() -> KernelSet:
+    from .accept import triton_verify_greedy, triton_verify_tree_sampling
     from .attention import triton_attention
     from .bookkeeping import commit_accepted, extend_after_decode
     from .gemv import linear
     from .kv_store import store_kv
     from .tree_build import triton_build_tree
-    from .verify import triton_verify_greedy, triton_verify_tree_sampling
 
     return KernelSet(
         name="triton", attention=triton_attention, store_kv=store_kv, build_tree=triton_build_tree,

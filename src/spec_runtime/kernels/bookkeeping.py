@@ -6,10 +6,10 @@
   `create_extend_after_decode_spec_info`): request-major tokens, positions `seq_len_old + j`, and
   the bonus token (the last accepted one) of each request.
 - `ahead_extend_in` / `ahead_extend_out`: the launch-ahead draft-extend graph's bookkeeping before
-  and after its forward (`graphs.GraphRunner._ahead_extend_fn`), one launch each where the torch
-  path (`graphs.ahead_extend_in_torch` / `_out_torch`, the references) captures about forty small
+  and after its forward (`executors.ahead.LaunchAhead._ahead_extend_fn`), one launch each where the torch
+  path (`executors.ahead_torch.ahead_extend_in_torch` / `_out_torch`, the references) captures about forty small
   kernels.
-- `decode_advance`: the end of a plain decode step (`graphs.DecodeRunner`): the step's tokens into
+- `decode_advance`: the end of a plain decode step (`executors.decode.DecodeRunner`): the step's tokens into
   the next inputs and the history, the step's slots into the slot table, lengths and positions one
   on, the next step's slots from the plan, in one launch inside the step's graph.
 """
@@ -193,7 +193,7 @@ def extend_after_decode(
 
 
 # ------------------------------------------------------------------------------------------------
-# The launch-ahead draft-extend graph's bookkeeping (`graphs.GraphRunner._ahead_extend_fn`)
+# The launch-ahead draft-extend graph's bookkeeping (`executors.ahead.LaunchAhead._ahead_extend_fn`)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -304,7 +304,7 @@ def ahead_extend_in(vo, vb, eb, ext_slots: torch.Tensor, nlive: Optional[torch.T
     node's tree slot and fill the extend rows (token, position `seq_len + j + lead` with the draft's
     KV lead from the traits, draft slot from `ext_slots`);
     elsewhere write the padding (`pad_row`/`pad_t`/`pad_d`, token 0), and copy every row's
-    captured hidden state (EAGLE) into `eb.hidden_states` (`graphs.ahead_extend_in_torch`, the
+    captured hidden state (EAGLE) into `eb.hidden_states` (`executors.ahead_torch.ahead_extend_in_torch`, the
     reference, bit for bit). `pad_t`, `pad_d`: host ints."""
     bucket, width = vo.num_correct.shape[0], eb.stride
     for name, t in (("accept_index", vo.accept_index), ("accept_tokens", vo.accept_tokens), ("ext_slots", ext_slots),
@@ -336,7 +336,7 @@ def ahead_extend_out(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: t
     kept rows at their draft slots (padding elsewhere), and fill the draft graph's inputs: top-k,
     bonus token (the last accepted), sequence length, request row, scratch slots and hidden state
     for the live requests, the padding (0, `pad_row`, `pad_d`) for the others
-    (`graphs.ahead_extend_out_torch`, bit for bit)."""
+    (`executors.ahead_torch.ahead_extend_out_torch`, bit for bit)."""
     bucket = vo.num_correct.shape[0]
     for name, t in (("accept_tokens", vo.accept_tokens), ("topk_p", out.topk_p), ("topk_index", out.topk_index),
                     ("req_to_token", draft_rt), ("ext_slots", ext_slots)):
@@ -365,7 +365,7 @@ def ahead_extend_out(vo, vb, db, out, nlive: Optional[torch.Tensor], draft_rt: t
     )
 
 
-# ---- the plain decode step's bookkeeping (graphs.DecodeRunner) ------------------------------------
+# ---- the plain decode step's bookkeeping (executors.decode.DecodeRunner) ------------------------------------
 
 
 def reference_decode_advance(tokens: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,

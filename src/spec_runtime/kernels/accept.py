@@ -1,4 +1,4 @@
-"""Tree verification on the GPU: greedy and lossless sampling, one program per request.
+"""Tree acceptance on the GPU: greedy and lossless sampling, one program per request.
 
 Same signatures and outputs as `tree.verify_greedy` and `tree.verify_tree_sampling` (the
 references). The walk is sequential per request: at the current node the children are visited in
@@ -35,8 +35,7 @@ from spec_runtime.kernels._common import (
     next_pow2,
     require,
 )
-from spec_runtime.tree import check_verify_shapes, verify_greedy, verify_tree_sampling
-from spec_runtime.verify import simulated_accept
+from spec_runtime.tree import check_verify_shapes, simulated_accept, verify_greedy, verify_tree_sampling
 
 __all__ = [
     "reference_simulated_accept",

@@ -1,0 +1,169 @@
+"""CUDA graphs in one place: capture, replay, and the eager switch (`GraphSet`), the batch-size
+buckets, and the helpers the graph executors share (multi-tensor copies, sliced outputs).
+
+Graphs are captured largest bucket first into one shared memory pool, each after two warm-up runs on
+a side stream and replayed once right after (the upload a first replay does); outputs alias the
+graph's memory, so they are cloned when sliced (`slice_rows`). The "static" executor calls the same
+functions eagerly (CPU tests run exactly the buffer and padding code).
+"""
+
+import collections
+import dataclasses
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["DEFAULT_BUCKETS", "GraphSet", "buckets_for", "copy_all", "head", "slice_rows", "tensors_in"]
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+
+
+def buckets_for(max_bs: int, buckets: Optional[Sequence[int]] = None) -> tuple[int, ...]:
+    """The captured batch sizes: `buckets` (default `DEFAULT_BUCKETS`) up to `max_bs`, plus `max_bs`."""
+    chosen = sorted({b for b in (buckets or DEFAULT_BUCKETS) if 1 <= b <= max_bs} | {max_bs})
+    return tuple(chosen)
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    out: Any
+
+
+class GraphSet:
+    """Captured graphs by key, one shared memory pool, and the eager switch ("static" runs `fn`)."""
+
+    def __init__(self, executor: str) -> None:
+        if executor not in ("static", "cuda_graph"):
+            raise ValueError(f"GraphSet executor must be 'static' or 'cuda_graph', got {executor!r}")
+        if executor == "cuda_graph" and not torch.cuda.is_available():
+            raise RuntimeError("executor 'cuda_graph' needs a CUDA device; use 'static' on CPU")
+        self.executor = executor
+        self.graphs: dict[tuple, _Graph] = {}
+        self.pool: Any = None
+        self.capture_seconds = 0.0
+        self.calls: collections.Counter = collections.Counter()
+        self.pdl_fallbacks: list[str] = []
+
+    def run(self, key: tuple, fn: Callable[[], Any]) -> Any:
+        """Run the core: eagerly ("static") or by replaying its graph (captured on first use)."""
+        self.calls[key] += 1
+        if self.executor == "static":
+            return fn()
+        g = self.graphs.get(key)
+        if g is None:
+            g = self.capture(key, fn)
+        g.graph.replay()
+        return g.out
+
+    def capture(self, key: tuple, fn: Callable[[], Any], warmup: int = 2) -> _Graph:
+        """Warm up `fn` on a side stream (compiles, tunes, allocates), capture it into the pool, and
+        replay the graph once (its upload).
+
+        The buffers `fn` reads must hold valid data (live rows or padding): warm-up runs and that
+        replay execute.
+        A capture that programmatic dependent launch invalidated (the stream capture refused a
+        programmatic edge) is redone with PDL off for this graph (counted in `pdl_fallbacks`)."""
+        from ..kernels._common import pdl, pdl_suppressed
+
+        start = time.perf_counter()
+        try:
+            self._capture(key, fn, warmup)
+        except RuntimeError as err:  # torch.AcceleratorError is a RuntimeError
+            if not pdl(torch.device("cuda")) or "capture" not in str(err):
+                raise
+            torch.cuda.synchronize()
+            with pdl_suppressed():
+                self._capture(key, fn, warmup)
+            self.pdl_fallbacks.append(str(key))
+        self.capture_seconds += time.perf_counter() - start
+        return self.graphs[key]
+
+    def _capture(self, key: tuple, fn: Callable[[], Any], warmup: int) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        # No cyclic garbage collection while capturing: a collected runtime's CUDA objects (pinned
+        # host buffers, events) would be released mid-capture, and the calls that release them are
+        # not allowed while a stream captures (the capture is invalidated).
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = fn()
+        finally:
+            if gc_was_on:
+                gc.enable()
+        if self.pool is None:
+            self.pool = graph.pool()
+        # One replay here, on the same (padding) buffers as the warm-up runs: a graph's first
+        # replay also uploads it to the device, which cost the first timed 255-step plain decode
+        # on the H200 0.009-0.014 ms per step (2-3.5 ms once, an 8-step graph of ~2000 kernels;
+        # explore-archive:bench/results/explore/tail_prefetch_s20.json, `ms_per_step_runs`); a setup cost, not a request's.
+        graph.replay()
+        torch.cuda.synchronize()
+        self.graphs[key] = _Graph(graph, out)
+
+    def close(self) -> None:
+        """Drop every graph (and with them the pool's memory)."""
+        self.graphs.clear()
+        self.pool = None
+
+
+def tensors_in(objs: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors in `objs`, looking into (nested) dataclasses, tuples, lists and dicts."""
+    out, todo = [], list(objs)
+    while todo:
+        o = todo.pop()
+        if isinstance(o, torch.Tensor):
+            out.append(o)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            todo += [getattr(o, f.name) for f in dataclasses.fields(o)]
+        elif isinstance(o, (tuple, list)):
+            todo += list(o)
+        elif isinstance(o, dict):
+            todo += list(o.values())
+    return out
+
+
+def copy_all(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """`dst.copy_(src)` for every pair, as one multi-tensor copy per dtype pair on CUDA (a captured
+    graph then holds a kernel per dtype instead of a copy per tensor)."""
+    groups: dict[tuple, tuple[list, list]] = {}
+    for dst, src in pairs:
+        if dst.shape != src.shape:
+            raise ValueError(f"copy_all: destination {tuple(dst.shape)} and source {tuple(src.shape)} differ")
+        if dst.is_cuda:
+            dsts, srcs = groups.setdefault((dst.dtype, src.dtype, dst.device), ([], []))
+            dsts.append(dst)
+            srcs.append(src)
+        else:
+            dst.copy_(src)
+    for dsts, srcs in groups.values():
+        torch._foreach_copy_(dsts, srcs)
+
+
+def slice_rows(out: Any, bucket: int, bs: int) -> Any:
+    """The live rows of a core output (each tensor has rows_per_request * bucket rows), cloned: a
+    graph's outputs are overwritten by its next replay."""
+    values = {}
+    for f in dataclasses.fields(out):
+        v = getattr(out, f.name)
+        if isinstance(v, torch.Tensor):
+            per = v.shape[0] // bucket
+            v = v[: per * bs].clone()
+        values[f.name] = v
+    return type(out)(**values)
+
+
+def head(t: Optional[torch.Tensor], bucket: int) -> Optional[torch.Tensor]:
+    return None if t is None else t[:bucket]

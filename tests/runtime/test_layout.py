@@ -1,0 +1,172 @@
+"""The runtime's module layout (#32): no import cycles, kernels as leaves, one executor interface.
+
+- The import graph of `spec_runtime` (function-level imports included) has no cycle, but for the one
+  the model-side work owns (`KNOWN_CYCLES`, to shrink to nothing).
+- `kernels/*` import no phase, executor, state or engine module (they may import the torch
+  references they are checked against: `tree`, `sampling`, `attention`, `kv_cache`, and `options`).
+- The phases reach the executor only through `executor.Executor`: the methods they (and the engine)
+  call on `rt.runner` are exactly the protocol's, and every executor class has each of them with the
+  protocol's parameters.
+- Every module of the runtime core imports on CPU (moved GPU-only code fails here, not on the GPU).
+"""
+
+import ast
+import collections
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import spec_runtime
+from spec_runtime.executor import EXECUTOR_METHODS, Executor
+
+SRC = Path(spec_runtime.__file__).parent
+# gpu.elementwise <-> kernels.gemv: the fused-epilogue references (model-side work, #32)
+KNOWN_CYCLES = [{"spec_runtime.gpu.elementwise", "spec_runtime.kernels.gemv"}]
+KERNEL_MAY_IMPORT = {"spec_runtime.options", "spec_runtime.tree", "spec_runtime.sampling",
+                     "spec_runtime.attention", "spec_runtime.kv_cache"}
+KERNEL_OWNED_ELSEWHERE = {"spec_runtime.kernels.gemv"}  # imports gpu.elementwise (KNOWN_CYCLES)
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in SRC.rglob("*.py"):
+        parts = ("spec_runtime",) + path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    return mods
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the spec_runtime modules it imports anywhere in its body (`from a import b` counts a
+    and, when b is a module, a.b)."""
+    mods = _modules()
+    edges: dict[str, set[str]] = collections.defaultdict(set)
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                names = [target] + [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            edges[name] |= {m for m in names if m in mods and m != name}
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    cycles = [c for c in _cycles(_import_graph()) if c not in KNOWN_CYCLES]
+    assert not cycles, f"import cycles in spec_runtime: {[sorted(c) for c in cycles]}"
+
+
+def test_cycle_finder_finds_a_planted_cycle() -> None:
+    edges = _import_graph()
+    edges["spec_runtime.tree.accept"].add("spec_runtime.verify")  # the import #32 removed
+    assert any("spec_runtime.verify" in c for c in _cycles(edges))
+
+
+def test_kernels_import_no_phase_or_executor() -> None:
+    edges = _import_graph()
+    bad = {}
+    for mod, targets in edges.items():
+        if not mod.startswith("spec_runtime.kernels") or mod in KERNEL_OWNED_ELSEWHERE:
+            continue
+        outside = {t for t in targets if not t.startswith("spec_runtime.kernels")
+                   and not any(t == ok or t.startswith(ok + ".") for ok in KERNEL_MAY_IMPORT)}
+        if outside:
+            bad[mod] = sorted(outside)
+    assert not bad, f"kernels import modules above them: {bad}"
+
+
+def _runner_calls(path: Path) -> set[str]:
+    """Names X of every `<...>.runner.X` in a module."""
+    calls = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "runner":
+            calls.add(node.attr)
+    return calls
+
+
+def test_phases_call_exactly_the_executor_protocol() -> None:
+    called = set().union(*(_runner_calls(SRC / f) for f in ("draft.py", "verify.py", "extend.py", "engine.py")))
+    assert called == set(EXECUTOR_METHODS), (
+        f"called but not in Executor: {sorted(called - set(EXECUTOR_METHODS))}; "
+        f"in Executor but never called: {sorted(set(EXECUTOR_METHODS) - called)}")
+
+
+def _executor_classes() -> list[type]:
+    from spec_runtime.executors.eager import EagerExecutor
+    from spec_runtime.executors.static import GraphRunner
+
+    return [EagerExecutor, GraphRunner]
+
+
+@pytest.mark.parametrize("cls", _executor_classes(), ids=lambda c: c.__name__)
+def test_executors_satisfy_the_protocol(cls: type) -> None:
+    for name in EXECUTOR_METHODS:
+        assert callable(getattr(cls, name, None)), f"{cls.__name__} lacks Executor.{name}"
+        want = list(inspect.signature(getattr(Executor, name)).parameters)
+        got = list(inspect.signature(getattr(cls, name)).parameters)
+        assert got == want, f"{cls.__name__}.{name} takes {got}, Executor.{name} takes {want}"
+
+
+def test_runtimes_hold_an_executor(load_pair, llama_dir, standalone_dir) -> None:
+    from spec_runtime.runtime import Runtime
+
+    target, draft = load_pair("STANDALONE", llama_dir, standalone_dir)
+    for executor in ("eager", "static"):
+        rt = Runtime.create(target, draft, "STANDALONE", num_steps=2, topk=2, num_draft_tokens=4,
+                            max_batch_size=2, max_context=32, executor=executor)
+        assert isinstance(rt.runner, Executor), executor
+
+
+def test_every_core_module_imports() -> None:
+    for pkg in ("spec_runtime.executors", "spec_runtime.tree", "spec_runtime.buffers"):
+        for info in pkgutil.iter_modules(importlib.import_module(pkg).__path__, pkg + "."):
+            importlib.import_module(info.name)
+    for name in ("core_types", "executor", "state", "runtime", "draft", "verify", "extend", "engine",
+                 "kernels", "kernels.accept", "kernels.bookkeeping"):
+        importlib.import_module(f"spec_runtime.{name}")
