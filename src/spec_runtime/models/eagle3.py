@@ -18,6 +18,7 @@ from spec_runtime.attention import AttentionFn, AttnBatch, torch_attention
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.base import CheckpointError, load_checked
 from spec_runtime.models.llama import MLP, LlamaArch, LlamaForCausal, RMSNorm, RotaryEmbedding, SelfAttention
+from spec_runtime.models.ops import TORCH_OPS, Rope, TorchOps
 
 __all__ = ["Eagle3Head", "Eagle3Settings", "Eagle3Midlayer"]
 
@@ -68,19 +69,13 @@ class Eagle3Midlayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps, dtype)
         self.mlp = MLP(arch, dtype)
 
-    def forward(
-        self,
-        emb: torch.Tensor,
-        h: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        attn: AttnBatch,
-        cache: KVCache,
-        attention_fn: AttentionFn,
-    ) -> torch.Tensor:
+    def forward(self, emb: torch.Tensor, h: torch.Tensor, rope: Rope, attn: AttnBatch, cache: KVCache,
+                attention_fn: AttentionFn, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """`(T, H)` embeddings and `(T, H)` hidden -> `(T, H)` pre-norm output."""
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)
-        h = h + self.self_attn(x, rope, attn, cache, 0, attention_fn)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x = torch.cat([ops.norm(emb, self.input_layernorm), ops.norm(h, self.hidden_norm)], dim=-1)
+        a = self.self_attn(x, rope, attn, cache, 0, attention_fn, ops, defer=True)
+        h, normed = ops.add_norm(h, a, self.post_attention_layernorm)
+        return h + self.mlp(normed, ops)
 
 
 class Eagle3Head(nn.Module):
@@ -179,6 +174,7 @@ class Eagle3Head(nn.Module):
         attn: AttnBatch,
         cache: KVCache,
         from_target: bool,
+        ops: TorchOps = TORCH_OPS,
     ) -> torch.Tensor:
         """`(T,)` ids with `(T, target_hidden * num_aux)` target captures (`from_target`) or
         `(T, H)` own outputs -> `(T, H)` pre-norm output."""
@@ -188,13 +184,18 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"EAGLE-3 hidden_in ({source}) has width {hidden_in.shape[-1]}, expected {expected}")
         h = hidden_in.to(self.dtype)
         if from_target:
-            h = self.fc(h)
-        rope = self.rotary(positions, h.dtype)
-        return self.midlayer(self.embed(input_ids), h, rope, attn, cache, self.attention_fn)
+            h = ops.linear(self.fc, h)
+        rope = ops.rope(self.rotary, positions, h.dtype)
+        return self.midlayer(self.embed(input_ids), h, rope, attn, cache, self.attention_fn, ops)
 
-    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """`(draft_vocab, H)` output projection."""
+        return self.lm_head.weight
+
+    def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, draft_vocab)`: `lm_head(norm(h))`."""
-        return self.lm_head(self.norm(h)).float()
+        return ops.lm_head(self, ops.norm(h, self.norm)).float()
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """`target_id = draft_id + d2t[draft_id]` (any shape)."""
