@@ -105,7 +105,7 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 
 
 def variant_file(base: dict, overrides: list[dict]) -> dict:
-    """The tuning data `base` (`gpu.models.save_decisions`' format) with each override's GEMV
+    """The tuning data `base` (`gpu.tuning_file.save_decisions`' format) with each override's GEMV
     configuration (and "parts" epilogue choice) swapped in; `base` itself is left as it was.
 
     Raises:
@@ -148,13 +148,13 @@ def left_out(parts: tuple[str, ...] | list[str]):
         setattr(owner, name, value)
 
     if "norm" in parts:
-        patch(M.FastBackend, "add_rmsnorm", lambda self, x, delta, weight, eps, between_gemvs=False: (x, x))
+        patch(M.FastOps, "add_norm", lambda self, x, delta, norm, between_gemvs=False: (x, x))
     if "attn" in parts:
         patch(M.FastBackend, "attention_for", lambda self, head_dim: (lambda q, *args, **kwargs: q))
     if "lm_head" in parts:
         def zeros(self: Any, hidden: torch.Tensor) -> torch.Tensor:
-            return torch.zeros(hidden.shape[0], self.lm_head.weight.shape[0], device=hidden.device)
-        patch(M.FastTarget, "compute_logits", zeros)
+            return torch.zeros(hidden.shape[0], self.model.lm_head_weight.shape[0], device=hidden.device)
+        patch(M.FastModel, "compute_logits", zeros)
     try:
         yield
     finally:
@@ -260,7 +260,7 @@ def _set_env(env: Optional[dict], all_envs: list, keep_decisions: bool) -> None:
     environment, clear the process-wide setup decisions unless `keep_decisions`."""
     if not any(all_envs):
         return
-    from spec_runtime.gpu import models as M
+    from spec_runtime.gpu import tuning as T
     from spec_runtime.kernels import gemv as G
 
     for other in all_envs:
@@ -268,8 +268,8 @@ def _set_env(env: Optional[dict], all_envs: list, keep_decisions: bool) -> None:
             os.environ.pop(key, None)
     os.environ.update({k: str(v) for k, v in (env or {}).items()})
     if not keep_decisions:
-        M._GEMV_DECISIONS.clear()
-        M._EPILOGUE_DECISIONS.clear()
+        T._GEMV_DECISIONS.clear()
+        T._EPILOGUE_DECISIONS.clear()
         G._TUNED.clear()
 
 
@@ -317,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--rounds must be at least 1, got {a.rounds}")
     if bad or not torch.cuda.is_available():
         p.error(f"--algorithms: unknown {bad}" if bad else "needs a CUDA device")
-    from spec_runtime.gpu import models as M
+    from spec_runtime.gpu import tuning_file as M
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -728,10 +728,10 @@ def child_main(args: argparse.Namespace) -> int:
 
 
 def export_linear_cache(path: Path) -> bool:
-    """This process's setup decisions (`spec_runtime.gpu.models.save_decisions`), so that the
+    """This process's setup decisions (`spec_runtime.gpu.tuning_file.save_decisions`), so that the
     strict-comparison children run the same kernels without timing again."""
     try:
-        from spec_runtime.gpu import models as M
+        from spec_runtime.gpu import tuning_file as M
     except ImportError:
         return False
     return M.save_decisions(path) > 0
@@ -741,7 +741,7 @@ def load_linear_cache(path: Optional[str]) -> int:
     """Decisions a `--save-tuning` run or the parent wrote (`load_decisions`); 0 without a path."""
     if not path:
         return 0
-    from spec_runtime.gpu import models as M
+    from spec_runtime.gpu import tuning_file as M
 
     return M.load_decisions(path)
 

@@ -111,7 +111,6 @@ def _main(argv: Optional[list[str]]) -> int:
     if args.command == "real-model":
         return _real_model(args)
     if args.command == "demo":
-        os.environ.setdefault("SPEC_STRICT", "1")
         if args.real:
             return _demo_real(args)
         from .demo import run_demo
@@ -165,7 +164,9 @@ def thread_count(requested: Optional[int], device: str, tiny: bool = False) -> O
         if requested < 1:
             raise ValueError(f"--threads: must be >= 1, got {requested}")
         return requested
-    if os.environ.get("OMP_NUM_THREADS") or str(device).split(":")[0] != "cpu":
+    from .options import omp_threads_set
+
+    if omp_threads_set() or str(device).split(":")[0] != "cpu":
         return None
     return 1 if tiny or (os.cpu_count() or 1) <= SMALL_CPU_COUNT else None
 

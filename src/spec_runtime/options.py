@@ -3,7 +3,7 @@ the environment.
 
 `FastOptions` holds every choice of the static / CUDA-graph executors' model path. It is built once
 (`Runtime.create(fast=...)`, `GraphRunner`, `gpu.models.build_fast_models`) and handed down to
-`gpu.models.FastBackend`, which passes what a kernel needs as launch arguments: no kernel reads a
+`gpu.backend.FastBackend` and `gpu.fast_ops.FastOps`, which pass what a kernel needs as launch arguments: no kernel reads a
 global setting when it launches.
 
 Environment variables read here, and only here:
@@ -23,9 +23,10 @@ code, the others were deleted (`docs/performance.md` keeps the measurements).
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["TUNING_FILE_ENV", "FastOptions", "triton_interpreting"]
+__all__ = ["TUNING_FILE_ENV", "FastOptions", "cache_home", "omp_threads_set", "triton_interpreting"]
 
 TUNING_FILE_ENV = "SPEC_TUNING_FILE"
 """`SPEC_TUNING_FILE=PATH`: the default `FastOptions.tuning_file` (say, for the GPU tests)."""
@@ -35,6 +36,16 @@ def triton_interpreting() -> bool:
     """True when Triton kernels run on the CPU interpreter (`TRITON_INTERPRET=1`, Triton's own
     variable, which it reads when a kernel is decorated)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def omp_threads_set() -> bool:
+    """Whether the user set OMP_NUM_THREADS (torch reads it; the CLI then leaves threads alone)."""
+    return bool(os.environ.get("OMP_NUM_THREADS"))
+
+
+def cache_home() -> Path:
+    """`$XDG_CACHE_HOME`, else `~/.cache` (where the converted real model is kept)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def _tuning_file_from_env() -> Optional[str]:
@@ -70,14 +81,14 @@ class FastOptions:
             down projections' split-K partials summed by the next residual add + RMSNorm instead
             of a reduce kernel). "fused" (all three) or a comma list of them: wherever the GEMV
             runs; "separate": none; "auto" (default): on CUDA, each where it measured faster at
-            setup, per weight shape and row bucket (`gpu.models._epilogue_timing`), none elsewhere.
+            setup, per weight shape and row bucket (`gpu.tuning._epilogue_timing`), none elsewhere.
             Only where the GEMV runs (not cuBLAS), with the Triton elementwise kernels, for
             bias-free weights.
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: where the setup decided no launch configuration for a GEMV's shape and row
             bucket (`linear="gemv"`, or rows outside `gemv_rows`), let `kernels.gemv` time its
             candidates on first use (seconds per shape) instead of taking its heuristic one.
-        tuning_file: setup decisions to load before the first one (`gpu.models.save_decisions`'
+        tuning_file: setup decisions to load before the first one (`gpu.tuning_file.save_decisions`'
             JSON: GEMV or cuBLAS, launch configurations, epilogues), so the setup times only what
             the file lacks; refused if tuned on another kind of GPU. Default: `$SPEC_TUNING_FILE`.
     """

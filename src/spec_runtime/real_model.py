@@ -33,8 +33,9 @@ class MissingPackageError(RuntimeError):
 
 def default_cache_dir() -> Path:
     """Where the converted model lives: $XDG_CACHE_HOME/spec_runtime, else ~/.cache/spec_runtime."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spec_runtime"
+    from spec_runtime.options import cache_home
+
+    return cache_home() / "spec_runtime"
 
 
 def gguf_path() -> Path:

@@ -45,7 +45,7 @@ def build_spec_config(
     """The `SpecConfig` of a loaded target and draft: dims from their configs, dtypes as loaded."""
     t_dims = ModelDims.from_hf_config(target.hf_config, dtype=target.dtype)
     d_dims = ModelDims.from_hf_config(draft.hf_config, dtype=draft.dtype)
-    if SpecAlgorithm(algorithm) == SpecAlgorithm.EAGLE3:
+    if SpecAlgorithm(algorithm).traits.has_aux_layers:
         # The head's own config names the target width it reads; the target's layer count places
         # the default aux layers.
         ids = getattr(draft, "aux_layer_ids", None)

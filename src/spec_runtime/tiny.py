@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from spec_schema import ModelDims, default_aux_layer_ids, extend_width
+
 __all__ = [
     "build_tiny_aligned_pair",
     "build_tiny_eagle1",
@@ -267,16 +269,18 @@ def build_tiny_eagle3(
 
     `draft_vocab_size` defaults to half the target vocab; `d2t` maps a random sorted subset of target
     ids (as offsets), `t2d` marks it. An own `embed_tokens.weight` is written when `hidden_size`
-    differs from the target's. `aux_layer_ids` None means the default `[2, N//2, N-3]`.
+    differs from the target's. `aux_layer_ids` None means the schema's default (`spec_schema.default_aux_layer_ids`).
     """
     t = _read_json(Path(target_path) / "config.json")
     n, th, vocab = t["num_hidden_layers"], t["hidden_size"], t["vocab_size"]
-    ids = aux_layer_ids if aux_layer_ids is not None else [2, n // 2, n - 3]
-    num_aux = len(ids) if use_aux_hidden_state else 1
+    ids = aux_layer_ids if aux_layer_ids is not None else list(default_aux_layer_ids(n))
+    fc_in = extend_width("EAGLE3", ModelDims(hidden_size=th, vocab_size=vocab, num_hidden_layers=n),
+                         ModelDims(hidden_size=hidden_size, vocab_size=vocab, aux_layer_ids=tuple(ids),
+                                   use_aux_hidden_state=use_aux_hidden_state)).size
     dv = draft_vocab_size or vocab // 2
     h, hd = hidden_size, hidden_size // num_heads
     gen = torch.Generator().manual_seed(seed)
-    tensors = _eagle3_tensors(gen, h, th * num_aux, intermediate_size, num_heads, num_kv_heads, hd, dv)
+    tensors = _eagle3_tensors(gen, h, fc_in, intermediate_size, num_heads, num_kv_heads, hd, dv)
     tensors.update(_vocab_map(gen, dv, vocab))
     if h != th:
         tensors["embed_tokens.weight"] = _randn(gen, vocab, h)

@@ -18,11 +18,20 @@ from ._contract import (
     view_of,
 )
 from .chains import CHAIN_CLASSES, ChainVerifyInput, ChainVerifyOutput
-from .config import TRAITS, AlgorithmTraits, ModelDims, SpecAlgorithm, SpecConfig, max_tree_nodes, traits
+from .config import (
+    TRAITS,
+    AlgorithmTraits,
+    ModelDims,
+    SpecAlgorithm,
+    SpecConfig,
+    default_aux_layer_ids,
+    max_tree_nodes,
+    traits,
+)
 from .errors import SpecContractError
 from .phases import DraftExtendInput, DraftInput, HiddenFloat, VerifyInput, VerifyOutput
 from .policy import IndexPolicy
-from .widths import Width, hidden_width
+from .widths import Width, extend_width, hidden_width
 
 STRICT_LEVEL: int = _strict.LEVEL
 """The strict level read from SPEC_STRICT at import: 0, 1 or 2."""
@@ -38,8 +47,10 @@ __all__ = [
     "traits",
     "ModelDims",
     "SpecConfig",
+    "default_aux_layer_ids",
     "max_tree_nodes",
     "Width",
+    "extend_width",
     "hidden_width",
     "DraftInput",
     "VerifyInput",

@@ -24,6 +24,11 @@ class SpecAlgorithm(str, enum.Enum):
     EAGLE3 = "EAGLE3"
     STANDALONE = "STANDALONE"
 
+    @property
+    def traits(self) -> "AlgorithmTraits":
+        """This algorithm's row of the traits table (`TRAITS`)."""
+        return TRAITS[self]
+
 
 Capture = Literal["none", "final", "aux"]
 DraftSequence = Literal["shifted", "own"]
@@ -38,10 +43,8 @@ class AlgorithmTraits:
         target_capture: what the target captures in prefill and verify for the draft-extend phase:
             "none", "final" (its post-norm last hidden state), or "aux" (the residual stream entering
             a few layers, concatenated; EAGLE-3 with aux on, otherwise "final").
-        capture_rows: which target rows the capture keeps: "all" tree rows, or "none".
-        shares_embedding: the draft embeds tokens with the target's embedding unless its checkpoint
-            carries its own.
-        shares_lm_head: the draft scores tokens with the target's lm_head unless it carries its own.
+        shares_lm_head: the draft scores tokens with the target's lm_head unless it carries its own
+            (an EAGLE-3 head always has its own, over its draft vocabulary).
         draft_vocab_map: how draft-vocabulary ids become target ids: "identity" or "d2t" offsets.
         has_aux_layers: the algorithm may capture several target layers (EAGLE-3).
         draft_sequence: what the draft's KV holds. "shifted" (EAGLE heads): the pairs (token
@@ -52,8 +55,6 @@ class AlgorithmTraits:
 
     draft_reads_hidden: bool
     target_capture: Capture
-    capture_rows: Literal["all", "none"]
-    shares_embedding: bool
     shares_lm_head: bool
     draft_vocab_map: Literal["identity", "d2t"]
     has_aux_layers: bool
@@ -73,8 +74,6 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
     SpecAlgorithm.EAGLE: AlgorithmTraits(
         draft_reads_hidden=True,
         target_capture="final",
-        capture_rows="all",
-        shares_embedding=True,
         shares_lm_head=True,
         draft_vocab_map="identity",
         has_aux_layers=False,
@@ -83,8 +82,6 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
     SpecAlgorithm.EAGLE3: AlgorithmTraits(
         draft_reads_hidden=True,
         target_capture="aux",
-        capture_rows="all",
-        shares_embedding=True,
         shares_lm_head=False,
         draft_vocab_map="d2t",
         has_aux_layers=True,
@@ -93,8 +90,6 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
     SpecAlgorithm.STANDALONE: AlgorithmTraits(
         draft_reads_hidden=False,
         target_capture="none",
-        capture_rows="none",
-        shares_embedding=False,
         shares_lm_head=False,
         draft_vocab_map="identity",
         has_aux_layers=False,
@@ -106,6 +101,14 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
 def traits(algorithm: SpecAlgorithm | str) -> AlgorithmTraits:
     """The traits of one algorithm (accepts the enum or its name)."""
     return TRAITS[SpecAlgorithm(algorithm)]
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 head reads when its config names none: 2, N//2 and N-3 (the
+    EAGLE repo's, sglang's and vLLM's default); the first min(N, 3) layers of a target of fewer
+    than 4 layers. The one place this default lives (the runtime's loader, the trainer and the
+    tiny-model builder ask here)."""
+    return (2, num_layers // 2, num_layers - 3) if num_layers >= 4 else tuple(range(min(num_layers, 3)))
 
 
 class ModelDims(BaseModel):
@@ -372,10 +375,11 @@ class SpecConfig(BaseModel):
         return "aux" if self.use_aux else "final"
 
     def aux_layer_ids(self) -> tuple[int, ...]:
-        """Target layers whose input residual stream EAGLE-3 captures: the config's, else 2, N//2, N-3."""
+        """Target layers whose input residual stream EAGLE-3 captures: the config's, else
+        `default_aux_layer_ids`."""
         if self.draft.aux_layer_ids is not None:
             return self.draft.aux_layer_ids
         n = self.target.num_hidden_layers
         if n is None:
             raise ValueError("target num_hidden_layers is needed to place the default aux layers")
-        return (2, n // 2, n - 3) if n >= 4 else tuple(range(min(n, 3)))
+        return default_aux_layer_ids(n)

@@ -146,7 +146,7 @@ def spec_config_from_model_dirs(
     algorithm = SpecAlgorithm(algorithm)
     target = _dims(Path(target_dir), dtype)
     draft = _dims(Path(draft_dir), draft_dtype if draft_dtype is not None else dtype)
-    if algorithm is SpecAlgorithm.EAGLE3:
+    if algorithm.traits.has_aux_layers:
         draft = eagle3_dims_from_fc(target, draft, draft_dir)
     else:  # EAGLE-3 keys mean nothing to other drafts
         draft = draft.model_copy(update={"draft_vocab_size": None, "aux_layer_ids": None,

@@ -17,7 +17,7 @@ from typing import Literal, Optional
 
 import torch
 
-from .config import ModelDims, SpecConfig
+from .config import ModelDims, SpecAlgorithm, SpecConfig, traits
 
 Phase = Literal["draft", "extend"]
 
@@ -41,20 +41,26 @@ def hidden_width(config: SpecConfig, phase: Phase) -> Width:
         return Width(size, config.draft.torch_dtype, f"{alg}: draft hidden size {_spec(config.draft)}")
     if phase != "extend":
         raise ValueError(f"phase must be 'draft' or 'extend', got {phase!r}")
-    return _extend_width(config)
+    return extend_width(config.algorithm, config.target, config.draft)
 
 
-def _extend_width(config: SpecConfig) -> Width:
-    alg, dtype = config.algorithm.value, config.target.torch_dtype
-    if not config.traits.has_aux_layers:
-        size = config.target.spec_hidden_size
-        return Width(size, dtype, f"{alg}: target hidden size {_spec(config.target)}")
-    base = config.draft.target_hidden_size or config.target.hidden_size
-    which = "head's target_hidden_size" if config.draft.target_hidden_size else "target hidden"
-    if not config.use_aux:
-        size = config.target.spec_hidden_size  # equals base: SpecConfig checks target_hidden_size
-        return Width(size, dtype, f"{alg} (aux off): {which} {_spec(config.target)}")
-    n = config.num_aux
+def extend_width(algorithm: SpecAlgorithm | str, target: ModelDims, draft: ModelDims) -> Width:
+    """The rule's `hidden_extend` from the two models' dims alone: what the target captures for
+    the draft-extend phase, and so the input width of an EAGLE-3 head's `fc` (`hidden_width(config,
+    "extend")` is this for the config's models)."""
+    alg, t = SpecAlgorithm(algorithm).value, traits(algorithm)
+    dtype = target.torch_dtype
+    if not t.draft_reads_hidden:
+        return Width(None, None, f"{alg}: the draft reads no hidden states")
+    if not t.has_aux_layers:
+        size = target.spec_hidden_size
+        return Width(size, dtype, f"{alg}: target hidden size {_spec(target)}")
+    base = draft.target_hidden_size or target.hidden_size
+    which = "head's target_hidden_size" if draft.target_hidden_size else "target hidden"
+    if not draft.use_aux_hidden_state:
+        size = target.spec_hidden_size  # equals base: SpecConfig checks target_hidden_size
+        return Width(size, dtype, f"{alg} (aux off): {which} {_spec(target)}")
+    n = draft.num_aux
     return Width(base * n, dtype, f"{alg}: {which} {base} x {n} aux layers = {base * n}")
 
 

@@ -75,19 +75,20 @@ def test_add_rmsnorm_between_gemvs_same_bits(rows):
 
 
 def test_fast_forward_marks_only_the_layer_norms_between_gemvs(tmp_path, monkeypatch):
-    """`FastTarget.forward` makes the promise of `add_rmsnorm(between_gemvs=True)` for the norms
+    """`LlamaForCausal.forward` with the fast ops makes the promise of `add_rmsnorm(between_gemvs=True)` for the norms
     after the down projection (before QKV) and after the o projection (before gate/up) only: not
     for the embedding's norm (its ids come from the kernel just before) or the final norm (its
     next kernel is the caller's). The output is the reference model's."""
     from spec_runtime.attention import AttnBatch
-    from spec_runtime.gpu.models import FastBackend, FastOptions, FastTarget
+    from spec_runtime.gpu.models import FastBackend, FastModel, FastOps, FastOptions
     from spec_runtime.kv_cache import KVCache
     from spec_runtime.models.loading import load_target
     from spec_runtime.tiny import build_tiny_target
 
     model = load_target(build_tiny_target(tmp_path / "t", num_layers=3, seed=5), device=DEVICE)
-    fast = FastTarget(model, FastBackend(FastOptions(elementwise="triton", attention="reference" if not ON_GPU
-                                                     else "triton", linear="torch"), DEVICE), 64)
+    be = FastBackend(FastOptions(elementwise="triton", attention="reference" if not ON_GPU else "triton",
+                                 linear="torch"), DEVICE)
+    fast = FastModel(model, FastOps(be, model, 64))
     calls: list[tuple[int, bool]] = []
     real = ew.add_rmsnorm
 

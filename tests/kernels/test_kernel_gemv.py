@@ -299,3 +299,22 @@ def test_gpu_epilogues_llama_shapes(m):
         got = ew.add_rmsnorm(resid, triton_linear_parts(x, w_o, config=cfg, tune=False), norm, 1e-5)
         want = ew.add_rmsnorm(resid, triton_linear(x, w_o, config=cfg, tune=False), norm, 1e-5)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_kernels_are_leaves() -> None:
+    """No kernel module imports `spec_runtime.gpu`, not even inside a function: the fast path's
+    modules import the kernels, never the other way (`kernels.gemv`'s RoPE reference used to
+    import `gpu.elementwise`)."""
+    import ast
+    from pathlib import Path
+
+    import spec_runtime.kernels as K
+
+    found = []
+    for path in sorted(Path(K.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            found += [f"{path.name}: {n}" for n in names if n.startswith(("spec_runtime.gpu", "..gpu"))]
+    assert found == []

@@ -15,17 +15,18 @@ def test_bench_tiny_runs_and_hands_over_its_setup_decisions(tmp_path) -> None:
     """`bench_e2e.py --tiny` runs plain decode and EAGLE-3 at bs=1, loads the decisions of
     `--tuning-file` (recorded in its meta), `--save-tuning` writes them back out, and
     `--bandwidth-tbs` gives the CPU (no card in the table) a bound row."""
-    from spec_runtime.gpu import models as M
+    from spec_runtime.gpu import tuning as T
+    from spec_runtime.gpu.tuning_file import save_decisions
     from spec_runtime.kernels import gemv as G
 
-    saved = dict(M._GEMV_DECISIONS)
+    saved = dict(T._GEMV_DECISIONS)
     try:
-        M._GEMV_DECISIONS.clear()
-        M._GEMV_DECISIONS[((64, 32), torch.float32, False, 1, "cpu")] = M.GemvDecision(0.01, 0.02, G.GemvConfig(16, 16, 1))
-        assert M.save_decisions(tmp_path / "in.json") == 1
+        T._GEMV_DECISIONS.clear()
+        T._GEMV_DECISIONS[((64, 32), torch.float32, False, 1, "cpu")] = T.GemvDecision(0.01, 0.02, G.GemvConfig(16, 16, 1))
+        assert save_decisions(tmp_path / "in.json") == 1
     finally:
-        M._GEMV_DECISIONS.clear()
-        M._GEMV_DECISIONS.update(saved)
+        T._GEMV_DECISIONS.clear()
+        T._GEMV_DECISIONS.update(saved)
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     res = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e.py"), "--tiny", "--out", str(tmp_path / "out"),
                           "--configs", "plain,EAGLE3", "--bs", "1", "--tuning-file", str(tmp_path / "in.json"),

@@ -295,6 +295,30 @@ def test_eagle3_fc_width_mismatch(tiny_dir: Path, tmp_path: Path) -> None:
         load_eagle3(path, target)
 
 
+def test_eagle3_settings_come_from_the_schema(tiny_dir: Path, tmp_path: Path) -> None:
+    """The loader reads an EAGLE-3 config with the schema's parser, aux-layer default and width
+    rule: the head's aux layers and fc width are what `SpecConfig` says the target captures; a
+    config the parser refuses (a count that disagrees with the layers, a draft vocab larger than the
+    vocab) is a one-line CheckpointError."""
+    from spec_runtime.models.eagle3 import Eagle3Settings
+    from spec_schema import ModelDims, SpecConfig, default_aux_layer_ids, hidden_width
+
+    target = load_target(tiny_dir / "llama")
+    path = build_tiny_eagle3(tmp_path / "e3", tiny_dir / "llama", hidden_size=48)
+    head = load_eagle3(path, target)
+    cfg = json.loads((path / "config.json").read_text())
+    spec = SpecConfig(algorithm="EAGLE3", target=ModelDims.from_hf_config(target.hf_config),
+                      draft=ModelDims.from_hf_config(cfg), num_steps=2, topk=2, num_draft_tokens=4)
+    assert head.aux_layer_ids == spec.aux_layer_ids() == default_aux_layer_ids(target.num_layers)
+    assert head.fc_input_width == hidden_width(spec, "extend").size == head.fc.weight.shape[1]
+    with pytest.raises(CheckpointError, match="aux_layer_ids .* has 3 entries but num_aux_hidden_states is 2"):
+        Eagle3Settings.from_config({**cfg, "num_aux_hidden_states": 2}, target)
+    with pytest.raises(CheckpointError, match="EAGLE-3 head config: .*draft_vocab_size 999 exceeds vocab_size"):
+        Eagle3Settings.from_config({**cfg, "draft_vocab_size": 999}, target)
+    with pytest.raises(CheckpointError, match="EAGLE-3 head config: missing key 'hidden_size'"):
+        Eagle3Settings.from_config({k: v for k, v in cfg.items() if k != "hidden_size"}, target)
+
+
 def test_eagle3_needs_embedding_when_widths_differ(tiny_dir: Path, tmp_path: Path) -> None:
     target = load_target(tiny_dir / "llama")
     path = build_tiny_eagle3(tmp_path / "e3", tiny_dir / "llama", hidden_size=48, aux_layer_ids=[0, 2, 3])

@@ -384,10 +384,10 @@ def test_decode_runner_refuses_before_it_starts(request, load_pair) -> None:
 
 def test_fused_weights_match_reference(request, load_pair) -> None:
     from spec_runtime.attention import AttnBatch
-    from spec_runtime.gpu.models import FastBackend, FastOptions, FastTarget
+    from spec_runtime.gpu.models import FastBackend, FastModel, FastOps, FastOptions
 
     _, target, _ = _models(request, load_pair, "eagle3")
-    fused = FastTarget(target, FastBackend(FastOptions(fuse=True, attention="reference"), "cpu"), 128)
+    fused = FastModel(target, FastOps(FastBackend(FastOptions(fuse=True, attention="reference"), "cpu"), target, 128))
     cache = KVCache(target.num_layers, target.num_kv_heads, target.head_dim, 64, 2, 32, target.dtype)
     ids = torch.randint(0, VOCAB, (7,))
     positions, slots = torch.arange(7), cache.alloc_slots(7)
@@ -519,12 +519,13 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     kernel) beats cuBLAS then the separate kernel, even when cuBLAS wins alone; without a cuBLAS
     path timing, or without an epilogue, the GEMV-alone comparison stands."""
     from spec_runtime.gpu import models as M
+    from spec_runtime.gpu import tuning as T
 
     alone = {1: False, 2: True, 4: False, 8: True}
-    paths = {1: M.EpilogueTiming(1.0, 0.9, 0.95), 2: M.EpilogueTiming(1.0, 1.1, 0.9),
-             4: M.EpilogueTiming(1.0, 1.1, None), 8: None}
-    monkeypatch.setattr(M, "_gemv_wins", lambda lin, rows, log, lead: alone[rows])
-    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log, lead: paths.get(rows))
+    paths = {1: T.EpilogueTiming(1.0, 0.9, 0.95), 2: T.EpilogueTiming(1.0, 1.1, 0.9),
+             4: T.EpilogueTiming(1.0, 1.1, None), 8: None}
+    monkeypatch.setattr(T, "_gemv_wins", lambda lin, rows, log, lead: alone[rows])
+    monkeypatch.setattr(T, "_epilogue_timing", lambda lin, rows, log, lead: paths.get(rows))
     be = M.FastBackend(M.FastOptions(elementwise="triton", gemv_rows=(1, 2, 4, 8)), torch.device("cpu"))
     be.linear, be.epilogues, be.epilogues_timed = "auto", frozenset({"silu"}), True
     silu, plain = M.Linear(torch.zeros(4, 2), epilogue="silu"), M.Linear(torch.zeros(4, 3))
@@ -562,12 +563,14 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     import types
 
     from spec_runtime.gpu import models as M
+    from spec_runtime.gpu import tuning as T
+    from spec_runtime.gpu.fast_ops import _MLP
 
     ref = types.SimpleNamespace(gate_proj=torch.nn.Linear(32, 48, bias=False), up_proj=torch.nn.Linear(32, 48, bias=False),
                                 down_proj=torch.nn.Linear(48, 32, bias=False))
     be = M.FastBackend(M.FastOptions(elementwise="triton", fuse=True, gemv_rows=(1, 2, 4)), torch.device("cpu"))
     be.linear, be.epilogues, be.epilogues_timed = "auto", frozenset({"silu", "parts"}), True
-    mlp = M._MLPBlock(ref, be)
+    mlp = _MLP.of(ref, be)
     assert mlp.down.after is mlp.gate_up and mlp.gate_up.after is None
     gate_up_wins = {1: (True, True), 2: (True, False), 4: (False, False)}  # (GEMV, fused) per rows
 
@@ -575,7 +578,7 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
         assert lin is mlp.gate_up
         return tuple(lambda w, p=p: p for p in ("separate", "fused", "cublas"))
 
-    monkeypatch.setattr(M, "_epilogue_paths", paths)
+    monkeypatch.setattr(T, "_epilogue_paths", paths)
     real_decide = be._decide
     monkeypatch.setattr(be, "_decide", lambda lin, rows, log, forced=False:
                         gate_up_wins[rows] if lin is mlp.gate_up else real_decide(lin, rows, log, forced))
@@ -585,8 +588,8 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     assert be._lead(mlp.gate_up, 1) is None
     # the decisions receive the lead (built lazily, only where they time something)
     seen = {}
-    monkeypatch.setattr(M, "_gemv_wins", lambda lin, rows, log, lead: seen.setdefault((id(lin), rows), lead()) or True)
-    monkeypatch.setattr(M, "_epilogue_timing", lambda lin, rows, log, lead: None)
+    monkeypatch.setattr(T, "_gemv_wins", lambda lin, rows, log, lead: seen.setdefault((id(lin), rows), lead()) or True)
+    monkeypatch.setattr(T, "_epilogue_timing", lambda lin, rows, log, lead: None)
     real_decide(mlp.down, 2, None)
     assert seen[(id(mlp.down), 2)].path(None) == "separate"
 
@@ -600,40 +603,42 @@ def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
     import json
 
     from spec_runtime.gpu import models as M
+    from spec_runtime.gpu import tuning as T
+    from spec_runtime.gpu import tuning_file as TF
     from spec_runtime.kernels import gemv as G
 
     spec = importlib.util.spec_from_file_location("bench_e2e_for_test", REPO / "bench" / "bench_e2e.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     cfg = G.GemvConfig(64, 128, 2, swap=True)
-    decisions = {((4096, 4096), torch.bfloat16, False, 2, "cuda:0"): M.GemvDecision(0.012, 0.013, cfg),
-                 ((8, 4), torch.bfloat16, True, 1, "cuda:0"): M.GemvDecision(None, 0.002, None)}
+    decisions = {((4096, 4096), torch.bfloat16, False, 2, "cuda:0"): T.GemvDecision(0.012, 0.013, cfg),
+                 ((8, 4), torch.bfloat16, True, 1, "cuda:0"): T.GemvDecision(None, 0.002, None)}
     tuned = {(2, 4096, 4096, torch.bfloat16, torch.bfloat16, False, torch.device("cpu")): cfg}
-    epilogues = {((6144, 4096), torch.bfloat16, 2, "rope", (32, 8, 128), "cuda:0"): M.EpilogueTiming(0.02, 0.018, 0.021),
+    epilogues = {((6144, 4096), torch.bfloat16, 2, "rope", (32, 8, 128), "cuda:0"): T.EpilogueTiming(0.02, 0.018, 0.021),
                  ((4096, 14336), torch.bfloat16, 1, "parts", (0, 0, 0), "cuda:0"): None}
     for name, value in (("_GEMV_DECISIONS", decisions), ("_EPILOGUE_DECISIONS", epilogues)):
-        monkeypatch.setattr(M, name, dict(value))
+        monkeypatch.setattr(T, name, dict(value))
     monkeypatch.setattr(G, "_TUNED", dict(tuned))
-    monkeypatch.setattr(M, "_TUNING_LOADED", set())
+    monkeypatch.setattr(TF, "_TUNING_LOADED", set())
     path = tmp_path / "tuning.json"
-    assert bench.export_linear_cache(path)  # the benchmark's wrapper: M.save_decisions
+    assert bench.export_linear_cache(path)  # the benchmark's wrapper: TF.save_decisions
     assert json.loads(path.read_text())["meta"]["device_name"] == "cpu"
-    for table in (M._GEMV_DECISIONS, M._EPILOGUE_DECISIONS, G._TUNED):
+    for table in (T._GEMV_DECISIONS, T._EPILOGUE_DECISIONS, G._TUNED):
         table.clear()
     assert bench.load_linear_cache(str(path)) == 5  # 2 decisions, 1 configuration, 2 epilogue timings
-    assert M._GEMV_DECISIONS == decisions and M._EPILOGUE_DECISIONS == epilogues and G._TUNED == tuned
+    assert T._GEMV_DECISIONS == decisions and T._EPILOGUE_DECISIONS == epilogues and G._TUNED == tuned
     # FastOptions.tuning_file (default $SPEC_TUNING_FILE): loaded once, by the setup's first
     # decisions (choose_linears), over whatever the process has
-    M._GEMV_DECISIONS.clear()
+    T._GEMV_DECISIONS.clear()
     monkeypatch.setenv("SPEC_TUNING_FILE", str(path))
     options = M.FastOptions(linear="gemv")
     assert options.tuning_file == str(path) and M.FastOptions(tuning_file=None).tuning_file is None
     be = M.FastBackend(options, torch.device("cpu"))
     be.choose_linears([])
-    assert M._GEMV_DECISIONS == decisions and str(path) in M._TUNING_LOADED
-    M._GEMV_DECISIONS.clear()
+    assert T._GEMV_DECISIONS == decisions and str(path) in TF._TUNING_LOADED
+    T._GEMV_DECISIONS.clear()
     be.choose_linears([])  # once per path
-    assert M._GEMV_DECISIONS == {}
+    assert T._GEMV_DECISIONS == {}
     # refused: another kind of device, not a decisions file
     data = json.loads(path.read_text())
     data["meta"]["device_name"] = "NVIDIA H200"
@@ -642,10 +647,10 @@ def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(ValueError, match="tuned on 'NVIDIA H200'; this device is 'NVIDIA A100-SXM4-80GB'"):
-        M.load_decisions(other)
-    assert M.load_decisions(other, check_device=False) == 5
+        TF.load_decisions(other)
+    assert TF.load_decisions(other, check_device=False) == 5
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="is not a file save_decisions wrote: KeyError"):
-        M.load_decisions(tmp_path / "bad.json")
+        TF.load_decisions(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="missing.json is not a file save_decisions wrote: FileNotFoundError"):
-        M.load_decisions(tmp_path / "missing.json")
+        TF.load_decisions(tmp_path / "missing.json")

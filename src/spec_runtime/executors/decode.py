@@ -8,7 +8,7 @@ import torch
 
 from ..attention import AttnBatch
 from ..extend import extend_fixed_stride
-from ..gpu.models import FastOptions, FastTarget
+from ..gpu.models import FastModel, FastOptions
 from ..kv_cache import KVCache
 from .graphs import GraphSet, buckets_for
 
@@ -48,7 +48,7 @@ class DecodeRunner:
 
     def __init__(self, target: Any, cache: KVCache, max_bs: int, executor: str = "cuda_graph",
                  buckets: Optional[Sequence[int]] = None, fast: Any = None,
-                 fast_target: Optional[FastTarget] = None, steps_per_graph: int = 8) -> None:
+                 fast_target: Optional[FastModel] = None, steps_per_graph: int = 8) -> None:
         if cache.req_to_token.shape[0] <= max_bs:
             raise ValueError("DecodeRunner needs a cache with max_bs + 1 request rows (the last pads)")
         if steps_per_graph < 1:

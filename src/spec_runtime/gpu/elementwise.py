@@ -21,7 +21,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from spec_runtime.kernels._common import pdl_options
-from spec_runtime.kernels.gemv import SplitKParts
+from spec_runtime.kernels.gemv import SplitKParts, reference_rope_store  # noqa: F401 (re-exported)
 
 __all__ = [
     "add_rmsnorm",
@@ -279,25 +279,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 # ---- RoPE + KV store -----------------------------------------------------------------------------
-
-
-def reference_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
-    """Rotate q, k (`(T, H*D)`) by the table rows of `positions` (rotate-half, in float32), store
-    k, v at `k_cache[slots]`, `v_cache[slots]` (`(num_slots, Hkv, D)`); returns q `(T, Hq, D)`."""
-    t = q.shape[0]
-    c, s = cos[positions].float(), sin[positions].float()
-
-    def rotate(x: torch.Tensor, heads: int) -> torch.Tensor:
-        x = x.reshape(t, heads, head_dim).float()
-        half = head_dim // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * c[:, None, :] + rotated * s[:, None, :]
-
-    k_cache[slots] = rotate(k, num_kv_heads).to(k_cache.dtype)
-    v_cache[slots] = v.reshape(t, num_kv_heads, head_dim).to(v_cache.dtype)
-    return rotate(q, num_heads).to(q.dtype)
 
 
 @triton.jit

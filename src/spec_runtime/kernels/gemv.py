@@ -46,6 +46,7 @@ __all__ = [
     "linear",
     "reference_linear",
     "reference_linear_rope_store",
+    "reference_rope_store",
     "reference_linear_silu_mul",
     "triton_linear",
     "triton_linear_parts",
@@ -583,11 +584,29 @@ def _check_rope(x: torch.Tensor, w: torch.Tensor, r: RopeStore) -> None:
         require(t.device == x.device, f"RopeStore.{name} is on {t.device}, x on {x.device}")
 
 
+def reference_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """The reference of the RoPE + KV store (`gpu.elementwise.rope_store`, the RoPE epilogue here):
+    rotate q, k (`(T, H*D)`) by the table rows of `positions` (rotate-half, in float32), store
+    k, v at `k_cache[slots]`, `v_cache[slots]` (`(num_slots, Hkv, D)`); returns q `(T, Hq, D)`."""
+    t = q.shape[0]
+    c, s = cos[positions].float(), sin[positions].float()
+
+    def rotate(x: torch.Tensor, heads: int) -> torch.Tensor:
+        x = x.reshape(t, heads, head_dim).float()
+        half = head_dim // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * c[:, None, :] + rotated * s[:, None, :]
+
+    k_cache[slots] = rotate(k, num_kv_heads).to(k_cache.dtype)
+    v_cache[slots] = v.reshape(t, num_kv_heads, head_dim).to(v_cache.dtype)
+    return rotate(q, num_heads).to(q.dtype)
+
+
 def reference_linear_rope_store(x: torch.Tensor, w: torch.Tensor, r: RopeStore) -> torch.Tensor:
     """`F.linear(x, w)` split into q, k, v; RoPE on q and k (rotate-half, float32); k, v stored at
-    `r.slots`; returns q `(M, Hq, D)` (`gpu.elementwise.reference_rope_store` after the projection)."""
-    from spec_runtime.gpu.elementwise import reference_rope_store
-
+    `r.slots`; returns q `(M, Hq, D)` (`reference_rope_store` after the projection)."""
     nh, nkv, d = r.num_heads, r.num_kv_heads, r.head_dim
     q, k, v = F.linear(x, w).split([nh * d, nkv * d, nkv * d], dim=-1)
     return reference_rope_store(q, k, v, r.cos, r.sin, r.positions, r.k_cache, r.v_cache, r.slots, nh, nkv, d)

@@ -21,7 +21,9 @@ class DraftModel(Protocol):
     """The draft side of speculative decoding (EAGLE-1 head, EAGLE-3 head, STANDALONE model).
 
     `hidden_size` is the width `forward` returns; `vocab_size` is the draft vocabulary;
-    `num_layers`, `num_kv_heads`, `head_dim` and `dtype` size the draft's own `KVCache`.
+    `num_layers`, `num_kv_heads`, `head_dim` and `dtype` size the draft's own `KVCache`. The model
+    classes' `forward` and `compute_logits` also take `ops` (`models/ops.py`: the torch reference by
+    default, the fast path's `gpu.fast_ops.FastOps` on the static / CUDA-graph executors).
     """
 
     hidden_size: int

@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from spec_runtime.attention import AttentionFn, AttnBatch, torch_attention
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.base import load_checked
 from spec_runtime.models.llama import DecoderLayer, LlamaArch, LlamaForCausal, RotaryEmbedding
+from spec_runtime.models.ops import TORCH_OPS, TorchOps
 
 __all__ = ["Eagle1Head"]
 
@@ -83,19 +83,26 @@ class Eagle1Head(nn.Module):
         attn: AttnBatch,
         cache: KVCache,
         from_target: bool = False,
+        ops: TorchOps = TORCH_OPS,
     ) -> torch.Tensor:
         """`(T,)` next tokens and `(T, H)` features (target post-norm hidden, or the head's own
         previous output; both are width H) -> `(T, H)` predicted features."""
         if hidden_in.shape[-1] != self.hidden_size:
             raise ValueError(f"EAGLE-1 hidden_in has width {hidden_in.shape[-1]}, expected {self.hidden_size}")
-        h = self.fc(torch.cat([self.embed(input_ids), hidden_in.to(self.dtype)], dim=-1))
-        rope = self.rotary(positions, h.dtype)
-        return self.layers[0](h, rope, attn, cache, 0, self.attention_fn)
+        h = ops.linear(self.fc, torch.cat([self.embed(input_ids), hidden_in.to(self.dtype)], dim=-1))
+        rope = ops.rope(self.rotary, positions, h.dtype)
+        # no input norm: the layer reads h itself
+        x, delta = self.layers[0](h, h, rope, attn, cache, 0, self.attention_fn, ops)
+        return x + delta
 
-    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """`(vocab, H)` output projection: the head's own or the target's."""
+        return self.lm_head.weight if self.lm_head is not None else self._target.lm_head_weight
+
+    def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, vocab)`: the lm_head (own or target's) on the layer output, no norm."""
-        weight = self.lm_head.weight if self.lm_head is not None else self._target.lm_head_weight
-        return F.linear(h.to(weight.dtype), weight).float()
+        return ops.lm_head(self, h).float()
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Identity: EAGLE-1 drafts in the target vocabulary."""

@@ -7,32 +7,37 @@ post_attention_layernorm}.weight`, `midlayer.self_attn.{q,k,v}_proj.weight` `[*,
 `t2d` bool `[target_vocab]` (shape-checked only), optional `embed_tokens.weight`.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from torch import nn
 
 from spec_runtime.attention import AttentionFn, AttnBatch, torch_attention
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.base import CheckpointError, load_checked
 from spec_runtime.models.llama import MLP, LlamaArch, LlamaForCausal, RMSNorm, RotaryEmbedding, SelfAttention
+from spec_runtime.models.ops import TORCH_OPS, Rope, TorchOps
+from spec_schema import ModelDims, SpecAlgorithm, default_aux_layer_ids, extend_width
 
 __all__ = ["Eagle3Head", "Eagle3Settings", "Eagle3Midlayer"]
 
 
 @dataclass(frozen=True)
 class Eagle3Settings:
-    """EAGLE-3 config keys resolved against the target.
+    """EAGLE-3 config keys resolved against the target, by the schema's parser
+    (`spec_schema.ModelDims.from_hf_config`), its aux-layer default and its width rule.
 
     `aux_layer_ids` is None when `use_aux_hidden_state` is false: then the capture is the target's
-    post-norm final hidden (`num_aux` 1).
+    post-norm final hidden (`num_aux` 1). `fc_input_width` is the rule's `hidden_extend`.
     """
 
     draft_vocab_size: int
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...] | None
+    fc_input_width: int
 
     @property
     def num_aux(self) -> int:
@@ -41,19 +46,35 @@ class Eagle3Settings:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], target: LlamaForCausal) -> "Eagle3Settings":
-        """Read `draft_vocab_size`, `target_hidden_size` and `eagle_config` (defaults per the EAGLE repo)."""
-        eagle = cfg.get("eagle_config") or {}
+        """Read the head's config (`draft_vocab_size`, `target_hidden_size`, `eagle_config`, ...)
+        as the schema does; aux layers the config does not name are the schema's default."""
         n = target.num_layers
-        ids: Sequence[int] | None = eagle.get("eagle_aux_hidden_state_layer_ids") or [2, n // 2, n - 3]
-        if not eagle.get("use_aux_hidden_state", True):
-            ids = None
-        elif any(not 0 <= i < n for i in ids):
-            raise CheckpointError(f"EAGLE-3 aux layer ids {list(ids)} out of range for a {n}-layer target")
+        try:
+            head = ModelDims.from_hf_config(cfg, dtype=torch.float32)  # dtype: the loader's, not the config's
+            ids = (head.aux_layer_ids or default_aux_layer_ids(n)) if head.use_aux_hidden_state else None
+            head = ModelDims.model_validate({**head.model_dump(), "aux_layer_ids": ids})
+        except (KeyError, ValueError) as err:
+            raise CheckpointError(f"EAGLE-3 head config: {_reason(err)}") from None
+        if head.aux_layer_ids is not None and any(not 0 <= i < n for i in head.aux_layer_ids):
+            raise CheckpointError(f"EAGLE-3 aux layer ids {list(head.aux_layer_ids)} out of range for a {n}-layer target")
+        dims = ModelDims(hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_hidden_layers=n)
         return cls(
-            draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
-            target_hidden_size=cfg.get("target_hidden_size") or target.hidden_size,
-            aux_layer_ids=None if ids is None else tuple(ids),
+            draft_vocab_size=head.draft_vocab_size or head.vocab_size,
+            target_hidden_size=head.target_hidden_size or target.hidden_size,
+            aux_layer_ids=head.aux_layer_ids,
+            fc_input_width=int(extend_width(SpecAlgorithm.EAGLE3, dims, head).size or 0),
         )
+
+
+def _reason(err: Exception) -> str:
+    """One line for a config the schema's parser refuses."""
+    if isinstance(err, KeyError):
+        return f"missing key {err.args[0]!r}"
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where + ': ' if where else ''}{first['msg']}"
+    return str(err)
 
 
 class Eagle3Midlayer(nn.Module):
@@ -68,19 +89,13 @@ class Eagle3Midlayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps, dtype)
         self.mlp = MLP(arch, dtype)
 
-    def forward(
-        self,
-        emb: torch.Tensor,
-        h: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        attn: AttnBatch,
-        cache: KVCache,
-        attention_fn: AttentionFn,
-    ) -> torch.Tensor:
+    def forward(self, emb: torch.Tensor, h: torch.Tensor, rope: Rope, attn: AttnBatch, cache: KVCache,
+                attention_fn: AttentionFn, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """`(T, H)` embeddings and `(T, H)` hidden -> `(T, H)` pre-norm output."""
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)
-        h = h + self.self_attn(x, rope, attn, cache, 0, attention_fn)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x = torch.cat([ops.norm(emb, self.input_layernorm), ops.norm(h, self.hidden_norm)], dim=-1)
+        a = self.self_attn(x, rope, attn, cache, 0, attention_fn, ops, defer=True)
+        h, normed = ops.add_norm(h, a, self.post_attention_layernorm)
+        return h + self.mlp(normed, ops)
 
 
 class Eagle3Head(nn.Module):
@@ -122,7 +137,7 @@ class Eagle3Head(nn.Module):
                dtype: torch.dtype) -> None:
         h = arch.hidden_size
         with torch.device("meta"):
-            self.fc = nn.Linear(s.target_hidden_size * s.num_aux, h, bias=False, dtype=dtype)
+            self.fc = nn.Linear(s.fc_input_width, h, bias=False, dtype=dtype)
             self.midlayer = Eagle3Midlayer(arch, dtype)
             self.norm = RMSNorm(h, arch.rms_norm_eps, dtype)
             self.lm_head = nn.Linear(h, s.draft_vocab_size, bias=False, dtype=dtype)
@@ -137,8 +152,8 @@ class Eagle3Head(nn.Module):
 
     @property
     def fc_input_width(self) -> int:
-        """`target_hidden_size * num_aux`: the width of the target capture `forward` expects."""
-        return self.settings.target_hidden_size * self.settings.num_aux
+        """The width of the target capture `forward` expects (the width rule's `hidden_extend`)."""
+        return self.settings.fc_input_width
 
     def load_state_dict_checked(self, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
         """Load EAGLE-3 keys; a checkpoint without `d2t`/`t2d` is accepted only when the draft
@@ -179,6 +194,7 @@ class Eagle3Head(nn.Module):
         attn: AttnBatch,
         cache: KVCache,
         from_target: bool,
+        ops: TorchOps = TORCH_OPS,
     ) -> torch.Tensor:
         """`(T,)` ids with `(T, target_hidden * num_aux)` target captures (`from_target`) or
         `(T, H)` own outputs -> `(T, H)` pre-norm output."""
@@ -188,13 +204,18 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"EAGLE-3 hidden_in ({source}) has width {hidden_in.shape[-1]}, expected {expected}")
         h = hidden_in.to(self.dtype)
         if from_target:
-            h = self.fc(h)
-        rope = self.rotary(positions, h.dtype)
-        return self.midlayer(self.embed(input_ids), h, rope, attn, cache, self.attention_fn)
+            h = ops.linear(self.fc, h)
+        rope = ops.rope(self.rotary, positions, h.dtype)
+        return self.midlayer(self.embed(input_ids), h, rope, attn, cache, self.attention_fn, ops)
 
-    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """`(draft_vocab, H)` output projection."""
+        return self.lm_head.weight
+
+    def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, draft_vocab)`: `lm_head(norm(h))`."""
-        return self.lm_head(self.norm(h)).float()
+        return ops.lm_head(self, ops.norm(h, self.norm)).float()
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """`target_id = draft_id + d2t[draft_id]` (any shape)."""

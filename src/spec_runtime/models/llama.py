@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from spec_runtime.attention import AttentionFn, AttnBatch, torch_attention
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.base import CheckpointError, load_checked
+from spec_runtime.models.ops import TORCH_OPS, Rope, TorchOps, apply_rotary
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -199,13 +199,6 @@ class RotaryEmbedding:
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `(T, heads, D)` by `(T, D)` tables (the rotate-half convention of HF Llama)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 class SelfAttention(nn.Module):
     """q/k/v/o projections, RoPE, K/V store into the cache, then the pluggable attention."""
 
@@ -218,24 +211,14 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(input_width, self.num_kv_heads * hd, bias=arch.attention_bias, dtype=dtype)
         self.o_proj = nn.Linear(self.num_heads * hd, arch.hidden_size, bias=arch.o_bias, dtype=dtype)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        attn: AttnBatch,
-        cache: KVCache,
-        layer: int,
-        attention_fn: AttentionFn,
-    ) -> torch.Tensor:
-        """`(T, input_width)` -> `(T, hidden)`; stores this layer's K/V at `attn.out_slots`."""
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttnBatch, cache: KVCache, layer: int,
+                attention_fn: AttentionFn, ops: TorchOps = TORCH_OPS, defer: bool = False) -> Any:
+        """`(T, input_width)` -> `(T, hidden)`; stores this layer's K/V at `attn.out_slots`.
+        `defer`: the o projection as `ops.linear(defer=True)` gives it (for an `ops.add_norm`)."""
         t = x.shape[0]
-        q = apply_rotary(self.q_proj(x).view(t, self.num_heads, self.head_dim), *rope)
-        k = apply_rotary(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), *rope)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        cache.k[layer, attn.out_slots] = k.to(cache.dtype)
-        cache.v[layer, attn.out_slots] = v.to(cache.dtype)
-        out = attention_fn(q, cache, layer, attn, self.head_dim ** -0.5)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        q = ops.qkv_rope_store(self, x, rope, attn, cache, layer)
+        out = ops.attention(self, q, cache, layer, attn, attention_fn)
+        return ops.linear(self.o_proj, out.reshape(t, self.num_heads * self.head_dim), defer)
 
 
 class MLP(nn.Module):
@@ -248,9 +231,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=b, dtype=dtype)
         self.down_proj = nn.Linear(i, h, bias=b, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`(T, hidden)` -> `(T, hidden)`."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ops: TorchOps = TORCH_OPS, defer: bool = False) -> Any:
+        """`(T, hidden)` -> `(T, hidden)` (`defer`: as `SelfAttention.forward`'s)."""
+        return ops.linear(self.down_proj, ops.gate_up_silu(self, x), defer)
 
 
 class DecoderLayer(nn.Module):
@@ -273,23 +256,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, arch.rms_norm_eps, dtype)
         self.mlp = MLP(arch, dtype)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        attn: AttnBatch,
-        cache: KVCache,
-        layer: int,
-        attention_fn: AttentionFn,
-    ) -> torch.Tensor:
-        """`(T, H)` residual stream in -> out."""
-        normed = self.input_layernorm(x) if self.input_layernorm is not None else x
-        x = x + self.self_attn(normed, rope, attn, cache, layer, attention_fn)
-        return self.feed_forward(x)
+    def forward(self, x: torch.Tensor, normed: torch.Tensor, rope: Rope, attn: AttnBatch, cache: KVCache,
+                layer: int, attention_fn: AttentionFn, ops: TorchOps = TORCH_OPS,
+                chained: bool = False) -> tuple[torch.Tensor, Any]:
+        """`(x, delta)` for the residual stream `x` `(T, H)` entering the layer and its input norm
+        `normed`: the layer's output is `x + delta`, left to the caller's add (with the next norm).
 
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Second half of the layer: `x + mlp(post_attention_layernorm(x))`."""
-        return x + self.mlp(self.post_attention_layernorm(x))
+        `chained`: the layer sits in a stack whose residual stream comes out of `ops.add_norm`
+        and whose delta goes into the next one (`LlamaForCausal.forward`): the post-attention
+        norm makes the `between_gemvs` promise and the MLP's output may stay deferred."""
+        a = self.self_attn(normed, rope, attn, cache, layer, attention_fn, ops, defer=True)
+        x, normed = ops.add_norm(x, a, self.post_attention_layernorm, between_gemvs=chained)
+        return x, self.mlp(normed, ops, defer=chained)
 
 
 class _Body(nn.Module):
@@ -370,8 +348,9 @@ class LlamaForCausal(nn.Module):
         attn: AttnBatch,
         cache: KVCache,
         aux_layer_ids: Sequence[int] | None = None,
+        ops: TorchOps = TORCH_OPS,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the decoder, storing K/V at `attn.out_slots`.
+        """Run the decoder, storing K/V at `attn.out_slots`; each step through `ops`.
 
         Returns:
             `hidden` `(T, H)` after the final norm, and `aux` `(T, H * len(aux_layer_ids))`: the
@@ -379,14 +358,19 @@ class LlamaForCausal(nn.Module):
         """
         self.arch.check_max_context(cache.req_to_token.shape[1])
         wanted = self._check_aux_ids(aux_layer_ids)
-        x = self.embed(input_ids)
-        rope = self.rotary(positions, x.dtype)
+        rope = ops.rope(self.rotary, positions, self.dtype)
+        layers = self.model.layers
+        # the embedding gather and the first norm in one step (one launch on the fast path)
+        x, normed = ops.embed_norm(input_ids, self.model.embed_tokens, layers[0].input_layernorm if layers else None)
         captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
+        delta: Any = None
+        for i, layer in enumerate(layers):
+            if i:  # after the down projection, before the QKV one (see `gpu.elementwise.add_rmsnorm`)
+                x, normed = ops.add_norm(x, delta, layer.input_layernorm, between_gemvs=True)
             if i in wanted:
                 captured[i] = x
-            x = layer(x, rope, attn, cache, i, self.attention_fn)
-        hidden = self.model.norm(x)
+            x, delta = layer(x, normed, rope, attn, cache, i, self.attention_fn, ops, chained=True)
+        x, hidden = ops.add_norm(x, delta, self.model.norm)
         if aux_layer_ids is None:
             return hidden, None
         if not aux_layer_ids:
@@ -400,9 +384,15 @@ class LlamaForCausal(nn.Module):
             raise ValueError(f"aux layer ids {bad} out of range [0, {self.num_layers})")
         return ids
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """`(T, H)` post-norm hidden -> float32 `(T, vocab)` logits."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        return ops.lm_head(self, hidden).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
+        """`compute_logits(hidden).argmax(-1)` without the float32 copy of the logits: the argmax
+        of the model-dtype logits is the same index (each float32 value is its bf16/fp16 value
+        exactly; ties go to the first index either way), one launch fewer."""
+        return ops.argmax(ops.lm_head(self, hidden))
 
 
 class StandaloneDraft(nn.Module):
@@ -424,13 +414,14 @@ class StandaloneDraft(nn.Module):
         attn: AttnBatch,
         cache: KVCache,
         from_target: bool = False,
+        ops: TorchOps = TORCH_OPS,
     ) -> torch.Tensor:
         """`(T,)` ids -> `(T, H)` post-norm hidden (the draft's own KV cache)."""
-        return self.model(input_ids, positions, attn, cache)[0]
+        return self.model(input_ids, positions, attn, cache, ops=ops)[0]
 
-    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, vocab)` logits."""
-        return self.model.compute_logits(h)
+        return self.model.compute_logits(h, ops)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Identity: the vocabularies are the same."""

@@ -19,13 +19,15 @@ from spec_runtime.train.losses import (
     step_mask,
     vocab_map,
 )
+from spec_schema import ModelDims, SpecAlgorithm, extend_width
+from spec_schema import default_aux_layer_ids as schema_default_aux_layer_ids
 
 __all__ = ["DraftBuilder", "default_aux_layer_ids"]
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """The EAGLE-3 default: the residual stream entering layers 2, N//2 and N-3 (the runtime's default)."""
-    return [2, num_layers // 2, num_layers - 3] if num_layers >= 4 else list(range(num_layers))
+    """The EAGLE-3 default of the schema (`spec_schema.default_aux_layer_ids`), as a list."""
+    return list(schema_default_aux_layer_ids(num_layers))
 
 
 def _theta(cfg: dict[str, Any]) -> float:
@@ -41,7 +43,8 @@ class DraftBuilder(nn.Module):
         self.cfg, self.target_cfg = cfg, target_cfg
         object.__setattr__(self, "target", model)  # frozen; not a submodule (not saved, not optimised)
         self.algorithm = cfg.algorithm
-        if cfg.algorithm == "STANDALONE":
+        self.traits = SpecAlgorithm(cfg.algorithm).traits
+        if not self.traits.draft_reads_hidden:  # an ordinary LM (STANDALONE), not a head
             self.draft = self._build_standalone(model)
         else:
             self.draft = self._build_head(model, seqs)
@@ -71,21 +74,28 @@ class DraftBuilder(nn.Module):
 
     # ---- construction ----------------------------------------------------------------------
 
+    def _fc_in(self) -> int:
+        """The EAGLE-3 fc input width: the schema's width rule for the target and these aux layers."""
+        t = self.target_cfg
+        target = ModelDims(hidden_size=t["hidden_size"], vocab_size=t["vocab_size"])
+        head = ModelDims(hidden_size=t["hidden_size"], vocab_size=t["vocab_size"], aux_layer_ids=tuple(self.aux_layer_ids))
+        return int(extend_width(self.algorithm, target, head).size or 0)
+
     def _build_head(self, model: Any, seqs: Sequences) -> TrainHead:
         t, cfg = self.target_cfg, self.cfg
         heads = t["num_attention_heads"]
         head_dim = t.get("head_dim") or t["hidden_size"] // heads
-        eagle3 = cfg.algorithm == "EAGLE3"
+        eagle3 = self.traits.has_aux_layers  # the EAGLE-3 layout
         embed = model.get_input_embeddings().weight.float()
         self.aux_layer_ids = list(cfg.aux_layer_ids or default_aux_layer_ids(t["num_hidden_layers"]))
         dv = cfg.draft_vocab_size
         head = TrainHead(
             eagle3, t["hidden_size"], cfg.head_intermediate_size or t["intermediate_size"], heads,
             t.get("num_key_value_heads") or heads, head_dim, t.get("rms_norm_eps", 1e-6), _theta(t), embed,
-            lm_head=None if eagle3 else model.get_output_embeddings().weight.float(),
-            fc_in=t["hidden_size"] * len(self.aux_layer_ids), draft_vocab=dv,
+            lm_head=model.get_output_embeddings().weight.float() if self.traits.shares_lm_head else None,
+            fc_in=self._fc_in() if eagle3 else None, draft_vocab=dv,
         )
-        if eagle3:
+        if self.traits.draft_vocab_map == "d2t":
             d2t, t2d = vocab_map(seqs.continuation_tokens(), t["vocab_size"], dv)
             with torch.no_grad():
                 head.d2t.copy_(d2t)
@@ -131,7 +141,7 @@ class DraftBuilder(nn.Module):
         with torch.no_grad():
             out = self.target(input_ids=ids, attention_mask=pad.long(), output_hidden_states=True)
             logp = torch.log_softmax(out.logits.float(), dim=-1)
-        if self.algorithm == "STANDALONE":
+        if not self.traits.draft_reads_hidden:
             logits = self.draft(input_ids=ids, attention_mask=pad.long()).logits
             total, n, correct = distill_loss(logits, logp, pad)
             loss = total / n.clamp(min=1)
@@ -140,13 +150,12 @@ class DraftBuilder(nn.Module):
 
     def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, hs: tuple,
                    logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        eagle3 = self.algorithm == "EAGLE3"
         final = hs[-1]
-        feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if eagle3 else final
+        feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if self.traits.target_capture == "aux" else final
         shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=0)  # row j reads t_{j+1}
         outs = self.draft.unroll(shifted, feat, self.cfg.ttt_steps)
         in_vocab = None
-        if eagle3:  # once per batch, not per step: the full-vocabulary tensor is the big one
+        if self.traits.draft_vocab_map == "d2t":  # once per batch, not per step: the full-vocabulary tensor is the big one
             logp, in_vocab = restrict_to_draft_vocab(logp, self.draft.t2d)
         loss = ids.new_zeros((), dtype=torch.float32)
         stats: dict[str, float] = {}
@@ -156,7 +165,7 @@ class DraftBuilder(nn.Module):
                 mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, i + 1), value=False)
             total, n, correct = head_step_loss(self.draft.logits(h), logp, mask, i)
             step_loss = total / n.clamp(min=1)
-            if not eagle3 and self.cfg.feature_loss:
+            if self.traits.target_capture == "final" and self.cfg.feature_loss:  # EAGLE-1: features fed back
                 step_loss = step_loss + self.cfg.feature_loss * feature_loss(h, final, mask, i) / n.clamp(min=1)
             loss = loss + self.cfg.ttt_decay ** i * step_loss
             stats[f"acc_{i}"] = float(correct / n.clamp(min=1))
@@ -168,20 +177,20 @@ class DraftBuilder(nn.Module):
     def public_tensors(self) -> dict[str, torch.Tensor]:
         """The checkpoint tensors in the public key names."""
         sd = self.draft.state_dict()
-        if self.algorithm == "STANDALONE":
+        if not self.traits.draft_reads_hidden:
             sd.pop("lm_head.weight", None)  # tied to model.embed_tokens.weight
         return dict(sd)
 
     def public_config(self) -> dict[str, Any]:
         """The checkpoint's config.json."""
         t, cfg = self.target_cfg, self.cfg
-        if self.algorithm == "STANDALONE":
+        if not self.traits.draft_reads_hidden:
             out = self.draft.config.to_dict()
             out["architectures"] = ["LlamaForCausalLM"]
             return out
         heads = t["num_attention_heads"]
         return ckpt.eagle_config(
-            self.algorithm == "EAGLE3", t, t["hidden_size"], cfg.head_intermediate_size or t["intermediate_size"],
+            self.traits.has_aux_layers, t, t["hidden_size"], cfg.head_intermediate_size or t["intermediate_size"],
             heads, t.get("num_key_value_heads") or heads, t.get("head_dim") or t["hidden_size"] // heads,
             draft_vocab=cfg.draft_vocab_size, aux_layer_ids=getattr(self, "aux_layer_ids", None),
         )

@@ -208,15 +208,19 @@ def head_from_checkpoint(directory, target) -> TrainHead:
 
     d = Path(directory)
     cfg = json.loads((d / "config.json").read_text())
+    from spec_schema import ModelDims, extend_width
+
     eagle3 = "draft_vocab_size" in cfg
     heads = cfg["num_attention_heads"]
-    aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
+    # the fc input width by the schema's parser and width rule (aux layers named or defaulted)
+    fc_in = extend_width("EAGLE3", ModelDims.from_hf_config(target.config, dtype=torch.float32),
+                         ModelDims.from_hf_config(cfg, dtype=torch.float32)).size if eagle3 else None
     head = TrainHead(
         eagle3, cfg["hidden_size"], cfg["intermediate_size"], heads, cfg.get("num_key_value_heads") or heads,
         cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg.get("rms_norm_eps", 1e-6),
         float(cfg.get("rope_theta") or 10000.0), target.get_input_embeddings().weight.float(),
         lm_head=None if eagle3 else target.get_output_embeddings().weight.float(),
-        fc_in=cfg.get("target_hidden_size", cfg["hidden_size"]) * max(1, len(aux)),
+        fc_in=fc_in,
         draft_vocab=cfg.get("draft_vocab_size"),
     )
     sd = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(d / "model.safetensors")).items()}

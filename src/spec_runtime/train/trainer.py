@@ -24,6 +24,7 @@ from spec_runtime.train.data import (
     split_prompts,
 )
 from spec_runtime.train.drafts import DraftBuilder
+from spec_schema import SpecAlgorithm
 
 __all__ = ["TrainResult", "held_out_prompts", "prepare", "train_draft"]
 
@@ -53,7 +54,7 @@ def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
     if cfg.max_prompts is not None:
         prompts = prompts[:cfg.max_prompts]
     train, held = split_prompts(prompts, cfg.held_out_every, cfg.min_train_prompts, f"--prompts {cfg.prompts}")
-    if cfg.algorithm == "EAGLE3":
+    if SpecAlgorithm(cfg.algorithm).traits.has_aux_layers:
         n = target_cfg["num_hidden_layers"]
         bad = [i for i in cfg.aux_layer_ids or () if not 0 <= i < n]
         if bad:

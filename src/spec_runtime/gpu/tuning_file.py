@@ -1,0 +1,100 @@
+"""Tuning files: the setup decisions of one process (`gpu/tuning.py`'s tables and
+`kernels.gemv`'s tuned configurations) saved as JSON and loaded into another, which then times
+nothing they cover (`FastOptions.tuning_file`, the benchmark's `--save-tuning` / `--tuning-file`).
+"""
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from spec_runtime.gpu import tuning as T
+
+__all__ = ["load_decisions", "load_tuning_file", "save_decisions"]
+
+_TUNING_LOADED: set[str] = set()
+"""Tuning files already loaded in this process (`load_tuning_file` loads each once)."""
+
+
+def save_decisions(path: Any) -> int:
+    """Write this process's setup decisions to `path` as JSON: GEMV or cuBLAS per weight shape and
+    row count (with the GEMV's configuration and both times), the epilogue path timings (which can
+    overrule the first, `backend.FastBackend._decide`) and `kernels.gemv`'s tuned configurations, with the
+    device's name and the torch and triton versions. Another process that loads them
+    (`load_decisions`) runs the same kernels and times nothing they cover: the strict-comparison
+    children of the benchmark, an A/B across processes, a later session on the same kind of GPU.
+    Returns the number of entries (0: nothing written)."""
+    import json
+    from pathlib import Path
+
+    import triton
+
+    from spec_runtime.kernels import gemv as G
+
+    def cfg(c: Any) -> Any:
+        return None if c is None else dataclasses.asdict(c)
+
+    decisions = [[list(k[0]), str(k[1]), k[2], k[3], k[4], d.gemv_ms, d.cublas_ms, cfg(d.config)]
+                 for k, d in T._GEMV_DECISIONS.items()]
+    tuned = [[k[0], k[1], k[2], str(k[3]), str(k[4]), k[5], str(k[6]), cfg(v)] for k, v in G._TUNED.items()]
+    epilogues = [[list(k[0]), str(k[1]), k[2], k[3], list(k[4]), k[5], cfg(t)] for k, t in T._EPILOGUE_DECISIONS.items()]
+    count = len(decisions) + len(tuned) + len(epilogues)
+    if count:
+        meta = {"device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                "torch": torch.__version__, "triton": triton.__version__}
+        Path(path).write_text(json.dumps({"meta": meta, "decisions": decisions, "tuned": tuned,
+                                          "epilogues": epilogues}, indent=0))
+    return count
+
+
+def load_decisions(path: Any, check_device: bool = True) -> int:
+    """Load decisions `save_decisions` wrote into this process (over any it has). Returns the
+    number of entries.
+
+    Raises:
+        ValueError: the file is not such a file, or (with `check_device`) it was tuned on another
+            kind of device than this process's CUDA device.
+    """
+    import json
+    from pathlib import Path
+
+    from spec_runtime.kernels import gemv as G
+
+    def dt(name: str) -> torch.dtype:
+        value = getattr(torch, name.split(".")[-1], None)
+        if not isinstance(value, torch.dtype):
+            raise ValueError(f"tuning file {path}: {name!r} is not a torch dtype")
+        return value
+
+    def cfg(d: Any) -> Any:
+        return None if d is None else G.GemvConfig(**d)
+
+    try:
+        data = json.loads(Path(path).read_text())
+        meta = data["meta"]
+        if check_device and torch.cuda.is_available() and meta["device_name"] != torch.cuda.get_device_name():
+            raise ValueError(f"tuning file {path} was tuned on {meta['device_name']!r}; this device is "
+                             f"{torch.cuda.get_device_name()!r}")
+        decisions = {(tuple(shape), dt(dtype), bias, rows, dev): T.GemvDecision(gemv_ms, cublas_ms, cfg(c))
+                     for shape, dtype, bias, rows, dev, gemv_ms, cublas_ms, c in data["decisions"]}
+        tuned = {(m, n, k, dt(xd), dt(wd), bias, torch.device(dev)): cfg(c)
+                 for m, n, k, xd, wd, bias, dev, c in data["tuned"]}
+        epilogues = {(tuple(shape), dt(dtype), rows, epilogue, tuple(heads), dev): None if t is None else T.EpilogueTiming(**t)
+                     for shape, dtype, rows, epilogue, heads, dev, t in data["epilogues"]}
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as err:
+        raise ValueError(f"tuning file {path} is not a file save_decisions wrote: {type(err).__name__}: {err}") from err
+    T._GEMV_DECISIONS.update(decisions)
+    G._TUNED.update(tuned)
+    T._EPILOGUE_DECISIONS.update(epilogues)
+    return len(decisions) + len(tuned) + len(epilogues)
+
+
+def load_tuning_file(path: Optional[str]) -> None:
+    """`FastOptions.tuning_file` (default `$SPEC_TUNING_FILE`): the decisions saved in `path`
+    (`save_decisions`) loaded before the first setup decision, once per process and path, if the
+    file exists; the setup then times only what is not there."""
+    from pathlib import Path
+
+    if path and path not in _TUNING_LOADED and Path(path).exists():
+        load_decisions(path)
+        _TUNING_LOADED.add(path)

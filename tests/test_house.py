@@ -1,0 +1,38 @@
+"""House rules a change can break without any other test noticing: the README stays a user's page,
+`bench/results` holds only the headline runs, and the runtime reads the environment in one module.
+"""
+
+import ast
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME_ENV_MODULE = ROOT / "src" / "spec_runtime" / "options.py"
+
+
+def test_readme_is_at_most_250_lines() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; history goes to docs/performance.md"
+
+
+def test_bench_results_hold_at_most_2_mb() -> None:
+    tracked = subprocess.run(["git", "ls-files", "-z", "bench/results"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    size = sum((ROOT / f).stat().st_size for f in tracked if f and (ROOT / f).is_file())
+    assert size <= 2_000_000, f"bench/results holds {size / 1e6:.1f} MB of tracked files"
+
+
+def _environment_reads(path: Path) -> list[str]:
+    """`os.environ...` / `os.getenv` uses in a module (attribute access on `os`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" \
+                and node.attr in ("environ", "getenv", "putenv"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_the_runtime_reads_the_environment_in_one_module() -> None:
+    reads = [r for p in sorted((ROOT / "src" / "spec_runtime").rglob("*.py")) if p != RUNTIME_ENV_MODULE
+             for r in _environment_reads(p)]
+    assert not reads, f"environment read outside {RUNTIME_ENV_MODULE.relative_to(ROOT)}: {reads}"
