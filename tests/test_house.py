@@ -1,5 +1,6 @@
 """House rules a change can break without any other test noticing: the README stays a user's page,
-`bench/results` holds only the headline runs, and the runtime reads the environment in one module.
+`bench/results` holds only the headline runs, the runtime reads the environment in one module, and
+no source file grows past 500 lines.
 """
 
 import ast
@@ -36,3 +37,20 @@ def test_the_runtime_reads_the_environment_in_one_module() -> None:
     reads = [r for p in sorted((ROOT / "src" / "spec_runtime").rglob("*.py")) if p != RUNTIME_ENV_MODULE
              for r in _environment_reads(p)]
     assert not reads, f"environment read outside {RUNTIME_ENV_MODULE.relative_to(ROOT)}: {reads}"
+
+
+MAX_SOURCE_LINES = 500
+
+
+def _long_files(paths: list[Path], limit: int) -> list[str]:
+    """`path: lines` of each file over `limit` lines."""
+    counts = {p: len(p.read_text().splitlines()) for p in paths}
+    return [f"{p.relative_to(ROOT)}: {n}" for p, n in counts.items() if n > limit]
+
+
+def test_no_source_file_over_500_lines() -> None:
+    sources = sorted((ROOT / "src").rglob("*.py"))
+    assert len(sources) > 20, f"found only {len(sources)} sources under src/"
+    assert _long_files(sources, MAX_SOURCE_LINES) == [], "split these along their seams (#32)"
+    # the check can fail: at a tenth of the limit the larger modules show up
+    assert _long_files(sources, MAX_SOURCE_LINES // 10)

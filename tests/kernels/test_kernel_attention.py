@@ -143,6 +143,33 @@ def test_skip_empty_splits_is_bit_for_bit(monkeypatch):
     assert [A.skip_empty_mode(t) for t in (1, 2, 8)] == [False, True, True]
 
 
+def test_switches_reach_the_launch(monkeypatch):
+    """The constants the equivalence tests above patch on `kernels.attention` (`FUSED_MERGE_ROWS`,
+    `MERGE_UNROLL`, `SKIP_EMPTY_MIN_ROWS`, `EARLY_KV_ROWS`) are the ones its launcher reads: patched
+    there, they change the split kernel's constexprs, so those tests compare two paths (a launcher
+    reading them from another module would have them compare a path with itself)."""
+    from spec_runtime.kernels import attention as A
+
+    kernel, launches = A._attn_split_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append((kw["FUSED_MERGE"], kw["SKIP_EMPTY"], kw["EARLY_KV"], kw["MERGE_UNROLL"]))
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(A, "_attn_split_kernel", Spy())
+    q, cache, attn, splits = _decode_case(DEVICE, splits=4)
+    t = q.shape[0]
+    for fused, skip_min, early, unroll in (((), 0, t, 2), ((), t, 0, 1), ((t,), 0, t, 2)):
+        for name, value in (("FUSED_MERGE_ROWS", fused), ("SKIP_EMPTY_MIN_ROWS", skip_min),
+                            ("EARLY_KV_ROWS", early), ("MERGE_UNROLL", unroll)):
+            monkeypatch.setattr(A, name, value)
+        _attend(q, cache, attn, splits)
+    assert launches == [(False, True, True, 2), (False, False, False, 1), (True, False, True, 2)]  # fused: no skip
+
+
 def _split_kernel_types(**extra: str) -> dict:
     """`hopper_build` argument types of `_attn_split_kernel` (bf16 tensors), plus `extra`."""
     types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
