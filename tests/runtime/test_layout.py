@@ -1,7 +1,6 @@
 """The runtime's module layout (#32): no import cycles, kernels as leaves, one executor interface.
 
-- The import graph of `spec_runtime` (function-level imports included) has no cycle, but for the one
-  the model-side work owns (`KNOWN_CYCLES`, to shrink to nothing).
+- The import graph of `spec_runtime` (function-level imports included) has no cycle.
 - `kernels/*` import no phase, executor, state or engine module (they may import the torch
   references they are checked against: `tree`, `sampling`, `attention`, `kv_cache`, and `options`).
 - The phases reach the executor only through `executor.Executor`: the methods they (and the engine)
@@ -23,11 +22,8 @@ import spec_runtime
 from spec_runtime.executor import EXECUTOR_METHODS, Executor
 
 SRC = Path(spec_runtime.__file__).parent
-# gpu.elementwise <-> kernels.gemv: the fused-epilogue references (model-side work, #32)
-KNOWN_CYCLES = [{"spec_runtime.gpu.elementwise", "spec_runtime.kernels.gemv"}]
 KERNEL_MAY_IMPORT = {"spec_runtime.options", "spec_runtime.tree", "spec_runtime.sampling",
                      "spec_runtime.attention", "spec_runtime.kv_cache"}
-KERNEL_OWNED_ELSEWHERE = {"spec_runtime.kernels.gemv"}  # imports gpu.elementwise (KNOWN_CYCLES)
 
 
 def _modules() -> dict[str, Path]:
@@ -98,7 +94,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_no_import_cycles() -> None:
-    cycles = [c for c in _cycles(_import_graph()) if c not in KNOWN_CYCLES]
+    cycles = _cycles(_import_graph())
     assert not cycles, f"import cycles in spec_runtime: {[sorted(c) for c in cycles]}"
 
 
@@ -112,7 +108,7 @@ def test_kernels_import_no_phase_or_executor() -> None:
     edges = _import_graph()
     bad = {}
     for mod, targets in edges.items():
-        if not mod.startswith("spec_runtime.kernels") or mod in KERNEL_OWNED_ELSEWHERE:
+        if not mod.startswith("spec_runtime.kernels"):
             continue
         outside = {t for t in targets if not t.startswith("spec_runtime.kernels")
                    and not any(t == ok or t.startswith(ok + ".") for ok in KERNEL_MAY_IMPORT)}
