@@ -25,7 +25,11 @@ if [ "$#" -gt 0 ]; then
 fi
 # tests/engines import sglang and vLLM, which patch process-wide state (transformers, Triton's jit
 # mode, environment variables): they run in a pytest process of their own.
-run_pytest --ignore=tests/engines
+# Two pytest-xdist workers where there are two cores (PYTEST_WORKERS overrides; 0 = one process);
+# `loadgroup` keeps each folder of costly session fixtures on one worker (tests/conftest.py).
+cores="$(nproc 2>/dev/null || echo 1)"
+workers="${PYTEST_WORKERS:-$(( cores >= 2 ? 2 : 0 ))}"
+run_pytest -n "$workers" --dist loadgroup --ignore=tests/engines
 rc=$?
 run_pytest tests/engines
 rc_engines=$?

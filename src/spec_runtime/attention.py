@@ -63,12 +63,6 @@ class AttnBatch:
         """Query rows (`T`)."""
         return self.out_slots.shape[0]
 
-    def token_to_req(self) -> torch.Tensor:
-        """`(T,)` int64: the batch index (0..bs-1) of each query row."""
-        counts = self.qo_indptr[1:] - self.qo_indptr[:-1]
-        batch = torch.arange(self.batch_size, device=counts.device)
-        return torch.repeat_interleave(batch, counts, output_size=self.num_tokens)
-
     @classmethod
     def extend(
         cls,

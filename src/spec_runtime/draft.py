@@ -35,7 +35,6 @@ def draft(rt: RuntimeState, inp: DraftInput, sampling: BatchSampling) -> VerifyI
         return VerifyInput.create_idle(config, rt.device)
     launched = rt.runner.take_draft(inp) if sampling.all_greedy else None
     if launched is not None:  # run by verify's launch-ahead on this very DraftInput
-        rt.counters.draft_forwards += config.num_steps - 1
         vin = _verify_input(inp, launched)
         rt.runner.note_output(vin)
         return vin
@@ -46,7 +45,6 @@ def draft(rt: RuntimeState, inp: DraftInput, sampling: BatchSampling) -> VerifyI
     finally:
         if temp is not None:
             rt.draft_cache.free_slots(temp)
-    rt.counters.draft_forwards += config.num_steps - 1
     return _verify_input(inp, out)
 
 

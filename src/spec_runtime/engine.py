@@ -22,8 +22,9 @@ from spec_schema import SpecAlgorithm
 from . import faults
 from .draft import draft
 from .extend import draft_extend, prefill
-from .runtime import BatchSampling, Runtime
+from .runtime import Runtime
 from .sampling import SamplingParams
+from .state import BatchSampling
 from .verify import StopBatch, verify
 
 GREEDY = SamplingParams(temperature=0.0)

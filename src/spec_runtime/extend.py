@@ -30,7 +30,6 @@ def draft_extend(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSamplin
         return rt.idle_draft_input()
     launched = rt.runner.take_extend(inp)
     if launched is not None:  # run by verify's launch-ahead, slot tables committed on the device
-        rt.counters.draft_forwards += 1
         out = DraftInput(
             topk_p=launched.topk_p,
             topk_index=launched.topk_index,
@@ -47,7 +46,6 @@ def draft_extend(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSamplin
         out = rt.runner.draft_extend(core_in)
     else:  # a prefill's prompt rows (longer than the static stride): not captured
         out = draft_extend_core(rt.runner.eager_ops(), core_in)
-    rt.counters.draft_forwards += 1
     counts = inp.num_accept_tokens.long()
     rows = inp.req_pool_indices.repeat_interleave(counts, output_size=inp.input_ids.shape[0])
     rt.draft_cache.req_to_token[rows, inp.positions] = core_in.out_slots
@@ -138,7 +136,6 @@ def prefill(rt: RuntimeState, rows: torch.Tensor, prompts: list[torch.Tensor], s
     attn = AttnBatch.extend(rows, torch.zeros_like(lens), lens, slots)
     target = rt.runner.eager_ops().target  # static: the fast model, uncaptured
     hidden, aux = target.forward(ids, positions, attn, rt.target_cache, rt.aux_layer_ids)
-    rt.counters.target_forwards += 1
     rt.target_cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
     last = torch.cumsum(lens, 0) - 1
     first = _first_tokens(rt, target.compute_logits(hidden[last]), sampling)

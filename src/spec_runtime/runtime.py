@@ -1,8 +1,7 @@
 """The runtime of a target and draft pair: its state (`state.RuntimeState`) and its construction.
 
 `Runtime.create` sizes both KV caches, builds the spec config and picks the executor the phases run
-their cores on (`executors/`). The names the phases share live below it (`state`, `core_types`) and
-are listed here too, for callers that import them from this module.
+their cores on (`executors/`). The names the phases share live below it (`state`, `core_types`).
 """
 
 from typing import Any, Optional
@@ -11,15 +10,13 @@ import torch
 
 from spec_schema import ModelDims, SpecAlgorithm, SpecConfig
 
-from .core_types import CoreOps
 from .executors.eager import EagerExecutor
 from .kv_cache import KVCache, RequestTable
 from .models.base import DraftModel
 from .models.llama import LlamaForCausal
-from .state import BatchSampling, Counters, RuntimeState, SimulatedAccept, VerifyEmit
+from .state import RuntimeState, SimulatedAccept
 
-__all__ = ["EXECUTORS", "BatchSampling", "CoreOps", "Counters", "Runtime", "RuntimeState", "SetupError",
-           "SimulatedAccept", "VerifyEmit", "build_spec_config"]
+__all__ = ["EXECUTORS", "Runtime", "SetupError", "SimulatedAccept", "build_spec_config"]
 
 EXECUTORS = ("eager", "static", "cuda_graph")
 """`eager`: the reference path on live tensors. `static`: the static-buffer path (bucketed, padded)

@@ -32,8 +32,6 @@ class Counters:
     hidden_copied_bytes: int = 0  # hidden states gathered/copied between phases
     hidden_allocs: int = 0  # hidden-state tensors allocated for the draft
     iterations: int = 0
-    target_forwards: int = 0
-    draft_forwards: int = 0
 
     def add_hidden(self, t: Optional[torch.Tensor], copied: bool = False) -> None:
         """Count a hidden-state tensor produced for the draft (None counts nothing)."""

@@ -58,7 +58,6 @@ def verify(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling, stops: S
         core_in = _prepare(rt, inp, sampling)
         out = rt.runner.verify(core_in)
         slots = core_in.slots
-    rt.counters.target_forwards += 1
     captured = out.captured
     rt.counters.add_hidden(captured)
     # the one host read; the executor may launch the rest of the iteration around it, and then
@@ -269,20 +268,12 @@ def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: S
     return counts, finished
 
 
-def _apply_stops(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch):
-    """Cut each request after its first stop token or at its budget (host-side, one sync)."""
-    counts, finished = _stops_host(accept_tokens, num_correct, stops)
-    device = accept_tokens.device
-    live_counts = tuple(c for c, done in zip(counts, finished) if not done)
-    return torch.tensor(counts, device=device), torch.tensor(finished, device=device), live_counts
-
-
 class _HostIndex:
     """The index tensors verify needs after the stops, built on the host from the (host) counts and
     copied to the device in ONE transfer, so that selecting the accepted rows and the live requests
     needs no boolean-mask indexing (each of which would read a count back from the device).
 
-    counts `(bs,)` int64 and finished `(bs,)` bool as `_apply_stops` returns them; `live` the
+    counts `(bs,)` int64 and finished `(bs,)` bool as `_stops_host` returns them; `live` the
     unfinished requests; `acc_b`, `acc_j` (request, column) of every accepted node of every request
     (row-major, as `mask.nonzero()` lists them); `ext_b`, `ext_j` the same over the live requests
     only (`ext_b` indexes the live requests)."""

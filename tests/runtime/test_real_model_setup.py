@@ -80,3 +80,39 @@ def test_a_given_gguf_file_must_exist(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"{missing}: no such GGUF file"):
         real_model.real_model_dir(tmp_path / "cache", gguf=missing)
     assert not (tmp_path / "cache").exists()
+
+
+def test_concurrent_conversions_agree(monkeypatch, tmp_path) -> None:
+    """Two conversions at once into one empty cache (two pytest-xdist workers on a fresh clone): both
+    return the one complete directory and no temporary directory is left."""
+    import threading
+
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"")
+    monkeypatch.setattr(real_model, "check_packages", lambda gguf_file=None: gguf)
+    both = threading.Barrier(2, timeout=10)
+
+    def convert(src, out):
+        (out / "config.json").write_text("{}")
+        both.wait()  # both are half-way through before either finishes
+        (out / "model.safetensors").write_bytes(out.name.encode())
+
+    monkeypatch.setattr(real_model, "_convert", convert)
+    cache = tmp_path / "cache"
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(real_model.real_model_dir(cache))
+        except Exception as err:  # noqa: BLE001 (reported below)
+            errors.append(err)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    final = cache / real_model.DIR_NAME
+    assert errors == [] and results == [final, final]
+    assert sorted(p.name for p in cache.iterdir()) == [real_model.DIR_NAME]
+    assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors"]

@@ -451,23 +451,34 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
             calls[_n] = calls.get(_n, 0) + 1
             return _f(*a, **k)
         setattr(G, name, counted)
+    # the drafted trees too: the random head is never right (accept lengths 1), so a draft-side
+    # kernel bug would not show in the outputs alone
+    from spec_runtime import draft as D
+    trees = []
+    def recorded(inp, out, _f=D._verify_input):
+        vin = _f(inp, out)
+        trees.append((vin.draft_token.tolist(), vin.tree_mask.tolist()))
+        return vin
+    D._verify_input = recorded
     outs = []
-    # static with the torch tree functions, then with the Triton ones (tree build, verify, softmax
-    # top-k of the draft, argmax of the verify, the expansion bookkeeping with the d2t map)
-    # and last with every linear layer on the Triton GEMV, the elementwise steps in its epilogues
+    # static with the torch tree functions and the separate elementwise kernels, then with the
+    # Triton tree functions (tree build, verify, softmax top-k of the draft, argmax of the verify,
+    # the expansion bookkeeping with the d2t map) and every linear layer on the Triton GEMV, the
+    # elementwise steps in its epilogues (each static run costs ~10 s in the interpreter)
     for executor, tree, linear in (("eager", "torch", "torch"), ("static", "torch", "torch"),
-                                   ("static", "triton", "torch"), ("static", "triton", "gemv")):
+                                   ("static", "triton", "gemv")):
         rt = Runtime.create(target, head, "EAGLE3", num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
                             max_context=48, executor=executor, buckets=(1, 2, 4),
                             fast=dict(elementwise="triton", fuse=True, attention="dense", tree=tree, topk=tree,
                                       frontier=tree, linear=linear, epilogues="fused"))
-        reqs = SpecEngine(rt).generate([[1, 2, 3], [4, 5, 6, 7, 8], [9]], max_new_tokens=8)
-        outs.append([(r.output, r.accept_lengths) for r in reqs])
+        reqs = SpecEngine(rt).generate([[1, 2, 3], [4, 5, 6, 7, 8], [9]], max_new_tokens=5)
+        outs.append([(r.output, r.accept_lengths) for r in reqs] + trees)
+        trees.clear()
         if executor == "static":
             assert (rt.runner.ops.softmax_topk is not None) == (tree == "triton")
             assert (rt.runner.ops.frontier is not None) == (tree == "triton")
     assert rt.runner.backend.epilogues and min(calls.values()) > 0 and len(calls) == 3, calls
-    assert outs[0] == outs[1] == outs[2] == outs[3], outs
+    assert outs[0] == outs[1] == outs[2], outs
     print("OK")
     """
 )
