@@ -105,13 +105,13 @@ def prepare_data(target: Path, args: argparse.Namespace) -> None:
 
 def run_parallel(target: Path, args: argparse.Namespace, log: dict) -> None:
     """One child process per algorithm (this script, `--target` set), then merge their results."""
+    t0 = time.perf_counter()
     prepare_data(target, args)
-    log["data_seconds"] = round(time.perf_counter() - T0, 1)
-    passed = [a for a in sys.argv[1:]]
+    log["data_seconds"] = round(time.perf_counter() - t0, 1)
     children = []
     for alg in args.algorithms:
         out = args.out / alg.lower()
-        cmd = [sys.executable, __file__, *_without(passed, ("--algorithms", "--out", "--gguf", "--parallel")),
+        cmd = [sys.executable, __file__, *_without(sys.argv[1:], ("--algorithms", "--out", "--gguf", "--parallel")),
                "--target", str(target), "--algorithms", alg, "--out", str(out)]
         children.append((alg, out, subprocess.Popen(cmd)))
     for alg, out, child in children:
@@ -134,9 +134,6 @@ def _without(argv: list, flags: tuple) -> list:
         if not skip:
             out.append(a)
     return out
-
-
-T0 = time.perf_counter()
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 __all__ = ["atomic_write", "eagle_config", "load_state", "save_draft", "save_state"]
 
@@ -89,6 +89,12 @@ def save_draft(directory: Path, config: dict[str, Any], tensors: dict[str, torch
     atomic_write(directory / "model.safetensors",
                  lambda p: save_file(out, str(p), metadata={"format": "pt"}))
     _write_json(directory / "config.json", config)
+
+
+def load_draft_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A saved draft's tensors, floating ones as float32 (the training dtype), from `path`
+    (a model.safetensors file)."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
 
 
 def save_state(directory: Path, state: dict[str, Any]) -> None:

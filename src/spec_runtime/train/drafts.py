@@ -55,12 +55,10 @@ class DraftBuilder(nn.Module):
     def _load_initial(self, directory: Path) -> None:
         """Start from the weights of a saved draft (its public layout); a draft of another algorithm
         or shape is a one-line `TrainError` naming the file."""
-        from safetensors.torch import load_file
-
         path = Path(directory) / "model.safetensors"
         if not path.is_file():
             raise TrainError(f"--init-from {directory}: no model.safetensors")
-        saved = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+        saved = ckpt.load_draft_tensors(path)
         mine = self.draft.state_dict()
         missing = sorted(set(mine) - set(saved) - ({"lm_head.weight"} if self.algorithm == "STANDALONE" else set()))
         extra = sorted(set(saved) - set(mine))

@@ -204,11 +204,11 @@ def head_from_checkpoint(directory, target) -> TrainHead:
     import json
     from pathlib import Path
 
-    from safetensors.torch import load_file
+    from spec_runtime.train.checkpoint import load_draft_tensors
+    from spec_schema import ModelDims, extend_width
 
     d = Path(directory)
     cfg = json.loads((d / "config.json").read_text())
-    from spec_schema import ModelDims, extend_width
 
     eagle3 = "draft_vocab_size" in cfg
     heads = cfg["num_attention_heads"]
@@ -223,6 +223,6 @@ def head_from_checkpoint(directory, target) -> TrainHead:
         fc_in=fc_in,
         draft_vocab=cfg.get("draft_vocab_size"),
     )
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(d / "model.safetensors")).items()}
+    sd = load_draft_tensors(d / "model.safetensors")
     head.load_state_dict(sd, strict=True)
     return head.eval()
