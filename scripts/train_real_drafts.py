@@ -55,7 +55,7 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         max_seq_len=args.max_seq_len, samples_per_prompt=args.samples_per_prompt, ttt_steps=args.ttt_steps,
         draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
-        progress=args.progress,
+        progress=args.progress, init_from=args.init_from.get(alg),
     )
 
 
@@ -163,7 +163,13 @@ def main() -> int:
     p.add_argument("--pack", action="store_true")
     p.add_argument("--evals", nargs="+", choices=sorted(EVALS), default=list(EVALS))
     p.add_argument("--parallel", action="store_true", help="one process per algorithm after shared data")
+    p.add_argument("--init-from", nargs="+", default=[], metavar="ALG=DIR",
+                   help="start ALG from a saved draft (fresh optimizer), e.g. EAGLE3=drafts/smollm2-135m/eagle3")
     args = p.parse_args()
+    try:
+        args.init_from = {alg: Path(d) for alg, d in (item.split("=", 1) for item in args.init_from)}
+    except ValueError:
+        p.error(f"--init-from: expected ALG=DIR, got {args.init_from}")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     target = args.target or convert(args.gguf, args.work / "target")
