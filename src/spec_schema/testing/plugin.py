@@ -12,7 +12,8 @@ Hypothesis profiles (all with `deadline=None`: torch's first calls are slow):
 | `thorough` | 1000     | random, for nightly runs                           |
 
 The profile comes from `--spec-profile`, else `--hypothesis-profile` (left to hypothesis), else the
-environment variable `SPEC_HYPOTHESIS_PROFILE`, else `ci` when `CI` is set and `dev` otherwise.
+environment variable `SPEC_HYPOTHESIS_PROFILE`, else `dev`. CI jobs name theirs (`SPEC_HYPOTHESIS_PROFILE=ci`
+or `--spec-profile ci`); the plugin does not guess from `CI`.
 
 Fixture `spec_config`: a small `SpecConfig` with mismatched target/draft widths and dtypes,
 parametrized over the three algorithms (test ids `EAGLE`, `EAGLE3`, `STANDALONE`).
@@ -37,13 +38,9 @@ settings.register_profile("dev", max_examples=50, **_COMMON)
 settings.register_profile("thorough", max_examples=1000, **_COMMON)
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def default_profile() -> str:
-    """The profile used without `--spec-profile`: $SPEC_HYPOTHESIS_PROFILE, else `ci` under CI, else `dev`."""
-    return os.environ.get(ENV_VAR, "").strip() or ("ci" if _in_ci() else "dev")
+    """The profile used without `--spec-profile`: $SPEC_HYPOTHESIS_PROFILE, else `dev`."""
+    return os.environ.get(ENV_VAR, "").strip() or "dev"
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -52,7 +49,7 @@ def pytest_addoption(parser: Any) -> None:
         "--spec-profile",
         choices=PROFILES,
         default=None,
-        help=f"hypothesis profile for contract tests (default: ${ENV_VAR}, else 'ci' when CI is set, else 'dev')",
+        help=f"hypothesis profile for contract tests (default: ${ENV_VAR}, else 'dev')",
     )
 
 
