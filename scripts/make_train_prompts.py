@@ -1,4 +1,4 @@
-"""Write src/spec_runtime/train/prompts.jsonl: instruction prompts for draft self-distillation.
+"""Write src/spec_train/prompts.jsonl: instruction prompts for draft self-distillation.
 
 Templates x subjects written for this project (no download). Deterministic: re-running rewrites the
 same file. Every 10th prompt is held out by the trainer (`--held-out-every 10`), so the held-out set
@@ -111,7 +111,7 @@ def _grid(rnd: random.Random) -> list[str]:
 
 
 if __name__ == "__main__":
-    out = Path(__file__).resolve().parents[1] / "src" / "spec_runtime" / "train" / "prompts.jsonl"
+    out = Path(__file__).resolve().parents[1] / "src" / "spec_train" / "prompts.jsonl"
     prompts = build()
     out.write_text("".join(json.dumps({"prompt": x}) + "\n" for x in prompts))
     print(f"{len(prompts)} prompts -> {out}")

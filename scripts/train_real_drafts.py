@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from spec_runtime.train import TrainConfig, train_draft
-from spec_runtime.train.evaluate import measure_acceptance
+from spec_train import TrainConfig, train_draft
+from spec_train.evaluate import measure_acceptance
 
 EVALS = {"tree_5_4_8": (5, 4, 8), "chain_3_1_4": (3, 1, 4)}
 

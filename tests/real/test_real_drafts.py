@@ -30,8 +30,8 @@ def held_out(real_dir: Path) -> list[list[int]]:
     """The first held-out prompts, as the trainer encodes them (chat template)."""
     from transformers import AutoTokenizer
 
-    from spec_runtime.train.config import DEFAULT_PROMPTS
-    from spec_runtime.train.data import encode_prompts, load_prompts, split_prompts
+    from spec_train.config import DEFAULT_PROMPTS
+    from spec_train.data import encode_prompts, load_prompts, split_prompts
 
     _, held = split_prompts(load_prompts(DEFAULT_PROMPTS), 10, 8)
     tok = AutoTokenizer.from_pretrained(real_dir)

@@ -108,3 +108,18 @@ def test_generate_sets_the_threads(llama_dir, eagle3_dir, capsys, monkeypatch, f
                      "--json", *flags])
     assert code == 0, capsys.readouterr().err
     assert torch.get_num_threads() == expected
+
+
+def test_train_without_the_trainer_is_one_line(monkeypatch, capsys) -> None:
+    """The trainer (spec_train) is a consumer of the runtime that only `train` imports: without it the
+    other commands still parse and `train` fails with one line."""
+    for name in [m for m in sys.modules if m.split(".")[0] == "spec_train"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "spec_train", None)  # `import spec_train...` raises ModuleNotFoundError
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", "--help"])
+    assert exit_.value.code == 0 and "--max-new-tokens" in capsys.readouterr().out
+    assert cli.main(["train", "--algorithm", "EAGLE3", "--steps", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "spec-runtime train: error: the trainer is not installed (no module named 'spec_train')\n"

@@ -1,6 +1,9 @@
 """The runtime's module layout (#32): no import cycles, kernels as leaves, one executor interface.
 
-- The import graph of `spec_runtime` (function-level imports included) has no cycle.
+- The import graph of `spec_runtime` and the trainer `spec_train` (function-level imports included)
+  has no cycle.
+- The trainer is a consumer of the runtime: no runtime module imports it, except `cli`'s `train`
+  subcommand inside a function.
 - `kernels/*` import no phase, executor, state or engine module (they may import the torch
   references they are checked against: `tree`, `sampling`, `attention`, `kv_cache`, and `options`).
 - The phases reach the executor only through `executor.Executor`: the methods they (and the engine)
@@ -19,30 +22,33 @@ from pathlib import Path
 import pytest
 
 import spec_runtime
+import spec_train
 from spec_runtime.executor import EXECUTOR_METHODS, Executor
 
 SRC = Path(spec_runtime.__file__).parent
+PACKAGES = {"spec_runtime": SRC, "spec_train": Path(spec_train.__file__).parent}
 KERNEL_MAY_IMPORT = {"spec_runtime.options", "spec_runtime.tree", "spec_runtime.sampling",
                      "spec_runtime.attention", "spec_runtime.kv_cache"}
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for path in SRC.rglob("*.py"):
-        parts = ("spec_runtime",) + path.relative_to(SRC).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        mods[name] = path
+    for package, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            parts = (package,) + path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            mods[name] = path
     return mods
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """module -> the spec_runtime modules it imports anywhere in its body (`from a import b` counts a
-    and, when b is a module, a.b)."""
+def _import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
+    """module -> the spec_runtime / spec_train modules it imports anywhere in its body, or outside
+    function bodies with `top_level_only` (`from a import b` counts a and, when b is a module, a.b)."""
     mods = _modules()
     edges: dict[str, set[str]] = collections.defaultdict(set)
     for name, path in mods.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _import_nodes(ast.parse(path.read_text()), top_level_only):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -56,6 +62,19 @@ def _import_graph() -> dict[str, set[str]]:
                 continue
             edges[name] |= {m for m in names if m in mods and m != name}
     return edges
+
+
+def _import_nodes(tree: ast.AST, top_level_only: bool) -> list[ast.AST]:
+    """The nodes of `tree`, without those inside function bodies when `top_level_only`."""
+    if not top_level_only:
+        return list(ast.walk(tree))
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        todo.extend(c for c in ast.iter_child_nodes(node)
+                    if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+    return out
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
@@ -95,13 +114,32 @@ def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
 
 def test_no_import_cycles() -> None:
     cycles = _cycles(_import_graph())
-    assert not cycles, f"import cycles in spec_runtime: {[sorted(c) for c in cycles]}"
+    assert not cycles, f"import cycles in spec_runtime / spec_train: {[sorted(c) for c in cycles]}"
 
 
 def test_cycle_finder_finds_a_planted_cycle() -> None:
     edges = _import_graph()
     edges["spec_runtime.tree.accept"].add("spec_runtime.verify")  # the import #32 removed
     assert any("spec_runtime.verify" in c for c in _cycles(edges))
+
+
+def _runtime_imports_of_the_trainer(edges: dict[str, set[str]]) -> dict[str, list[str]]:
+    return {m: sorted(t for t in targets if t.split(".")[0] == "spec_train")
+            for m, targets in edges.items() if m.split(".")[0] == "spec_runtime"
+            and any(t.split(".")[0] == "spec_train" for t in targets)}
+
+
+def test_the_runtime_imports_the_trainer_only_in_the_train_command() -> None:
+    top = _import_graph(top_level_only=True)
+    assert _runtime_imports_of_the_trainer(top) == {}
+    anywhere = _runtime_imports_of_the_trainer(_import_graph())
+    assert anywhere == {"spec_runtime.cli": ["spec_train.cli"]}, anywhere
+    # the check can fail: the old `from .train.cli import ...` in the parser, and function-level
+    # imports that top_level_only leaves out (spec_train.evaluate's import of the engine)
+    assert "spec_runtime.engine" in _import_graph()["spec_train.evaluate"]
+    assert "spec_runtime.engine" not in top["spec_train.evaluate"]
+    top["spec_runtime.cli"].add("spec_train.cli")
+    assert _runtime_imports_of_the_trainer(top) == {"spec_runtime.cli": ["spec_train.cli"]}
 
 
 def test_kernels_import_no_phase_or_executor() -> None:

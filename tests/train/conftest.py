@@ -1,4 +1,4 @@
-"""Session fixtures for the trainer tests: a tiny trained target (`spec_runtime.train.toy`), toy prompt
+"""Session fixtures for the trainer tests: a tiny trained target (`spec_train.toy`), toy prompt
 files, and drafts of every algorithm trained on it, each built once per session.
 
 The drafts are trained for real (self-distillation on the target's greedy continuations, the same
@@ -14,8 +14,8 @@ import pytest
 import torch
 from tests.features import require
 
-from spec_runtime.train import TrainConfig, TrainResult, train_draft
-from spec_runtime.train.toy import build_toy_target, toy_prompts
+from spec_train import TrainConfig, TrainResult, train_draft
+from spec_train.toy import build_toy_target, toy_prompts
 
 transformers = require("transformers")
 transformers.utils.logging.disable_progress_bar()

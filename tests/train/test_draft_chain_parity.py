@@ -17,7 +17,7 @@ import spec_runtime.engine as engine_mod
 from spec_runtime.engine import SpecEngine
 from spec_runtime.models.loading import DRAFT_LOADERS, load_target
 from spec_runtime.runtime import Runtime
-from spec_runtime.train.heads import head_from_checkpoint
+from spec_train.heads import head_from_checkpoint
 
 STEPS = 3
 NEW_TOKENS = 12

@@ -25,9 +25,9 @@ from tests.train.conftest import AUX_LAYERS, VOCAB, toy_config, write_prompts
 
 from spec_runtime.cli import main
 from spec_runtime.models.loading import load_eagle1, load_eagle3, load_standalone, load_target
-from spec_runtime.train import checkpoint as ckpt
-from spec_runtime.train import train_draft
-from spec_runtime.train.config import TrainError
+from spec_train import checkpoint as ckpt
+from spec_train import train_draft
+from spec_train.config import TrainError
 
 H, HEADS, KV, HD, INTER = 64, 4, 2, 16, 128  # the toy target's shape (build_toy_target defaults)
 
@@ -143,6 +143,24 @@ def test_crash_while_saving_keeps_the_last_checkpoint(train_root: Path, toy_targ
 def _run_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
     code = main(["train", "--no-progress", *args])
     return code, capsys.readouterr().err.strip()
+
+
+def test_the_train_command_takes_the_trainers_flags(capsys: pytest.CaptureFixture) -> None:
+    """`spec-runtime train` parses with spec_train's flags: its help lists them under `spec-runtime
+    train`, and a missing or unknown flag is argparse's usage error (exit 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith("usage: spec-runtime train [-h] --algorithm")
+    assert "--init-from INIT_FROM" in out and "--eval-draft-tokens" in out and "--no-chat-template" in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--algorithm", "EAGLE3"])
+    assert exit_.value.code == 2
+    assert "spec-runtime train: error: the following arguments are required: --target, --output" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--algorithm", "EAGLE3", "--target", "t", "--output", "o", "--bogus", "1"])
+    assert exit_.value.code == 2
+    assert "spec-runtime: error: unrecognized arguments: --bogus 1" in capsys.readouterr().err
 
 
 def test_cli_trains_and_writes_a_loadable_draft(train_root: Path, toy_target: Path, toy_prompts_file: Path,

@@ -1,8 +1,8 @@
 """Trained drafts hold acceptance floors: a draft bug in the runtime fails CI (#31 point 6).
 
-The toy target (`spec_runtime.train.toy`, trained for seconds) continues prompts predictably, and the
+The toy target (`spec_train.toy`, trained for seconds) continues prompts predictably, and the
 session's EAGLE-1, EAGLE-3 and STANDALONE drafts were trained on its greedy continuations with
-`spec_runtime.train`. Run greedy with the runtime (eager and static executors) on held-out prompts,
+`spec_train`. Run greedy with the runtime (eager and static executors) on held-out prompts,
 each must accept at least its floor of tokens per iteration, and the output must equal the target's
 own greedy output. Random drafts accept about one token per iteration; the floors sit well above that
 and below what the correct runtime measures, so feeding a draft the wrong position, a stale hidden
@@ -16,7 +16,7 @@ import torch
 
 from spec_runtime.baseline import target_only_generate
 from spec_runtime.models.loading import load_target
-from spec_runtime.train.evaluate import measure_acceptance
+from spec_train.evaluate import measure_acceptance
 
 # Tokens per iteration (bonus included) with 3 steps, topk 2, 5 draft tokens, greedy, on the first 16
 # held-out prompts (measured 2.11 / 2.11 / 2.12 at the fixture settings; a tree this small reaches 3).

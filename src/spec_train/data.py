@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from spec_runtime.train.config import TrainError
+from spec_train.config import TrainError
 
 __all__ = ["Prompt", "Sequences", "encode_prompts", "generate_continuations", "load_prompts", "split_prompts"]
 

@@ -204,8 +204,8 @@ def head_from_checkpoint(directory, target) -> TrainHead:
     import json
     from pathlib import Path
 
-    from spec_runtime.train.checkpoint import load_draft_tensors
     from spec_schema import ModelDims, extend_width
+    from spec_train.checkpoint import load_draft_tensors
 
     d = Path(directory)
     cfg = json.loads((d / "config.json").read_text())

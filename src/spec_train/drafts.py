@@ -7,11 +7,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_runtime.train import checkpoint as ckpt
-from spec_runtime.train.config import TrainConfig, TrainError
-from spec_runtime.train.data import Sequences
-from spec_runtime.train.heads import TrainHead
-from spec_runtime.train.losses import (
+from spec_schema import ModelDims, SpecAlgorithm, extend_width
+from spec_schema import default_aux_layer_ids as schema_default_aux_layer_ids
+from spec_train import checkpoint as ckpt
+from spec_train.config import TrainConfig, TrainError
+from spec_train.data import Sequences
+from spec_train.heads import TrainHead
+from spec_train.losses import (
     distill_loss,
     feature_loss,
     head_step_loss,
@@ -19,8 +21,6 @@ from spec_runtime.train.losses import (
     step_mask,
     vocab_map,
 )
-from spec_schema import ModelDims, SpecAlgorithm, extend_width
-from spec_schema import default_aux_layer_ids as schema_default_aux_layer_ids
 
 __all__ = ["DraftBuilder", "default_aux_layer_ids"]
 

@@ -1,9 +1,9 @@
 """Draft training (EAGLE-1, EAGLE-3, distilled STANDALONE) by self-distillation from a local target.
 
-    from spec_runtime.train import TrainConfig, train_draft
+    from spec_train import TrainConfig, train_draft
     train_draft(TrainConfig(algorithm="EAGLE3", target="/path/target", output="/path/draft"))
 
-The command line is `spec-runtime train` (see `spec_runtime.train.cli`). Names are imported on first
+The command line is `spec-runtime train` (see `spec_train.cli`). Names are imported on first
 use, so building the command-line parser loads neither torch nor the runtime.
 """
 
@@ -29,5 +29,5 @@ _WHERE = {
 
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
-        raise AttributeError(f"module 'spec_runtime.train' has no attribute {name!r}")
-    return getattr(import_module(f"spec_runtime.train.{_WHERE[name]}"), name)
+        raise AttributeError(f"module 'spec_train' has no attribute {name!r}")
+    return getattr(import_module(f"spec_train.{_WHERE[name]}"), name)

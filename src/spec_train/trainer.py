@@ -13,9 +13,10 @@ from typing import Any, Optional
 
 import torch
 
-from spec_runtime.train import checkpoint as ckpt
-from spec_runtime.train.config import TrainConfig, TrainError, check_target
-from spec_runtime.train.data import (
+from spec_schema import SpecAlgorithm
+from spec_train import checkpoint as ckpt
+from spec_train.config import TrainConfig, TrainError, check_target
+from spec_train.data import (
     Sequences,
     encode_prompts,
     eos_token_ids,
@@ -23,8 +24,7 @@ from spec_runtime.train.data import (
     load_prompts,
     split_prompts,
 )
-from spec_runtime.train.drafts import DraftBuilder
-from spec_schema import SpecAlgorithm
+from spec_train.drafts import DraftBuilder
 
 __all__ = ["TrainResult", "held_out_prompts", "prepare", "train_draft"]
 

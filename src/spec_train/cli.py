@@ -1,4 +1,5 @@
-"""`spec-runtime train`: arguments and the command (the parser lives in `spec_runtime.cli`).
+"""`spec-runtime train`: arguments and the command (`spec_runtime.cli` builds the `train` parser with
+`add_train_arguments` and calls `run_train`).
 
     spec-runtime train --algorithm EAGLE3 --target DIR --output DIR [--steps N] [--device cuda]
         [--eval-steps 5 --eval-topk 4 --eval-draft-tokens 8]
@@ -32,7 +33,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", choices=("EAGLE", "EAGLE3", "STANDALONE"), required=True)
     p.add_argument("--target", required=True, type=Path, help="local Llama-family target directory")
     p.add_argument("--output", required=True, type=Path, help="draft directory to write (and resume)")
-    from spec_runtime.train.config import TrainConfig
+    from spec_train.config import TrainConfig
 
     for name, kind in _FIELDS:
         field = TrainConfig.model_fields[name]
@@ -53,7 +54,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Run `spec-runtime train`; bad input exits 2 with a one-line error before any work."""
     from pydantic import ValidationError
 
-    from spec_runtime.train.config import TrainConfig, TrainError
+    from spec_train.config import TrainConfig, TrainError
 
     fields = {name: getattr(args, name) for name, _ in _FIELDS if getattr(args, name) is not None}
     if args.aux_layer_ids:
@@ -69,7 +70,7 @@ def run_train(args: argparse.Namespace) -> int:
     except ValidationError as err:
         e = err.errors()[0]
         return _fail(f"--{'-'.join(str(x) for x in e['loc']).replace('_', '-')}: {e['msg']}")
-    from spec_runtime.train.trainer import train_draft
+    from spec_train.trainer import train_draft
 
     try:
         result = train_draft(cfg)
@@ -84,7 +85,7 @@ def run_train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, cfg, held_out: list[list[int]]) -> None:
     import torch
 
-    from spec_runtime.train.evaluate import measure_acceptance
+    from spec_train.evaluate import measure_acceptance
 
     acc = measure_acceptance(cfg.target, cfg.output, cfg.algorithm, held_out, num_steps=args.eval_steps,
                              topk=args.eval_topk, num_draft_tokens=args.eval_draft_tokens,
