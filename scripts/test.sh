@@ -29,11 +29,12 @@ fi
 # tests/engines import sglang and vLLM, which patch process-wide state (transformers, Triton's jit
 # mode, environment variables): they run in a pytest process of their own.
 # Two pytest-xdist workers where there are two cores (PYTEST_WORKERS overrides; 0 = one process),
-# tests dealt out one by one: on 2 quiet cores 4:17 against 7:35 in one process. The cores are
+# an idle worker steals queued tests from a busy one (--dist worksteal: 4:07 against 4:31 with --dist
+# load, back to back on this 2-core machine; 7:35 in one process). The cores are
 # counted by Python: `nproc` honours the OMP_NUM_THREADS=1 exported above and says 1.
 cores="$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')"
 workers="${PYTEST_WORKERS:-$(( cores >= 2 ? 2 : 0 ))}"
-run_pytest -n "$workers" --dist load --ignore=tests/engines
+run_pytest -n "$workers" --dist worksteal --ignore=tests/engines
 rc=$?
 run_pytest tests/engines
 rc_engines=$?
