@@ -23,14 +23,41 @@ def test_bench_results_hold_at_most_2_mb() -> None:
     assert size <= 2_000_000, f"bench/results holds {size / 1e6:.1f} MB of tracked files"
 
 
+def _environment_uses(path: Path) -> list[tuple[int, str]]:
+    """`(line, variable)` of every `os.environ` / `os.getenv` / `os.putenv` use in a module. The variable
+    is the name passed to `os.environ.get/pop/setdefault`, `os.environ[...]` or `os.getenv`: a string
+    literal or a module-level string constant; anything else (`os.environ` passed whole, a computed
+    name) is `?`, so no read can hide."""
+    tree = ast.parse(path.read_text())
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+              for t in n.targets if isinstance(t, ast.Name)}
+
+    def name_of(arg: ast.AST) -> str:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value
+        return consts.get(arg.id, "?") if isinstance(arg, ast.Name) else "?"
+
+    def os_attr(node: ast.AST, *attrs: str) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in attrs \
+            and isinstance(node.value, ast.Name) and node.value.id == "os"
+
+    named: dict[int, str] = {}  # id of the os.environ / os.getenv node -> the variable it reads
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr in ("get", "pop", "setdefault") and os_attr(node.func.value, "environ"):
+                named[id(node.func.value)] = name_of(node.args[0])
+            elif os_attr(node.func, "getenv"):
+                named[id(node.func)] = name_of(node.args[0])
+        elif isinstance(node, ast.Subscript) and os_attr(node.value, "environ"):
+            named[id(node.value)] = name_of(node.slice)
+    return [(node.lineno, named.get(id(node), "?")) for node in ast.walk(tree)
+            if os_attr(node, "environ", "getenv", "putenv")]
+
+
 def _environment_reads(path: Path) -> list[str]:
-    """`os.environ...` / `os.getenv` uses in a module (attribute access on `os`)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" \
-                and node.attr in ("environ", "getenv", "putenv"):
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    return found
+    """`path:line` of each environment use in a module."""
+    return [f"{path.relative_to(ROOT)}:{line}" for line, _ in _environment_uses(path)]
 
 
 def test_the_runtime_reads_the_environment_in_one_module() -> None:
@@ -48,39 +75,11 @@ ENV_NAMES = {"SPEC_STRICT", "SPEC_HYPOTHESIS_PROFILE", "SPEC_TUNING_FILE", "TRIT
              "XDG_CACHE_HOME"}
 
 
-def _environment_names(path: Path) -> set[str]:
-    """Names passed to `os.environ.get` / `os.environ[...]` / `os.getenv` in a module: string literals,
-    or module-level string constants; anything else is reported as `?` so it cannot hide."""
-    tree = ast.parse(path.read_text())
-    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
-              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
-              for t in n.targets if isinstance(t, ast.Name)}
-
-    def name_of(arg: ast.AST) -> str:
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            return arg.value
-        return consts.get(arg.id, "?") if isinstance(arg, ast.Name) else "?"
-
-    def is_environ(node: ast.AST) -> bool:
-        return isinstance(node, ast.Attribute) and node.attr == "environ" \
-            and isinstance(node.value, ast.Name) and node.value.id == "os"
-
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and (
-                (node.func.attr in ("get", "pop", "setdefault") and is_environ(node.func.value))
-                or (node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os")):
-            names.add(name_of(node.args[0]))
-        elif isinstance(node, ast.Subscript) and is_environ(node.value):
-            names.add(name_of(node.slice))
-    return names
-
-
 def test_the_product_reads_at_most_six_documented_environment_variables() -> None:
     found: dict[str, list[str]] = {}
     for p in sorted((ROOT / "src").rglob("*.py")):
-        for name in _environment_names(p):
-            found.setdefault(name, []).append(str(p.relative_to(ROOT)))
+        for line, name in _environment_uses(p):
+            found.setdefault(name, []).append(f"{p.relative_to(ROOT)}:{line}")
     assert set(found) <= ENV_NAMES and len(ENV_NAMES) <= 6, \
         f"environment variables read beyond {sorted(ENV_NAMES)}: { {k: v for k, v in found.items() if k not in ENV_NAMES} }"
     doc = (ROOT / "docs" / "runtime-internals.md").read_text()
