@@ -105,7 +105,7 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 
 
 def variant_file(base: dict, overrides: list[dict]) -> dict:
-    """The tuning data `base` (`gpu.tuning_file.save_decisions`' format) with each override's GEMV
+    """The tuning data `base` (`spec_kernels.tuning_file.save_decisions`' format) with each override's GEMV
     configuration (and "parts" epilogue choice) swapped in; `base` itself is left as it was.
 
     Raises:
@@ -260,8 +260,8 @@ def _set_env(env: Optional[dict], all_envs: list, keep_decisions: bool) -> None:
     environment, clear the process-wide setup decisions unless `keep_decisions`."""
     if not any(all_envs):
         return
-    from spec_runtime.gpu import tuning as T
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
+    from spec_kernels import tuning as T
 
     for other in all_envs:
         for key in other or {}:
@@ -317,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--rounds must be at least 1, got {a.rounds}")
     if bad or not torch.cuda.is_available():
         p.error(f"--algorithms: unknown {bad}" if bad else "needs a CUDA device")
-    from spec_runtime.gpu import tuning_file as M
+    from spec_kernels import tuning_file as M
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

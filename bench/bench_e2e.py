@@ -20,7 +20,7 @@ prefill time.
   weights (built on the meta device, then `load_state_dict(assign=True)`: no copy), greedy,
   `disable_compile=True` unless `--hf-compile` (its tok/s includes its prefill);
 - bound: the weight-bandwidth bound, target parameter bytes / the card's peak HBM bandwidth as
-  tokens/s (x bs; the peak from `spec_runtime.gpu.bandwidth`'s table by device name, or
+  tokens/s (x bs; the peak from `spec_kernels.bandwidth`'s table by device name, or
   `--bandwidth-tbs`; no such row for a card not in the table), and the same with the
   device-to-device copy bandwidth measured here;
 - strict: EAGLE-3 (simulated) in subprocesses with SPEC_STRICT=1 and unset (the level is read at
@@ -356,7 +356,7 @@ def run_plain(args: argparse.Namespace, target, results: Results) -> dict[int, f
                         accept_len=1.0, iterations=steps, prefill_s=prefill, note=f"target only, graphs of {runner.steps_per_graph} steps")
         except Exception as err:  # noqa: BLE001
             results.error(f"plain bs={bs}", err)
-    from spec_runtime.kernels._common import pdl, pdl_suppressed
+    from spec_kernels._common import pdl, pdl_suppressed
 
     if pdl(torch.device(args.device)) and 1 in args.bs and args.executor == "cuda_graph":
         # the same step without programmatic dependent launch: graphs captured again with it off
@@ -483,7 +483,7 @@ def run_spec(args: argparse.Namespace, algorithm: str, target, draft, results: R
 def pdl_ab(args: argparse.Namespace, rt: Any, engine: Any, prompts: list, on: dict, results: Results,
            algorithm: str, acceptance: str) -> None:
     """The same runtime with its graphs captured again without programmatic dependent launch."""
-    from spec_runtime.kernels._common import pdl, pdl_suppressed
+    from spec_kernels._common import pdl, pdl_suppressed
 
     if args.executor != "cuda_graph" or not pdl(torch.device(args.device)):
         return
@@ -728,10 +728,10 @@ def child_main(args: argparse.Namespace) -> int:
 
 
 def export_linear_cache(path: Path) -> bool:
-    """This process's setup decisions (`spec_runtime.gpu.tuning_file.save_decisions`), so that the
+    """This process's setup decisions (`spec_kernels.tuning_file.save_decisions`), so that the
     strict-comparison children run the same kernels without timing again."""
     try:
-        from spec_runtime.gpu import tuning_file as M
+        from spec_kernels import tuning_file as M
     except ImportError:
         return False
     return M.save_decisions(path) > 0
@@ -741,7 +741,7 @@ def load_linear_cache(path: Optional[str]) -> int:
     """Decisions a `--save-tuning` run or the parent wrote (`load_decisions`); 0 without a path."""
     if not path:
         return 0
-    from spec_runtime.gpu import tuning_file as M
+    from spec_kernels import tuning_file as M
 
     return M.load_decisions(path)
 
@@ -1044,7 +1044,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     target = build_target(cfg, dtype, args.device, seed=1)
     tbytes = param_bytes(target)
     results.note(f"target built in {time.perf_counter() - t0:.1f} s: {tbytes / 1e9:.2f} GB of parameters")
-    from spec_runtime.gpu.bandwidth import bound_bandwidth
+    from spec_kernels.bandwidth import bound_bandwidth
 
     peak, source = bound_bandwidth(results.data["meta"]["device"], args.bandwidth_tbs)
     results.data["meta"]["peak_bandwidth"] = {"tbs": None if peak is None else peak / 1e12, "source": source}

@@ -1,4 +1,4 @@
-"""Time each Triton kernel of `spec_runtime.kernels` against its torch reference on a CUDA GPU.
+"""Time each Triton kernel of `spec_kernels` against its torch reference on a CUDA GPU.
 
 Llama-3.1-8B shapes: 32 query heads, 8 KV heads, head_dim 128, bf16 KV cache, vocab 128256,
 hidden 4096; batch sizes 1, 8, 32; committed prefixes 128 .. 2048; trees of num_draft 8 (topk 4,
@@ -23,16 +23,22 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import triton
 import triton.testing
 
+from spec_kernels import accept as KA
+from spec_kernels import bookkeeping as BK
+from spec_kernels import gemv as G
+from spec_kernels import kv_store as KV
+from spec_kernels.attention import triton_attention
+from spec_kernels.gemv import _TUNED, GemvConfig
+from spec_kernels.tree_build import triton_build_tree
 from spec_runtime.attention import AttnBatch, torch_attention
-from spec_runtime.kernels import select
-from spec_runtime.kernels.gemv import _TUNED, GemvConfig
 from spec_runtime.kv_cache import KVCache
-from spec_runtime.tree import build_tree, organize, select_frontier
+from spec_runtime.tree import build_tree, organize, select_frontier, verify_greedy, verify_tree_sampling
 
 HQ, HKV, D, VOCAB, HIDDEN = 32, 8, 128, 128256, 4096
 TOPK, STEPS, NUM_DRAFT = 4, 5, 8
@@ -217,7 +223,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("kernels_bench needs a CUDA device")
     torch.manual_seed(0)
-    kset, ref_set = select("triton"), select("torch")
+    kset = SimpleNamespace(attention=triton_attention, store_kv=KV.store_kv, build_tree=triton_build_tree,
+                           verify_greedy=KA.triton_verify_greedy, verify_tree_sampling=KA.triton_verify_tree_sampling,
+                           commit_accepted=BK.commit_accepted, extend_after_decode=BK.extend_after_decode,
+                           linear=G.linear)
+    ref_set = SimpleNamespace(store_kv=KV.reference_store_kv, build_tree=build_tree, verify_greedy=verify_greedy,
+                              verify_tree_sampling=verify_tree_sampling, commit_accepted=BK.reference_commit_accepted,
+                              extend_after_decode=BK.reference_extend_after_decode)
     batch_sizes = (1, 8, 32)
     prefixes = (128, 2048) if args.quick else (128, 512, 2048)
     only = set(filter(None, args.only.split(",")))

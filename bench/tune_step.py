@@ -9,7 +9,7 @@ the tuned decisions of the 8B target's one-row projections (fused QKV, o, fused 
 lm_head) and, one shape at a time, times the whole decode step (`ab.plain_step_ms`: 255 steps in
 graphs of 8, the faster of two runs) with each candidate configuration, keeping the fastest (a
 candidate must beat the kept one by `--margin` ms). The kept decisions are written to
-`OUT/tuning.json` (`gpu.tuning_file.load_decisions`' format, for `bench_e2e.py --tuning-file`), every
+`OUT/tuning.json` (`spec_kernels.tuning_file.load_decisions`' format, for `bench_e2e.py --tuning-file`), every
 measurement to `OUT/tune_step.json`. Only decisions at one row change: every other entry is the
 base file's. The base file must come from the same kind of GPU (`bench_e2e.py --save-tuning`).
 """
@@ -44,11 +44,11 @@ def main() -> int:
     import bench_e2e as E
     from ab import plain_step_ms, variant_file
 
-    from spec_runtime.gpu import tuning_file as M
+    from spec_kernels import tuning_file as M
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--base", required=True, help="tuning file (gpu.tuning_file.save_decisions) to refine")
+    p.add_argument("--base", required=True, help="tuning file (spec_kernels.tuning_file.save_decisions) to refine")
     p.add_argument("--margin", type=float, default=0.005, help="ms per step a candidate must win by")
     a = p.parse_args()
     out = Path(a.out)

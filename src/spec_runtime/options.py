@@ -11,12 +11,12 @@ Environment variables read here, and only here:
 | variable | read | meaning |
 |---|---|---|
 | `SPEC_TUNING_FILE` | when a `FastOptions` is built | default of `FastOptions.tuning_file` |
-| `TRITON_INTERPRET` | by `triton_interpreting()` | Triton's own switch: kernels run on its CPU interpreter |
 | `OMP_NUM_THREADS` | by `omp_threads_set()` | set: the CLI leaves torch's thread count alone |
 | `XDG_CACHE_HOME` | by `cache_home()` | where the converted real model is cached (default `~/.cache`) |
 
 Elsewhere: `SPEC_STRICT` (spec_schema, at import: the contract checks) and
-`SPEC_HYPOTHESIS_PROFILE` (spec_schema's pytest plugin: the property tests' profile).
+`SPEC_HYPOTHESIS_PROFILE` (spec_schema's pytest plugin: the property tests' profile). Triton reads
+its own `TRITON_INTERPRET` (the CPU interpreter), which `spec_kernels.interpreting()` asks triton about.
 
 The fast path's former environment switches (`SPEC_PDL`, `SPEC_ATTN_*`, `SPEC_GEMV_*`,
 `SPEC_EMBED_NORM`, `SPEC_NORM_TRIGGER_FIRST`) are gone: the variants that won their A/B are the
@@ -28,16 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["TUNING_FILE_ENV", "FastOptions", "cache_home", "omp_threads_set", "triton_interpreting"]
+__all__ = ["TUNING_FILE_ENV", "FastOptions", "cache_home", "omp_threads_set"]
 
 TUNING_FILE_ENV = "SPEC_TUNING_FILE"
 """`SPEC_TUNING_FILE=PATH`: the default `FastOptions.tuning_file` (say, for the GPU tests)."""
-
-
-def triton_interpreting() -> bool:
-    """True when Triton kernels run on the CPU interpreter (`TRITON_INTERPRET=1`, Triton's own
-    variable, which it reads when a kernel is decorated)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 def omp_threads_set() -> bool:
@@ -63,7 +57,7 @@ class FastOptions:
         attention: "triton" (`kernels.attention`), "dense" (sync-free torch), "reference" (the
             host-reading torch reference: static executor on CPU only), "auto" (triton where it can
             run on CUDA, else dense).
-        elementwise: "triton" (`gpu/elementwise.py`) or "torch" (auto: triton on CUDA).
+        elementwise: "triton" (`spec_kernels/elementwise.py`) or "torch" (auto: triton on CUDA).
         linear: "torch" (cuBLAS), "gemv" (Triton GEMV up to its row limit), "auto" (time both per
             weight shape and row bucket at setup on CUDA; torch on CPU).
         tree: "triton" (`kernels.tree_build` / `kernels.accept`) or "torch" (`gpu/ops.py`, the
@@ -83,14 +77,14 @@ class FastOptions:
             down projections' split-K partials summed by the next residual add + RMSNorm instead
             of a reduce kernel). "fused" (all three) or a comma list of them: wherever the GEMV
             runs; "separate": none; "auto" (default): on CUDA, each where it measured faster at
-            setup, per weight shape and row bucket (`gpu.tuning._epilogue_timing`), none elsewhere.
+            setup, per weight shape and row bucket (`spec_kernels.tuning._epilogue_timing`), none elsewhere.
             Only where the GEMV runs (not cuBLAS), with the Triton elementwise kernels, for
             bias-free weights.
         gemv_rows: row counts to time the GEMV at (auto linear only).
         gemv_tune: where the setup decided no launch configuration for a GEMV's shape and row
             bucket (`linear="gemv"`, or rows outside `gemv_rows`), let `kernels.gemv` time its
             candidates on first use (seconds per shape) instead of taking its heuristic one.
-        tuning_file: setup decisions to load before the first one (`gpu.tuning_file.save_decisions`'
+        tuning_file: setup decisions to load before the first one (`spec_kernels.tuning_file.save_decisions`'
             JSON: GEMV or cuBLAS, launch configurations, epilogues), so the setup times only what
             the file lacks; refused if tuned on another kind of GPU. Default: `$SPEC_TUNING_FILE`.
     """

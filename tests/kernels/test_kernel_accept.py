@@ -10,7 +10,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, assert_same, gpu, needs_cuda, random_tree
 
-from spec_runtime.kernels.accept import triton_verify_greedy, triton_verify_tree_sampling
+from spec_kernels.accept import triton_verify_greedy, triton_verify_tree_sampling
 from spec_runtime.tree import verify_greedy, verify_tree_sampling
 
 CASES = [(3, 1, 3, 4), (2, 2, 3, 6), (2, 4, 3, 12), (2, 4, 4, 9), (1, 2, 1, 1), (2, 2, 2, 3)]
@@ -174,7 +174,8 @@ def test_gpu_llama_vocab(bs, topk, num_steps, num_draft):
 def test_simulated_accept_matches_reference(bs, n, width):
     """The benchmark's simulated override in one launch: the torch version's accept_index, tokens and
     counts, dtypes included, for every accept count 1 .. width."""
-    from spec_runtime.kernels.accept import reference_simulated_accept, triton_simulated_accept
+    from spec_kernels.accept import triton_simulated_accept
+    from spec_runtime.tree import simulated_accept as reference_simulated_accept
 
     gen = torch.Generator().manual_seed(bs * 100 + n)
     for a_max in range(1, width + 1):
@@ -192,5 +193,5 @@ def test_simulated_accept_builds_for_hopper():
 
     types = {n: "*i64" for n in ("a_ptr", "ri_ptr", "dt_ptr", "pred_ptr", "index_ptr", "tokens_ptr")}
     types["nc_ptr"] = "*i32"
-    (ptx,) = hopper_build("spec_runtime.kernels.accept", "_simulated_kernel", types, [dict(WP=8)], ptx=True)
+    (ptx,) = hopper_build("spec_kernels.accept", "_simulated_kernel", types, [dict(WP=8)], ptx=True)
     assert ptx.strip()  # compiled; nothing is asserted about one Triton version's PTX

@@ -4,8 +4,8 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, gpu, hopper_build, needs_cuda, random_tree
 
+from spec_kernels.attention import triton_attention
 from spec_runtime.attention import AttnBatch, torch_attention
-from spec_runtime.kernels.attention import triton_attention
 from spec_runtime.kv_cache import KVCache
 
 
@@ -94,7 +94,7 @@ def test_fused_merge_is_the_merge_kernel(monkeypatch):
     """The fused merge (the last program of each row block and KV head merges; `FUSED_MERGE_ROWS`)
     writes bit for bit what the merge kernel writes, and leaves the arrival counters at zero;
     calls of 2 rows merge fused, others with the kernel."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     q, cache, attn, splits = _decode_case(DEVICE)
     monkeypatch.setattr(A, "FUSED_MERGE_ROWS", ())
@@ -111,7 +111,7 @@ def test_merge_unroll_keeps_the_order(monkeypatch):
     """The merge adds `MERGE_UNROLL` partials per trip of its loop (unrolled, so their loads are in
     flight together): one at a time, 2 (a loop of two trips) or 8 (one trip over the 4 splits)
     give the same bits, with both merges; the order of the additions does not depend on it."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     q, cache, attn, splits = _decode_case(DEVICE)
     for fused_rows in ((), (q.shape[0],)):
@@ -128,7 +128,7 @@ def test_skip_empty_splits_is_bit_for_bit(monkeypatch):
     that hold keys) gives the bits of running every split, while the partial buffers hold NaNs
     from an earlier allocation: a skipped split's slots are never read. Calls of more than
     `SKIP_EMPTY_MIN_ROWS` rows skip."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     q, cache, attn, splits = _decode_case(DEVICE, splits=4)
     outs = []
@@ -148,7 +148,7 @@ def test_switches_reach_the_launch(monkeypatch):
     `MERGE_UNROLL`, `SKIP_EMPTY_MIN_ROWS`, `EARLY_KV_ROWS`) are the ones its launcher reads: patched
     there, they change the split kernel's constexprs, so those tests compare two paths (a launcher
     reading them from another module would have them compare a path with itself)."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     kernel, launches = A._attn_split_kernel, []
 
@@ -188,7 +188,7 @@ def test_split_kernel_compiles_for_hopper_with_pdl():
     base = dict(G=4, GP=4, D=64, BLOCK_M=2, BLOCK_R=16, BLOCK_N=128, BLOCK_E=4, BLOCK_J=16, NUM_SPLITS=4,
                 SEARCH_ITERS=2, DOT_F32=False, PDL=True, NSP=8)
     cases = [dict(base, FUSED_MERGE=fused, EARLY_KV=early_kv) for fused in (True, False) for early_kv in (True, False)]
-    irs = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types, cases)
+    irs = hopper_build("spec_kernels.attention", "_attn_split_kernel", types, cases)
     for case, ir in zip(cases, irs):
         assert ir.count("griddepcontrol.wait") == 2, case
         assert ("atom" in ir) == case["FUSED_MERGE"], case
@@ -200,7 +200,7 @@ def test_split_kernel_compiles_for_hopper_with_pdl():
 def test_early_kv_tile_is_the_late_one(monkeypatch):
     """The first committed K/V tile of each program loaded before the PDL wait (calls of at most
     `EARLY_KV_ROWS` rows) gives the bits of loading it in the loop."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     q, cache, attn, splits = _decode_case(DEVICE)
     monkeypatch.setattr(A, "EARLY_KV_ROWS", 0)
@@ -299,7 +299,7 @@ def _llama_cache(prefix: list[int], dtype=torch.bfloat16, max_context: int = 409
 @pytest.mark.parametrize("merge", ["kernel", "fused", "auto"])
 @pytest.mark.parametrize("prefix", [[1], [2048], [127, 0, 1500, 64, 999, 3, 2047, 512]])
 def test_gpu_decode(prefix, merge, monkeypatch):
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     bs = len(prefix)
     if merge != "auto":
@@ -316,7 +316,7 @@ def test_gpu_decode(prefix, merge, monkeypatch):
 @pytest.mark.parametrize("merge", ["kernel", "fused"])
 @pytest.mark.parametrize("bs", [1, 8])
 def test_gpu_tree_verify(bs, merge, monkeypatch):
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     monkeypatch.setattr(A, "FUSED_MERGE_ROWS", (bs * 8,) if merge == "fused" else ())
     gen = torch.Generator().manual_seed(bs)
@@ -336,7 +336,7 @@ def test_gpu_tree_verify(bs, merge, monkeypatch):
 def test_gpu_extend_long(dtype, early_kv, monkeypatch):
     """Prefill-like extends (300 and 77 rows: many extra slots and extra splits) after prefixes,
     with and without the early K/V tile."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     monkeypatch.setattr(A, "EARLY_KV_ROWS", 377 if early_kv else 0)
     prefix, ext = [700, 0], [300, 77]
@@ -362,7 +362,7 @@ def test_tail_prefetch_plan(monkeypatch):
     """The tail prefetch's runs end exactly at the weight's end, are whole 128-byte lines, stay
     within the budget and half the weight; it is off for other row counts, the fused merge, a
     strided weight, a zero `TAIL_MB` and under the interpreter."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     monkeypatch.setattr(A, "interpreting", lambda: False)
     w = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
@@ -394,7 +394,7 @@ def test_tail_prefetch_builds_for_hopper():
     types = _split_kernel_types(pf_ptr="*bf16")
     base = dict(G=4, GP=4, D=128, BLOCK_M=1, BLOCK_R=16, BLOCK_N=128, BLOCK_E=1, BLOCK_J=16, NUM_SPLITS=4,
                 SEARCH_ITERS=1, DOT_F32=False, PDL=True, NSP=8, EARLY_KV=True)
-    with_tail, without = hopper_build("spec_runtime.kernels.attention", "_attn_split_kernel", types,
+    with_tail, without = hopper_build("spec_kernels.attention", "_attn_split_kernel", types,
                                       [dict(base, PF_PROGS=4, PF_ELEMS=1536, PF_BYTES=3072), base])
     assert with_tail.count("cp.async.bulk.prefetch.L2") == 1
     assert with_tail.count("griddepcontrol.wait") == without.count("griddepcontrol.wait") + 1
@@ -409,7 +409,7 @@ def test_gpu_decode_tail_prefetch_same_bits(prefix, monkeypatch):
     """A one-row decode given the next weight (the tail prefetch on, its programs added) gives
     the bits of the call without it, and the prefetch programs run (a graph of 20 calls, the way
     the decode step runs them, under PDL when the GPU has it)."""
-    from spec_runtime.kernels import attention as A
+    from spec_kernels import attention as A
 
     cache = _llama_cache(prefix)
     bs = len(prefix)

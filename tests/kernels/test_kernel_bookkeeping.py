@@ -5,7 +5,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, assert_same, gpu, needs_cuda
 
-from spec_runtime.kernels.bookkeeping import (
+from spec_kernels.bookkeeping import (
     commit_accepted,
     extend_after_decode,
     reference_commit_accepted,
@@ -124,8 +124,8 @@ def test_ahead_extend_bookkeeping_is_the_torch_path(bucket, nlive, hidden, lead)
     draft's KV lead (1: a STANDALONE draft's rows and slots one position on)."""
     import copy
 
+    from spec_kernels import bookkeeping as BK
     from spec_runtime.executors import ahead_torch
-    from spec_runtime.kernels import bookkeeping as BK
 
     gen = torch.Generator().manual_seed(bucket * 10 + (nlive or 0) + hidden)
     state = _ahead_state(gen, bucket, hidden)
@@ -169,7 +169,7 @@ def test_ahead_extend_kernels_build_for_hopper():
     for name, consts in (("_ahead_in_kernel", dict(WP=8, BLOCK_H=1024)),
                          ("_ahead_out_kernel", dict(WP=8, KP=4, KSP=16, BLOCK_H=1024))):
         cases = [dict(consts, HAS_NLIVE=live, LEAD=lead) for live in (False, True) for lead in (0, 1)]
-        irs = hopper_build("spec_runtime.kernels.bookkeeping", name, types, cases)
+        irs = hopper_build("spec_kernels.bookkeeping", name, types, cases)
         assert all("tt.store" in ir for ir in irs)
 
 
@@ -235,7 +235,7 @@ def test_decode_advance(bucket, nlive, step, near_end):
     """decode_advance == its torch reference, bit for bit: live rows advance (history, slot table,
     lengths, next slots from the plan), padding rows and entries past the bucket stay, a full row
     or a step past the history writes nothing, the plan's end leaves the slot."""
-    from spec_runtime.kernels.bookkeeping import decode_advance, reference_decode_advance
+    from spec_kernels.bookkeeping import decode_advance, reference_decode_advance
 
     gen = torch.Generator().manual_seed(bucket * 10 + nlive + step)
     state = _advance_state(gen, bucket, nlive, 12, 8, 3 * max(nlive, 1) + 1, step, near_end)
@@ -264,7 +264,7 @@ def test_decode_advance(bucket, nlive, step, near_end):
 
 
 def test_decode_advance_rejects_bad_buffers():
-    from spec_runtime.kernels.bookkeeping import decode_advance
+    from spec_kernels.bookkeeping import decode_advance
 
     i64 = dict(dtype=torch.int64, device=DEVICE)
     tokens, short = torch.zeros(4, **i64), torch.zeros(2, **i64)
@@ -284,7 +284,7 @@ def test_decode_advance_builds_for_hopper_with_pdl():
 
     names = ["tok_ptr", "ids_ptr", "pos_ptr", "seq_ptr", "req_ptr", "slot_ptr", "rt_ptr", "hist_ptr", "plan_ptr",
              "step_ptr", "nlive_ptr"]
-    (ir,) = hopper_build("spec_runtime.kernels.bookkeeping", "_decode_advance_kernel", {n: "*i64" for n in names},
+    (ir,) = hopper_build("spec_kernels.bookkeeping", "_decode_advance_kernel", {n: "*i64" for n in names},
                          [dict(BLOCK=32, PDL=True)])
     kernel = ir.split("tt.func private")[0]  # the kernel's own body (helpers follow)
     assert 0 <= kernel.index("griddepcontrol.wait") < kernel.index("tt.load")

@@ -1,4 +1,4 @@
-"""`gpu.elementwise.embed_rmsnorm` (a forward's embedding gather and first RMSNorm in one kernel)
+"""`spec_kernels.elementwise.embed_rmsnorm` (a forward's embedding gather and first RMSNorm in one kernel)
 against the torch reference and the plain RMSNorm kernel. The other elementwise kernels are checked
 under the interpreter in `tests/runtime/test_static_executor.py` and on the GPU through the engine."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, ON_GPU
 
-from spec_runtime.gpu import elementwise as ew
+from spec_kernels import elementwise as ew
 
 # (rows, hidden): tiny on the interpreter; on the GPU the 8B and 1B widths
 SHAPES = [(37, 4096), (1, 4096), (8, 2048)] if ON_GPU else [(5, 48), (1, 32)]
@@ -56,7 +56,7 @@ def test_add_rmsnorm_between_gemvs_same_bits(rows):
     the next kernel triggered before it, at 3 not) moves loads and the trigger only: the sum and
     the normed rows are bit for bit the plain launch's, for a whole delta and for split-K
     partials, and stay the torch reference's."""
-    from spec_runtime.kernels.gemv import SplitKParts
+    from spec_kernels.gemv import SplitKParts
 
     assert ew.trigger_first(rows) == (rows == 1)
     hidden = 4096 if ON_GPU else 48

@@ -5,7 +5,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, gpu, needs_cuda
 
-from spec_runtime.kernels.frontier import DraftRecords, frontier_step, organize_records
+from spec_kernels.frontier import DraftRecords, frontier_step, organize_records
 from spec_runtime.tree import gather_branches, organize, select_frontier
 
 VOCAB = 50

@@ -5,8 +5,8 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, gpu, hopper_build, needs_cuda
 
-from spec_runtime.gpu import elementwise as ew
-from spec_runtime.kernels.gemv import (
+from spec_kernels import elementwise as ew
+from spec_kernels.gemv import (
     GemvConfig,
     RopeStore,
     SplitKParts,
@@ -198,8 +198,8 @@ def test_rope_epilogue_builds_for_hopper_with_pdl():
              dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=512, SWAP=False, MULRED=True)]
     cases = [dict(t, SPLIT_K=1, EVEN_K=True, HAS_BIAS=False, DOT_F32=False, EPI=2, HD2=64, PDL=True) for t in tiles]
     reduce_cases = [dict(SPLIT_K=2, BLOCK=1024, HAS_BIAS=False, EPI=2, HD2=64, PDL=True)]
-    irs = hopper_build("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
-    irs += hopper_build("spec_runtime.kernels.gemv", "_split_k_reduce_kernel", types, reduce_cases, scalar_type="i32")
+    irs = hopper_build("spec_kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
+    irs += hopper_build("spec_kernels.gemv", "_split_k_reduce_kernel", types, reduce_cases, scalar_type="i32")
     for case, ir in zip(cases + reduce_cases, irs):
         kernel = ir[: ir.index("tt.func private")]  # the kernel's own body (helpers follow, not inlined yet)
         call = kernel.find("._rope_inputs_")  # up front: called by the kernel, before the wait
@@ -215,7 +215,7 @@ def test_one_row_mulred_accumulates_in_two_dims():
     types.update({n: "*fp32" for n in ("part_ptr", "cos_ptr", "sin_ptr")}, pos_ptr="*i64", slot_ptr="*i64")
     cases = [dict(BLOCK_M=m, BLOCK_N=4, BLOCK_K=2048, SWAP=False, MULRED=True, SPLIT_K=1, EVEN_K=even, HAS_BIAS=False,
                   DOT_F32=False, EPI=epi, HD2=64, PDL=True) for m in (1, 2) for even in (True, False) for epi in (0, 1)]
-    irs = hopper_build("spec_runtime.kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
+    irs = hopper_build("spec_kernels.gemv", "_gemv_kernel", types, cases, scalar_type="i32")
     for case, ir in zip(cases, irs):
         three_d = f"tensor<{case['BLOCK_M']}x4x2048xf32>" in ir
         assert three_d == (case["BLOCK_M"] > 1), case
@@ -304,11 +304,11 @@ def test_gpu_epilogues_llama_shapes(m):
 def test_kernels_are_leaves() -> None:
     """No kernel module imports `spec_runtime.gpu`, not even inside a function: the fast path's
     modules import the kernels, never the other way (`kernels.gemv`'s RoPE reference used to
-    import `gpu.elementwise`)."""
+    import `spec_kernels.elementwise`)."""
     import ast
     from pathlib import Path
 
-    import spec_runtime.kernels as K
+    import spec_kernels as K
 
     found = []
     for path in sorted(Path(K.__file__).parent.glob("*.py")):

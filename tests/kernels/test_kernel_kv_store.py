@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, ON_GPU, gpu, needs_cuda
 
-from spec_runtime.kernels.kv_store import reference_store_kv, store_kv
+from spec_kernels.kv_store import reference_store_kv, store_kv
 from spec_runtime.kv_cache import KVCache
 
 

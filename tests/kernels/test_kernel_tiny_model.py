@@ -7,8 +7,8 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, random_tree
 
+from spec_kernels.attention import triton_attention
 from spec_runtime.attention import AttnBatch, torch_attention
-from spec_runtime.kernels.attention import triton_attention
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.loading import load_target
 from spec_runtime.tiny import build_tiny_target

@@ -4,7 +4,8 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, gpu, needs_cuda
 
-from spec_runtime.kernels.topk import reference_argmax, reference_softmax_topk, row_argmax, softmax_topk
+from spec_kernels.topk import reference_argmax, row_argmax, softmax_topk
+from spec_runtime.sampling import softmax_topk as reference_softmax_topk
 
 
 @pytest.mark.parametrize("rows,vocab,k", [(3, 100, 4), (4, 5000, 4), (2, 7, 7), (5, 4097, 1), (1, 64, 2), (2, 2048, 8)])

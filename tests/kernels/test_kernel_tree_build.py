@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, assert_same, gpu, needs_cuda, random_tree
 
-from spec_runtime.kernels.tree_build import triton_build_tree
+from spec_kernels.tree_build import triton_build_tree
 from spec_runtime.tree import build_tree
 
 

@@ -1,8 +1,8 @@
-"""The weight-bandwidth bound's card table (`spec_runtime.gpu.bandwidth`), on the CPU."""
+"""The weight-bandwidth bound's card table (`spec_kernels.bandwidth`), on the CPU."""
 
 import pytest
 
-from spec_runtime.gpu.bandwidth import bound_bandwidth, peak_bandwidth
+from spec_kernels.bandwidth import bound_bandwidth, peak_bandwidth
 
 
 @pytest.mark.parametrize("name, tbs", [

@@ -15,9 +15,9 @@ def test_bench_tiny_runs_and_hands_over_its_setup_decisions(tmp_path) -> None:
     """`bench_e2e.py --tiny` runs plain decode and EAGLE-3 at bs=1, loads the decisions of
     `--tuning-file` (recorded in its meta), `--save-tuning` writes them back out, and
     `--bandwidth-tbs` gives the CPU (no card in the table) a bound row."""
-    from spec_runtime.gpu import tuning as T
-    from spec_runtime.gpu.tuning_file import save_decisions
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
+    from spec_kernels import tuning as T
+    from spec_kernels.tuning_file import save_decisions
 
     saved = dict(T._GEMV_DECISIONS)
     try:

@@ -1,11 +1,10 @@
-"""The runtime's module layout (#32): no import cycles, kernels as leaves, one executor interface.
+"""The module layout (#32): no import cycles, kernels as leaves, one executor interface.
 
-- The import graph of `spec_runtime` and the trainer `spec_train` (function-level imports included)
-  has no cycle.
+- The import graph of `spec_runtime`, the kernels `spec_kernels` and the trainer `spec_train`
+  (function-level imports included) has no cycle.
 - The trainer is a consumer of the runtime: no runtime module imports it, except `cli`'s `train`
   subcommand inside a function.
-- `kernels/*` import no phase, executor, state or engine module (they may import the torch
-  references they are checked against: `tree`, `sampling`, `attention`, `kv_cache`, and `options`).
+- `spec_kernels` is a leaf library: no module of it imports `spec_runtime` or `spec_train`.
 - The phases reach the executor only through `executor.Executor`: the methods they (and the engine)
   call on `rt.runner` are exactly the protocol's, and every executor class has each of them with the
   protocol's parameters.
@@ -21,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
+import spec_kernels
 import spec_runtime
 import spec_train
 from spec_runtime.executor import EXECUTOR_METHODS, Executor
 
 SRC = Path(spec_runtime.__file__).parent
-PACKAGES = {"spec_runtime": SRC, "spec_train": Path(spec_train.__file__).parent}
-KERNEL_MAY_IMPORT = {"spec_runtime.options", "spec_runtime.tree", "spec_runtime.sampling",
-                     "spec_runtime.attention", "spec_runtime.kv_cache"}
+PACKAGES = {"spec_runtime": SRC, "spec_kernels": Path(spec_kernels.__file__).parent,
+            "spec_train": Path(spec_train.__file__).parent}
 
 
 def _modules() -> dict[str, Path]:
@@ -42,7 +41,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
-    """module -> the spec_runtime / spec_train modules it imports anywhere in its body, or outside
+    """module -> the spec_runtime / spec_kernels / spec_train modules it imports anywhere in its body, or outside
     function bodies with `top_level_only` (`from a import b` counts a and, when b is a module, a.b)."""
     mods = _modules()
     edges: dict[str, set[str]] = collections.defaultdict(set)
@@ -114,7 +113,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
 
 def test_no_import_cycles() -> None:
     cycles = _cycles(_import_graph())
-    assert not cycles, f"import cycles in spec_runtime / spec_train: {[sorted(c) for c in cycles]}"
+    assert not cycles, f"import cycles in spec_runtime / spec_kernels / spec_train: {[sorted(c) for c in cycles]}"
 
 
 def test_cycle_finder_finds_a_planted_cycle() -> None:
@@ -142,17 +141,21 @@ def test_the_runtime_imports_the_trainer_only_in_the_train_command() -> None:
     assert _runtime_imports_of_the_trainer(top) == {"spec_runtime.cli": ["spec_train.cli"]}
 
 
-def test_kernels_import_no_phase_or_executor() -> None:
+def _kernel_imports_above(edges: dict[str, set[str]]) -> dict[str, list[str]]:
+    return {m: sorted(t for t in targets if t.split(".")[0] != "spec_kernels")
+            for m, targets in edges.items() if m.split(".")[0] == "spec_kernels"
+            and any(t.split(".")[0] != "spec_kernels" for t in targets)}
+
+
+def test_the_kernels_are_a_leaf_library() -> None:
     edges = _import_graph()
-    bad = {}
-    for mod, targets in edges.items():
-        if not mod.startswith("spec_runtime.kernels"):
-            continue
-        outside = {t for t in targets if not t.startswith("spec_runtime.kernels")
-                   and not any(t == ok or t.startswith(ok + ".") for ok in KERNEL_MAY_IMPORT)}
-        if outside:
-            bad[mod] = sorted(outside)
-    assert not bad, f"kernels import modules above them: {bad}"
+    assert len([m for m in edges if m.startswith("spec_kernels.")]) >= 10
+    assert _kernel_imports_above(edges) == {}
+    # the check can fail: the imports the package split removed (the tree's references, the KV cache)
+    edges["spec_kernels.accept"].add("spec_runtime.tree")
+    edges["spec_kernels.kv_store"].add("spec_runtime.kv_cache")
+    assert _kernel_imports_above(edges) == {"spec_kernels.accept": ["spec_runtime.tree"],
+                                            "spec_kernels.kv_store": ["spec_runtime.kv_cache"]}
 
 
 def _runner_calls(path: Path) -> set[str]:
@@ -201,6 +204,20 @@ def test_every_core_module_imports() -> None:
     for pkg in ("spec_runtime.executors", "spec_runtime.tree", "spec_runtime.buffers"):
         for info in pkgutil.iter_modules(importlib.import_module(pkg).__path__, pkg + "."):
             importlib.import_module(info.name)
-    for name in ("core_types", "executor", "state", "runtime", "draft", "verify", "extend", "engine",
-                 "kernels", "kernels.accept", "kernels.bookkeeping"):
+    for name in ("core_types", "executor", "state", "runtime", "draft", "verify", "extend", "engine"):
         importlib.import_module(f"spec_runtime.{name}")
+    for name in ("inputs", "accept", "bookkeeping", "tuning", "tuning_file"):
+        importlib.import_module(f"spec_kernels.{name}")
+
+
+def test_importing_the_runtime_imports_no_triton_and_no_launcher() -> None:
+    """CPU users never pay triton's import, and no kernel module is loaded (and its interpreter shims
+    set up) before a test or a user has chosen TRITON_INTERPRET: the runtime reaches the kernels'
+    package only through `spec_kernels.inputs` until a fast path is built."""
+    import subprocess
+    import sys
+
+    code = ("import sys, spec_runtime.engine, spec_runtime.runtime, spec_runtime.cli; "
+            "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('spec_kernels')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['spec_kernels', 'spec_kernels.inputs']"

@@ -405,9 +405,9 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
     torch.set_num_threads(1)
-    from spec_runtime.kernels import _common
+    from spec_kernels import _common
     _common._shim_interpreter_index()
-    from spec_runtime.gpu import elementwise as ew
+    from spec_kernels import elementwise as ew
     gen = torch.Generator().manual_seed(0)
     def rnd(*shape):
         return torch.randn(*shape, generator=gen)
@@ -444,7 +444,7 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
                           intermediate_size=48)
     target = load_target(t)
     head = load_eagle3(h, target)
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
     calls = {}
     for name in ("triton_linear_rope_store", "triton_linear_silu_mul", "triton_linear_parts"):
         def counted(*a, _f=getattr(G, name), _n=name, **k):
@@ -529,8 +529,8 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     epilogues are timed, the GEMV runs if either of its paths (fused, or GEMV then the separate
     kernel) beats cuBLAS then the separate kernel, even when cuBLAS wins alone; without a cuBLAS
     path timing, or without an epilogue, the GEMV-alone comparison stands."""
+    from spec_kernels import tuning as T
     from spec_runtime.gpu import models as M
-    from spec_runtime.gpu import tuning as T
 
     alone = {1: False, 2: True, 4: False, 8: True}
     paths = {1: T.EpilogueTiming(1.0, 0.9, 0.95), 2: T.EpilogueTiming(1.0, 1.1, 0.9),
@@ -554,7 +554,7 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     be.choose_linears([forced])
     assert forced.gemv_buckets == {1, 2, 4, 8, 16} and forced.fused_buckets == {1}
     # FastOptions.gemv_tune reaches the GEMV's launches as an argument (no global setting)
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
 
     tuning = M.FastBackend(M.FastOptions(linear="gemv", gemv_tune=True), torch.device("cpu"))
     lin = M.Linear(torch.zeros(4, 6))
@@ -573,8 +573,8 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     cuBLAS won. Other linears get no lead."""
     import types
 
+    from spec_kernels import tuning as T
     from spec_runtime.gpu import models as M
-    from spec_runtime.gpu import tuning as T
     from spec_runtime.gpu.fast_ops import _MLP
 
     ref = types.SimpleNamespace(gate_proj=torch.nn.Linear(32, 48, bias=False), up_proj=torch.nn.Linear(32, 48, bias=False),
@@ -613,10 +613,10 @@ def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
     import importlib.util
     import json
 
+    from spec_kernels import gemv as G
+    from spec_kernels import tuning as T
+    from spec_kernels import tuning_file as TF
     from spec_runtime.gpu import models as M
-    from spec_runtime.gpu import tuning as T
-    from spec_runtime.gpu import tuning_file as TF
-    from spec_runtime.kernels import gemv as G
 
     spec = importlib.util.spec_from_file_location("bench_e2e_for_test", REPO / "bench" / "bench_e2e.py")
     bench = importlib.util.module_from_spec(spec)

@@ -404,7 +404,7 @@ class LaunchAhead:
         pad_t, pad_d = self._pad_slots
         lead = self.rt.spec_config.traits.draft_kv_lead
         if self.backend.bookkeeping == "triton":
-            from ..kernels import bookkeeping as BK
+            from spec_kernels import bookkeeping as BK
 
             BK.ahead_extend_in(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d, lead)
             out = self._extend_fn(bucket)

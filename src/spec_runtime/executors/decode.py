@@ -64,7 +64,7 @@ class DecodeRunner:
 
             fast_target = make_fast(target, FastOptions.of(fast), cache.req_to_token.shape[1] + 1, self.linear_log)
         self.fast = fast_target
-        from ..kernels import bookkeeping as BK
+        from spec_kernels import bookkeeping as BK
 
         self._advance = BK.decode_advance if fast_target.be.bookkeeping == "triton" else BK.reference_decode_advance
         i64 = dict(dtype=torch.int64, device=cache.device)

@@ -68,7 +68,7 @@ class GraphSet:
         replay execute.
         A capture that programmatic dependent launch invalidated (the stream capture refused a
         programmatic edge) is redone with PDL off for this graph (counted in `pdl_fallbacks`)."""
-        from ..kernels._common import pdl, pdl_suppressed
+        from spec_kernels._common import pdl, pdl_suppressed
 
         start = time.perf_counter()
         try:

@@ -124,12 +124,12 @@ class GraphRunner(LaunchAhead):
         self.backend = be
         tree_fn, greedy_fn, sampling_fn, sim_fn = build_tree_nosync, None, None, None
         if be.tree == "triton":
-            from ..kernels.accept import (
+            from spec_kernels.accept import (
                 triton_simulated_accept,
                 triton_verify_greedy,
                 triton_verify_tree_sampling,
             )
-            from ..kernels.tree_build import triton_build_tree
+            from spec_kernels.tree_build import triton_build_tree
 
             tree_fn, greedy_fn, sampling_fn = triton_build_tree, triton_verify_greedy, triton_verify_tree_sampling
             sim_fn = triton_simulated_accept

@@ -1,7 +1,7 @@
 """The fast path's backend: which implementation of each piece (from `FastOptions` and the
 device), and the setup decision of cuBLAS or the Triton GEMV (and its epilogue) per linear.
 
-The timings behind the decisions are in `gpu/tuning.py`, their files in `gpu/tuning_file.py`.
+The timings behind the decisions are in `spec_kernels/tuning.py`, their files in `spec_kernels/tuning_file.py`.
 """
 
 from collections.abc import Callable, Sequence
@@ -10,11 +10,11 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from spec_kernels import tuning as T
+from spec_kernels.tuning_file import load_tuning_file
 from spec_runtime.attention import torch_attention
-from spec_runtime.gpu import tuning as T
 from spec_runtime.gpu.fast_ops import Linear, _pow2
 from spec_runtime.gpu.ops import dense_attention
-from spec_runtime.gpu.tuning_file import load_tuning_file
 from spec_runtime.options import FastOptions
 
 __all__ = ["FastBackend"]
@@ -25,11 +25,11 @@ def _is_cuda(device: torch.device) -> bool:
 
 
 def _kernels_usable(device: torch.device) -> bool:
-    """The Triton kernels of `spec_runtime.kernels` can run: CUDA and triton importable."""
+    """The Triton kernels of `spec_kernels` can run: CUDA and triton importable."""
     if not _is_cuda(device):
         return False
     try:
-        from spec_runtime import kernels
+        import spec_kernels as kernels
 
         return kernels.kernels_available()
     except ImportError:
@@ -59,7 +59,7 @@ class FastBackend:
         self.topk = kernels_or(options.topk, "torch")
         self.frontier: Any = None  # the phase cores' CoreOps.frontier (None: the torch path)
         if kernels_or(options.frontier, "torch") == "triton":
-            from spec_runtime.kernels import frontier
+            from spec_kernels import frontier
 
             self.frontier = frontier
         # auto: the two launches on CUDA (the interpreter keeps the torch steps: CI time)
@@ -69,7 +69,7 @@ class FastBackend:
         self.softmax_topk_fn: Optional[Callable] = None
         self.argmax_fn: Optional[Callable] = None
         if self.topk == "triton":
-            from spec_runtime.kernels.topk import row_argmax, softmax_topk
+            from spec_kernels.topk import row_argmax, softmax_topk
 
             self.softmax_topk_fn, self.argmax_fn = softmax_topk, row_argmax
         self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
@@ -82,7 +82,7 @@ class FastBackend:
         self.epilogues_timed = options.epilogues == "auto"
         self.triton_attention: Optional[Callable] = None
         if att == "triton":
-            from spec_runtime.kernels.attention import triton_attention
+            from spec_kernels.attention import triton_attention
 
             self.triton_attention = triton_attention
 
@@ -103,7 +103,7 @@ class FastBackend:
         loading `FastOptions.tuning_file`)."""
         if self.linear == "torch":
             return
-        from spec_runtime.kernels.gemv import MAX_M
+        from spec_kernels.gemv import MAX_M
 
         load_tuning_file(self.options.tuning_file)
         for lin in linears:
@@ -179,7 +179,7 @@ class FastBackend:
         if paths is not None:
             separate, with_epilogue, cublas = paths
             return T._Lead(with_epilogue if gemv and fused else separate if gemv else cublas, before.weight)
-        from spec_runtime.kernels import gemv as G
+        from spec_kernels import gemv as G
 
         x = torch.randn(rows, before.weight.shape[1], device=before.weight.device, dtype=before.weight.dtype)
         if gemv:

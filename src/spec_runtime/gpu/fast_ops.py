@@ -9,10 +9,10 @@ Per model, set up once from the model's own modules and weights:
 - RoPE cos/sin from a table precomputed for every position and indexed by the positions (no host
   sync, the same float32 arithmetic as `RotaryEmbedding`);
 - RoPE + KV store, RMSNorm (+ residual add) and SiLU-and-multiply as Triton kernels
-  (`gpu/elementwise.py`, `FastOptions.elementwise`), or the reference torch ops;
+  (`spec_kernels/elementwise.py`, `FastOptions.elementwise`), or the reference torch ops;
 - attention as the backend chose it (`FastBackend.attention_for`): the Triton kernel, the sync-free
   `gpu.ops.dense_attention`, never the host-reading reference unless asked;
-- linear layers through cuBLAS or the Triton split-K GEMV (`spec_runtime.kernels.gemv`), chosen per
+- linear layers through cuBLAS or the Triton split-K GEMV (`spec_kernels.gemv`), chosen per
   weight shape and row count at setup (`FastBackend.choose_linears`);
 - where the GEMV runs, the step after it in its epilogue (`FastOptions.epilogues`): RoPE + KV store
   after QKV, SiLU-and-multiply after gate/up, and the o / down split-K partials summed by the next
@@ -84,7 +84,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv_for(x.shape[0]):
-            from spec_runtime.kernels.gemv import triton_linear
+            from spec_kernels.gemv import triton_linear
 
             return triton_linear(x, self.weight, self.bias, tune=self.tune)
         return F.linear(x, self.weight, self.bias)
@@ -93,7 +93,7 @@ class Linear:
         """`self(x)`, except that where the "parts" epilogue is on, a split-K GEMV's partials come
         back unreduced (`SplitKParts`, for `add_rmsnorm` to sum)."""
         if self.epilogue == "parts" and self.fuses(x.shape[0]):
-            from spec_runtime.kernels.gemv import triton_linear_parts
+            from spec_kernels.gemv import triton_linear_parts
 
             return triton_linear_parts(x, self.weight, tune=self.tune)
         return self(x)
@@ -189,7 +189,7 @@ class FastOps(TorchOps):
         self.be = be
         self._ew: Any = None
         if be.elementwise == "triton":
-            from spec_runtime.gpu import elementwise
+            from spec_kernels import elementwise
 
             self._ew = elementwise
         self._attn: dict[nn.Module, _Attn] = {}
@@ -284,7 +284,7 @@ class FastOps(TorchOps):
         """Where the fused QKV's GEMV runs with its epilogue: RoPE and the store in it."""
         a = self._attn[sa]
         if a.qkv is not None and a.qkv.fuses(x.shape[0]):
-            from spec_runtime.kernels.gemv import RopeStore, triton_linear_rope_store
+            from spec_kernels.gemv import RopeStore, triton_linear_rope_store
 
             table = rope.table
             store = RopeStore(table.cos_f32, table.sin_f32, rope.positions.contiguous(), attn.out_slots.contiguous(),
@@ -307,7 +307,7 @@ class FastOps(TorchOps):
             gate, up = m.gate_parts
             return F.silu(gate(x)) * up(x)
         if gu.fuses(x.shape[0]):
-            from spec_runtime.kernels.gemv import triton_linear_silu_mul
+            from spec_kernels.gemv import triton_linear_silu_mul
 
             return triton_linear_silu_mul(x, gu.weight, tune=gu.tune)
         if self._ew is not None:

@@ -10,7 +10,7 @@ call the reference model's. The pieces live in:
 - `gpu/backend.py`: `FastBackend`, which implementation of each piece, and the setup decision of
   cuBLAS or the GEMV (and its epilogue) per linear;
 - `gpu/fast_ops.py`: `FastOps` (the steps), `Linear`, `RopeTable`;
-- `gpu/tuning.py`, `gpu/tuning_file.py`: the setup's timings, their tables and files;
+- `spec_kernels/tuning.py`, `spec_kernels/tuning_file.py`: the setup's timings, their tables and files;
 - `gpu/ops.py`: sync-free torch versions of the reference functions (`dense_attention`, ...).
 """
 

@@ -365,7 +365,7 @@ class LlamaForCausal(nn.Module):
         captured: dict[int, torch.Tensor] = {}
         delta: Any = None
         for i, layer in enumerate(layers):
-            if i:  # after the down projection, before the QKV one (see `gpu.elementwise.add_rmsnorm`)
+            if i:  # after the down projection, before the QKV one (see `spec_kernels.elementwise.add_rmsnorm`)
                 x, normed = ops.add_norm(x, delta, layer.input_layernorm, between_gemvs=True)
             if i in wanted:
                 captured[i] = x

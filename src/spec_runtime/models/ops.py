@@ -72,7 +72,7 @@ class TorchOps:
     def add_norm(self, x: torch.Tensor, delta: Any, norm: Optional[nn.Module],
                  between_gemvs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`(x + delta, norm(x + delta))`; delta None: no add. `between_gemvs` is the caller's
-        promise for the fast ops' kernel (`gpu.elementwise.add_rmsnorm`); no meaning here."""
+        promise for the fast ops' kernel (`spec_kernels.elementwise.add_rmsnorm`); no meaning here."""
         if delta is not None:
             x = x + (delta if isinstance(delta, torch.Tensor) else delta.sum())
         return x, self.norm(x, norm)

@@ -3,10 +3,10 @@ rejection sampling of sampled chains, and the benchmarks' simulated acceptance."
 
 import torch
 
+from spec_kernels.inputs import check_verify_shapes
+from spec_kernels.inputs import require as _require
 from spec_runtime import faults
 from spec_runtime.sampling import sample_from_probs
-
-from ._common import require as _require
 
 __all__ = ["check_verify_shapes", "simulated_accept", "verify_chain_rejection", "verify_greedy",
            "verify_tree_sampling"]
@@ -25,19 +25,6 @@ def _tree_links(next_token, next_sibling):
         rank.scatter_(1, dump, torch.full_like(dump, r))
         child = torch.where(child >= 0, next_sibling.gather(1, child.clamp(min=0)), -1)
     return parent[:, :n], rank[:, :n]
-
-
-def check_verify_shapes(candidates, retrieve_index, next_token, next_sibling, num_steps) -> None:
-    """The verify functions' shape checks (no tensor values read); raises ValueError."""
-    shape = tuple(candidates.shape)
-    _require(len(shape) == 2 and shape[1] >= 1, f"candidates must be (bs, num_draft), got {shape}")
-    for name, t in (
-        ("retrieve_index", retrieve_index),
-        ("retrieve_next_token", next_token),
-        ("retrieve_next_sibling", next_sibling),
-    ):
-        _require(tuple(t.shape) == shape, f"{name} must be (bs, num_draft) = {shape}, got {tuple(t.shape)}")
-    _require(num_steps >= 0, f"num_steps must be >= 0, got {num_steps}")
 
 
 def _empty_outputs(bs, num_draft, num_steps, device):

@@ -3,7 +3,7 @@ choose the tree's nodes from every step's candidates (the flat score index: `spe
 
 import torch
 
-from ._common import require as _require
+from spec_kernels.inputs import require as _require
 
 __all__ = ["select_frontier", "gather_branches", "organize"]
 

@@ -2,7 +2,8 @@
 
 import torch
 
-from ._common import require as _require
+from spec_kernels.inputs import check_build_tree_args
+from spec_kernels.inputs import require as _require
 
 __all__ = ["build_tree", "check_build_tree_args", "tree_layout"]
 
@@ -98,29 +99,6 @@ def build_tree(
                           num_draft)
     return tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
                        num_draft)
-
-
-def check_build_tree_args(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
-                          num_draft) -> None:
-    """`build_tree`'s argument checks (shapes and tree parameters; no tensor values read).
-
-    Raises:
-        ValueError: naming the argument and its expected shape.
-    """
-    bs = selected_index.shape[0]
-    width = topk * (num_steps - 1) + 1
-    _require(num_steps >= 1 and topk >= 1 and num_draft >= 1, "topk, num_steps and num_draft must be >= 1")
-    _require(
-        tuple(parent_list.shape) == (bs, width),
-        f"parent_list must be (bs, topk*(num_steps-1)+1) = {(bs, width)}, got {tuple(parent_list.shape)}",
-    )
-    for name, t in (("selected_index", selected_index), ("draft_tokens", draft_tokens)):
-        _require(
-            tuple(t.shape) == (bs, num_draft - 1),
-            f"{name} must be (bs, num_draft-1) = {(bs, num_draft - 1)}, got {tuple(t.shape)}",
-        )
-    for name, t in (("bonus_tokens", bonus_tokens), ("seq_lens", seq_lens)):
-        _require(tuple(t.shape) == (bs,), f"{name} must be (bs,) = ({bs},), got {tuple(t.shape)}")
 
 
 def tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps, num_draft,

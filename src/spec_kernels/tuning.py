@@ -1,7 +1,7 @@
 """Setup-time timings of the fast path's linears: the Triton GEMV against cuBLAS per weight shape
 and row count, and each GEMV epilogue against the separate kernel, timed in short CUDA-graph chains
 as the runtime's graphs run them (`FastBackend.choose_linears` asks; process-wide tables keep every
-decision, `gpu/tuning_file.py` saves and loads them). CUDA only: nothing here runs on CPU but the
+decision, `spec_kernels/tuning_file.py` saves and loads them). CUDA only: nothing here runs on CPU but the
 tables and the bookkeeping around them.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from spec_runtime.gpu.fast_ops import Linear
+from spec_kernels.inputs import LinearSpec
 
 __all__ = ["EpilogueTiming", "GemvDecision"]
 
@@ -43,19 +43,19 @@ class GemvDecision:
 _GEMV_DECISIONS: dict[tuple, GemvDecision] = {}
 
 
-def _decision_key(lin: Linear, rows: int) -> tuple:
+def _decision_key(lin: LinearSpec, rows: int) -> tuple:
     """`_GEMV_DECISIONS`' key: weight shape and dtype, bias or not, rows, device."""
     w = lin.weight
     return (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
 
 
-def _gemv_wins(lin: Linear, rows: int, log: Optional[list], lead: Callable[[], Optional[_Lead]] = lambda: None
+def _gemv_wins(lin: LinearSpec, rows: int, log: Optional[list], lead: Callable[[], Optional[_Lead]] = lambda: None
                ) -> bool:
     """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
     Registers the fastest GEMV configuration with
     `kernels.gemv` every time (a process that clears `kernels.gemv._TUNED` gets the decision's
     configuration back)."""
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
 
     w = lin.weight
     key = _decision_key(lin, rows)
@@ -68,7 +68,7 @@ def _gemv_wins(lin: Linear, rows: int, log: Optional[list], lead: Callable[[], O
     return decision.wins()
 
 
-def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead] = None) -> GemvDecision:
+def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_Lead] = None) -> GemvDecision:
     """Time F.linear against the Triton GEMV at `rows` rows (medians of CUDA-event timings, L2
     flushed by `do_bench`). The GEMV is timed at its heuristic configuration and at a short list of
     candidate launch configurations; the `_SHORTLIST` fastest are then re-timed in graph chains
@@ -93,8 +93,8 @@ def _time_gemv(lin: Linear, rows: int, log: Optional[list], lead: Optional[_Lead
     2.71-2.76 ms (`explore-archive:bench/results/explore/chain_lead_ab.json`)."""
     import triton.testing
 
-    from spec_runtime.kernels import gemv as G
-    from spec_runtime.kernels._common import pdl
+    from spec_kernels import gemv as G
+    from spec_kernels._common import pdl
 
     w, bias = lin.weight, lin.bias
     m, (n, k) = rows, w.shape
@@ -169,7 +169,7 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
     without a K split for the 8B down projection at 8 rows, and its verify graph ran 5.15 ms
     against 4.28-4.43 in processes that picked the swapped 64x128 tile with two splits
     (`explore-archive:bench/results/explore/mulred_ab.json`)."""
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
 
     if len(fastest) < 2 or not w.is_cuda:
         return [], None
@@ -202,7 +202,7 @@ class EpilogueTiming:
 _EPILOGUE_DECISIONS: dict[tuple, Optional[EpilogueTiming]] = {}
 
 
-def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
+def _epilogue_timing(lin: LinearSpec, rows: int, log: Optional[list],
                      lead: Callable[[], Optional[_Lead]] = lambda: None) -> Optional[EpilogueTiming]:
     """`lin`'s paths at `rows` rows timed against each other (once per weight shape, heads and row
     bucket, process-wide), the GEMV at its configuration for these rows (`_gemv_wins` registers
@@ -249,13 +249,13 @@ def _epilogue_timing(lin: Linear, rows: int, log: Optional[list],
 
 
 
-def _epilogue_paths(lin: Linear, rows: int) -> Optional[tuple[Callable, Callable, Callable]]:
+def _epilogue_paths(lin: LinearSpec, rows: int) -> Optional[tuple[Callable, Callable, Callable]]:
     """`(separate, fused, cublas)`: one call each of `lin`'s GEMV followed by the separate kernel,
     of the GEMV with its epilogue, and of cuBLAS followed by the separate kernel, at `rows` rows and
     the GEMV's configuration for them, taking the weight as argument (so a timing can rotate
     copies). None for "parts" without a K split (both GEMV paths are the same)."""
-    from spec_runtime.gpu import elementwise as ew
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import elementwise as ew
+    from spec_kernels import gemv as G
 
     w = lin.weight
     n, k = w.shape
@@ -323,7 +323,7 @@ class _Chain:
 
     @classmethod
     def around(cls, w: torch.Tensor, lead: Optional[_Lead] = None) -> "_Chain":
-        from spec_runtime.gpu import elementwise as ew
+        from spec_kernels import elementwise as ew
 
         spacer_x = torch.randn(1, 1024, device=w.device, dtype=w.dtype)
         spacer_w = torch.ones(1024, device=w.device, dtype=w.dtype)

@@ -62,5 +62,5 @@ def bound_bandwidth(device_name: str, override_tbs: Optional[float] = None) -> t
     card = peak_bandwidth(device_name)
     if card is None:
         return None, (f"peak HBM bandwidth of {device_name!r} unknown (no entry in "
-                      "spec_runtime.gpu.bandwidth): no weight-bandwidth bound; give --bandwidth-tbs")
+                      "spec_kernels.bandwidth): no weight-bandwidth bound; give --bandwidth-tbs")
     return card.tbs * 1e12, f"{card.card} datasheet peak"

@@ -14,7 +14,7 @@ few programs (27 µs for an argmax over 128K). Here:
 Order and ties: values descending; equal values in ascending index order (so k = 1 is torch's
 argmax: the first maximum). NaN ranks as +inf (torch's argmax returns a NaN's index too). The
 softmax is torch's function with a different summation order, so probabilities can differ from
-`torch.softmax` in the last float32 bits (`reference_softmax_topk` is the torch reference).
+`torch.softmax` in the last float32 bits (`spec_runtime.sampling.softmax_topk` is the torch reference).
 """
 
 import torch
@@ -22,10 +22,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._common import FLOAT_DTYPES, cdiv, next_pow2, pdl_options, require
-from spec_runtime.sampling import softmax_topk as reference_softmax_topk  # the draft's torch path
+from spec_kernels._common import FLOAT_DTYPES, cdiv, next_pow2, pdl_options, require
 
-__all__ = ["reference_argmax", "reference_softmax_topk", "row_argmax", "softmax_topk"]
+__all__ = ["reference_argmax", "row_argmax", "softmax_topk"]
 
 _MAX_INDEX = 2 ** 31 - 1
 _BIG = tl.constexpr(_MAX_INDEX)  # "no index": past every valid one
@@ -139,7 +138,7 @@ def _launch(x: torch.Tensor, k: int, softmax: bool) -> tuple[torch.Tensor, torch
 
 def softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`(probs, indices)` of the `k` largest entries of `softmax(logits.float(), -1)` along the last
-    axis (`reference_softmax_topk`), values descending, ties in index order; `(..., k)` float32 and
+    axis (`spec_runtime.sampling.softmax_topk`), values descending, ties in index order; `(..., k)` float32 and
     int64. Reads shapes only: capturable in a CUDA graph."""
     return _launch(logits, k, softmax=True)
 

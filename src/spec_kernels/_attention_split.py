@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._attention_merge import _merge_rows, _request_of_row, _splits_used
+from spec_kernels._attention_merge import _merge_rows, _request_of_row, _splits_used
 
 
 @triton.jit

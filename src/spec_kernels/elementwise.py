@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._common import pdl_options
-from spec_runtime.kernels.gemv import SplitKParts, reference_rope_store  # noqa: F401 (re-exported)
+from spec_kernels._common import pdl_options
+from spec_kernels.gemv import SplitKParts, reference_rope_store  # noqa: F401 (re-exported)
 
 __all__ = [
     "add_rmsnorm",

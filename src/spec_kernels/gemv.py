@@ -16,7 +16,7 @@ in a CUDA-graph capture, or under the interpreter, a heuristic config is used.
 
 Epilogues fold the decode step after a projection into it (`EPI_*`): `triton_linear_silu_mul`
 (gate/up then SiLU-and-multiply), `triton_linear_rope_store` (QKV then RoPE and the KV store), and
-`triton_linear_parts`, which leaves the split-K partials for `gpu.elementwise.add_rmsnorm` to sum.
+`triton_linear_parts`, which leaves the split-K partials for `spec_kernels.elementwise.add_rmsnorm` to sum.
 Each gives bit for bit what the GEMV followed by the separate kernel gives.
 """
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from spec_runtime.kernels._common import (
+from spec_kernels._common import (
     FLOAT_DTYPES,
     cdiv,
     interpreting,
@@ -35,7 +35,7 @@ from spec_runtime.kernels._common import (
     require,
     sm_count,
 )
-from spec_runtime.kernels._gemv_kernels import (
+from spec_kernels._gemv_kernels import (
     EPI_ROPE,
     EPI_SILU,
     _gemv_kernel,
@@ -120,7 +120,7 @@ class RopeStore:
 @dataclass(frozen=True)
 class SplitKParts:
     """A split-K GEMV's float32 partial sums `(S, M, N)`, left for the consumer to add (in split
-    order) and round to `dtype`: `gpu.elementwise.add_rmsnorm` does it in its own pass, which saves
+    order) and round to `dtype`: `spec_kernels.elementwise.add_rmsnorm` does it in its own pass, which saves
     the reduce kernel."""
 
     parts: torch.Tensor
@@ -344,7 +344,7 @@ def _check_rope(x: torch.Tensor, w: torch.Tensor, r: RopeStore) -> None:
 def reference_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
-    """The reference of the RoPE + KV store (`gpu.elementwise.rope_store`, the RoPE epilogue here):
+    """The reference of the RoPE + KV store (`spec_kernels.elementwise.rope_store`, the RoPE epilogue here):
     rotate q, k (`(T, H*D)`) by the table rows of `positions` (rotate-half, in float32), store
     k, v at `k_cache[slots]`, `v_cache[slots]` (`(num_slots, Hkv, D)`); returns q `(T, Hq, D)`."""
     t = q.shape[0]

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_runtime.kernels._common import (
+from spec_kernels._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_tensor,
@@ -35,23 +35,9 @@ from spec_runtime.kernels._common import (
     next_pow2,
     require,
 )
-from spec_runtime.tree import check_verify_shapes, simulated_accept, verify_greedy, verify_tree_sampling
+from spec_kernels.inputs import check_verify_shapes
 
-__all__ = [
-    "reference_simulated_accept",
-    "reference_verify_greedy",
-    "reference_verify_tree_sampling",
-    "triton_simulated_accept",
-    "triton_verify_greedy",
-    "triton_verify_tree_sampling",
-]
-
-reference_verify_greedy = verify_greedy
-"""The pure-torch reference (`spec_runtime.tree.verify_greedy`)."""
-reference_verify_tree_sampling = verify_tree_sampling
-"""The pure-torch reference (`spec_runtime.tree.verify_tree_sampling`)."""
-reference_simulated_accept = simulated_accept
-"""The pure-torch reference (`spec_runtime.verify.simulated_accept`)."""
+__all__ = ["triton_simulated_accept", "triton_verify_greedy", "triton_verify_tree_sampling"]
 
 
 def _check_tree(candidates, retrieve_index, next_token, next_sibling, num_steps):
@@ -162,7 +148,7 @@ def _simulated_kernel(
 
 def triton_simulated_accept(sim_accept: torch.Tensor, retrieve_index: torch.Tensor, draft_token: torch.Tensor,
                             predict: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`verify.simulated_accept` in one launch (the torch version captures about fifteen small
+    """`spec_runtime.tree.simulated_accept` in one launch (the torch version captures about fifteen small
     kernels into every simulated verify graph): same arguments, same outputs and dtypes."""
     bs, n = draft_token.shape
     dev = draft_token.device

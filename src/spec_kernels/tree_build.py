@@ -15,13 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_runtime.kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
-from spec_runtime.tree import build_tree, check_build_tree_args
+from spec_kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
+from spec_kernels.inputs import check_build_tree_args
 
-__all__ = ["reference_build_tree", "triton_build_tree"]
-
-reference_build_tree = build_tree
-"""The pure-torch reference (`spec_runtime.tree.build_tree`)."""
+__all__ = ["triton_build_tree"]
 
 _ERR_RANGE, _ERR_ORDER, _ERR_ORPHAN, _ERR_DEPTH = 1, 2, 4, 8
 

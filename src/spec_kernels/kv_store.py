@@ -4,13 +4,13 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_runtime.kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, next_pow2, require
-from spec_runtime.kv_cache import KVCache
+from spec_kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, next_pow2, require
+from spec_kernels.inputs import KVPool
 
 __all__ = ["reference_store_kv", "store_kv"]
 
 
-def reference_store_kv(cache: KVCache, layer: int, out_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def reference_store_kv(cache: KVPool, layer: int, out_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """What the model does before attention: `cache.k[layer, out_slots] = k` (cast to the cache
     dtype), same for v; rows whose slot is negative (padding) are skipped."""
     keep = out_slots >= 0
@@ -49,7 +49,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(t, h * d).contiguous()
 
 
-def store_kv(cache: KVCache, layer: int, out_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def store_kv(cache: KVPool, layer: int, out_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Write `k`, `v` `(T, Hkv, D)` at `cache.k[layer, out_slots]`, `cache.v[layer, out_slots]`.
 
     Casts to the cache dtype; a negative slot (padding) skips its row. Slots must be distinct.

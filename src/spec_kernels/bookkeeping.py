@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_runtime.kernels._common import INDEX_DTYPES, check_tensor, next_pow2, pdl_options, require
+from spec_kernels._common import INDEX_DTYPES, check_tensor, next_pow2, pdl_options, require
 
 __all__ = [
     "ahead_extend_in",

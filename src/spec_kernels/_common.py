@@ -9,15 +9,11 @@ import functools
 
 import torch
 
-from spec_runtime.options import triton_interpreting
+from spec_kernels import interpreting  # noqa: F401 (the launchers import it from here)
+from spec_kernels.inputs import require  # noqa: F401 (the launchers import it from here)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def interpreting() -> bool:
-    """True when Triton kernels run on the CPU interpreter (`TRITON_INTERPRET=1`)."""
-    return triton_interpreting()
 
 
 def next_pow2(n: int) -> int:
@@ -77,12 +73,6 @@ def pdl_options(device: torch.device) -> dict:
     """`(PDL constexpr, launch options)` as keyword arguments of a PDL-aware kernel launch."""
     on = pdl(device)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-
-
-def require(ok: bool, message: str) -> None:
-    """Raise `ValueError(message)` unless `ok` (never `assert`: `python -O` strips it)."""
-    if not ok:
-        raise ValueError(message)
 
 
 def check_tensor(

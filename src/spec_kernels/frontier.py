@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_runtime.kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
+from spec_kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
 
 __all__ = ["DraftRecords", "Frontier", "frontier_step", "organize_records"]
 

@@ -38,10 +38,9 @@ causal extend of `n` rows reads `O(n^2)` K/V rows (mostly from L2).
 
 import torch
 
-from spec_runtime.attention import AttnBatch, torch_attention
-from spec_runtime.kernels._attention_merge import _attn_merge_kernel
-from spec_runtime.kernels._attention_split import _attn_split_kernel
-from spec_runtime.kernels._common import (
+from spec_kernels._attention_merge import _attn_merge_kernel
+from spec_kernels._attention_split import _attn_split_kernel
+from spec_kernels._common import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     cdiv,
@@ -53,12 +52,9 @@ from spec_runtime.kernels._common import (
     require,
     sm_count,
 )
-from spec_runtime.kv_cache import KVCache
+from spec_kernels.inputs import AttnMeta, KVPool
 
-__all__ = ["reference_attention", "triton_attention"]
-
-reference_attention = torch_attention
-"""The pure-torch reference (`spec_runtime.attention.torch_attention`)."""
+__all__ = ["triton_attention"]
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32  # prefix splits per row block
@@ -144,7 +140,7 @@ def tail_prefetch_plan(w: torch.Tensor | None, t: int, fused: bool, blocks: int,
                        PF_BYTES=per * w.element_size())
 
 
-def _check_inputs(q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch) -> None:
+def _check_inputs(q: torch.Tensor, cache: KVPool, layer: int, attn: AttnMeta) -> None:
     require(q.dim() == 3, f"q must be (T, Hq, D), got shape {tuple(q.shape)}")
     t, hq, d = q.shape
     _, _, hkv, dk = cache.k.shape
@@ -226,7 +222,7 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def triton_attention(
-    q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float, *, num_splits: int | None = None,
+    q: torch.Tensor, cache: KVPool, layer: int, attn: AttnMeta, scale: float, *, num_splits: int | None = None,
     next_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over the KV cache (GQA, ragged prefixes, extra slots), `torch_attention`'s contract.

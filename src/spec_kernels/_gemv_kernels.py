@@ -93,7 +93,7 @@ def _pair_epilogue(a0, a1, rows, row_ok, pairs, pair_ok, out_ptr, s_om,
                    EPI: tl.constexpr, HD2: tl.constexpr, pre=None):
     """Pairs' float32 sums `a0`, `a1` (rows x pairs) -> the epilogue's outputs. Each projection
     output is rounded to the output dtype first, exactly as the separate elementwise kernels
-    (`gpu/elementwise.py`) see it, and they do the same float32 arithmetic after. `pre`: the
+    (`spec_kernels/elementwise.py`) see it, and they do the same float32 arithmetic after. `pre`: the
     RoPE inputs (`_rope_inputs`), loaded at the kernel's start (None for SiLU)."""
     ok = row_ok & pair_ok
     x0 = a0.to(out_ptr.dtype.element_ty).to(tl.float32)

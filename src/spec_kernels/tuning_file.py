@@ -1,4 +1,4 @@
-"""Tuning files: the setup decisions of one process (`gpu/tuning.py`'s tables and
+"""Tuning files: the setup decisions of one process (`spec_kernels/tuning.py`'s tables and
 `kernels.gemv`'s tuned configurations) saved as JSON and loaded into another, which then times
 nothing they cover (`FastOptions.tuning_file`, the benchmark's `--save-tuning` / `--tuning-file`).
 """
@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from spec_runtime.gpu import tuning as T
+from spec_kernels import tuning as T
 
 __all__ = ["load_decisions", "load_tuning_file", "save_decisions"]
 
@@ -29,7 +29,7 @@ def save_decisions(path: Any) -> int:
 
     import triton
 
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
 
     def cfg(c: Any) -> Any:
         return None if c is None else dataclasses.asdict(c)
@@ -58,7 +58,7 @@ def load_decisions(path: Any, check_device: bool = True) -> int:
     import json
     from pathlib import Path
 
-    from spec_runtime.kernels import gemv as G
+    from spec_kernels import gemv as G
 
     def dt(name: str) -> torch.dtype:
         value = getattr(torch, name.split(".")[-1], None)

@@ -1,0 +1,51 @@
+"""Triton kernels of spec_runtime's fast path, beside their launchers.
+
+A leaf library: it imports torch and triton, never `spec_runtime` (`tests/runtime/test_layout.py`
+checks). Each launcher keeps the signature and the outputs of a torch function of the runtime, its
+reference (tests/kernels compare them); where the reference is a kernel's own contract it lives
+here as `reference_*`. Objects of the runtime arrive by duck type (`inputs.KVPool`,
+`inputs.AttnMeta`, `inputs.LinearSpec`).
+
+Modules (one per kernel family; each Triton kernel sits above its launcher):
+
+- `attention`: `triton_attention` over the token-slot KV cache (`spec_runtime.attention.torch_attention`);
+  its kernels in `_attention_split.py` and `_attention_merge.py`.
+- `kv_store`: `store_kv`, the scatter of new K/V rows into the pool.
+- `tree_build`: `triton_build_tree` (`spec_runtime.tree.build_tree`).
+- `accept`: `triton_verify_greedy`, `triton_verify_tree_sampling`, `triton_simulated_accept`
+  (`spec_runtime.tree.verify_*`, `simulated_accept`).
+- `bookkeeping`: `commit_accepted`, `extend_after_decode`, `decode_advance` (slot-table writes).
+- `gemv`: a split-K GEMV for linear layers at small batch, with RoPE + KV store, SiLU-and-multiply
+  and unreduced-partials epilogues; its kernels in `_gemv_kernels.py`.
+- `elementwise`: RMSNorm (+ residual add, + embedding gather), RoPE + KV store, SiLU-and-multiply.
+- `topk`: `softmax_topk` (`spec_runtime.sampling.softmax_topk`) and `row_argmax`.
+- `frontier`: `frontier_step`, `organize_records` (the draft's expansion bookkeeping:
+  `spec_runtime.tree.select_frontier`, `gather_branches`, `organize`), one launch per draft step.
+- `tuning`, `tuning_file`: setup-time timings of the GEMV against cuBLAS and of each epilogue, per
+  weight shape and row count, and the JSON files that keep them.
+- `inputs`: the duck types of the runtime's objects and the shape checks a kernel and its torch
+  reference share;
+- `bandwidth`: peak HBM bandwidth per card, for weight-bandwidth bounds.
+
+Importing this package never imports triton; a launcher module does.
+"""
+
+import importlib.util
+
+import torch
+
+__all__ = ["interpreting", "kernels_available"]
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on its CPU interpreter (`TRITON_INTERPRET=1`, as triton reads it)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+def kernels_available() -> bool:
+    """Triton importable, and CUDA available or triton's CPU interpreter on."""
+    return importlib.util.find_spec("triton") is not None and (torch.cuda.is_available() or interpreting())

@@ -1,0 +1,88 @@
+"""What the kernels take from the runtime: the duck types of its objects (`KVPool`, `AttnMeta`,
+`LinearSpec`) and the checks a kernel and its torch reference share (`spec_runtime.tree` uses
+them, and `require`, the one-line `ValueError`). Checks read shapes and parameters, never tensor
+values: no host sync, capturable. Importing this module imports neither triton nor a launcher."""
+
+from typing import Optional, Protocol
+
+import torch
+
+__all__ = ["AttnMeta", "KVPool", "LinearSpec", "check_build_tree_args", "check_verify_shapes", "require"]
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise `ValueError(message)` unless `ok` (never `assert`: `python -O` strips it)."""
+    if not ok:
+        raise ValueError(message)
+
+
+class KVPool(Protocol):
+    """The token-slot KV cache (`spec_runtime.kv_cache.KVCache`): `k`, `v`
+    `(layers, slots, kv_heads, head_dim)`, `req_to_token` `(rows, max_context)` int64 (-1 = none)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    req_to_token: torch.Tensor
+    dtype: torch.dtype
+
+
+class AttnMeta(Protocol):
+    """Who attends what in one forward (`spec_runtime.attention.AttnBatch`, which documents the fields)."""
+
+    req_pool_indices: torch.Tensor
+    prefix_lens: torch.Tensor
+    qo_indptr: torch.Tensor
+    out_slots: torch.Tensor
+    extra_kv: torch.Tensor
+
+    @property
+    def batch_size(self) -> int: ...
+
+
+class LinearSpec(Protocol):
+    """A linear layer as the setup times it (`spec_runtime.gpu.fast_ops.Linear`): its weight
+    `(N, K)` and bias, the epilogue its GEMV may fuse ("rope", "silu", "parts" or ""), the
+    `(q heads, kv heads, head dim)` of a "rope" QKV weight, and whether the GEMV may time
+    configurations the setup did not decide."""
+
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+    epilogue: str
+    heads: tuple[int, int, int]
+    tune: bool
+
+
+def check_verify_shapes(candidates, retrieve_index, next_token, next_sibling, num_steps) -> None:
+    """The verify functions' shape checks (no tensor values read); raises ValueError."""
+    shape = tuple(candidates.shape)
+    require(len(shape) == 2 and shape[1] >= 1, f"candidates must be (bs, num_draft), got {shape}")
+    for name, t in (
+        ("retrieve_index", retrieve_index),
+        ("retrieve_next_token", next_token),
+        ("retrieve_next_sibling", next_sibling),
+    ):
+        require(tuple(t.shape) == shape, f"{name} must be (bs, num_draft) = {shape}, got {tuple(t.shape)}")
+    require(num_steps >= 0, f"num_steps must be >= 0, got {num_steps}")
+
+
+def check_build_tree_args(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
+                          num_draft) -> None:
+    """`build_tree`'s argument checks (shapes and tree parameters; no tensor values read).
+
+    Raises:
+        ValueError: naming the argument and its expected shape.
+    """
+    bs = selected_index.shape[0]
+    width = topk * (num_steps - 1) + 1
+    require(num_steps >= 1 and topk >= 1 and num_draft >= 1, "topk, num_steps and num_draft must be >= 1")
+    require(
+        tuple(parent_list.shape) == (bs, width),
+        f"parent_list must be (bs, topk*(num_steps-1)+1) = {(bs, width)}, got {tuple(parent_list.shape)}",
+    )
+    for name, t in (("selected_index", selected_index), ("draft_tokens", draft_tokens)):
+        require(
+            tuple(t.shape) == (bs, num_draft - 1),
+            f"{name} must be (bs, num_draft-1) = {(bs, num_draft - 1)}, got {tuple(t.shape)}",
+        )
+    for name, t in (("bonus_tokens", bonus_tokens), ("seq_lens", seq_lens)):
+        require(tuple(t.shape) == (bs,), f"{name} must be (bs,) = ({bs},), got {tuple(t.shape)}")
