@@ -17,10 +17,6 @@ quick check of the harness itself).
 A variant is `name:JSON`, variants separated by ';'. The JSON object holds:
 
 - `gpu.models.FastOptions` fields, e.g. `{"linear": "torch"}` (cuBLAS) or `{"epilogues": "separate"}`;
-- `"env": {NAME: VALUE}`: environment switches set for this variant alone (`SPEC_PDL`,
-  `SPEC_ATTN_MERGE`, ...). The setup decisions (GEMV or cuBLAS per shape, epilogues) are kept
-  process-wide, so when any variant has an env every variant starts from cleared decisions, timed
-  again, unless `--keep-decisions` (for switches the decisions do not depend on);
 - `"gemv": [{"shape": [N, K], "rows": R, "config": {GemvConfig fields}, "parts": false}]`: the
   GEMV configuration of one weight shape at R rows swapped into `--tuning-file`'s decisions
   (`"parts": true` also makes the split-K partials go to the next norm instead of a reduce kernel);
@@ -43,7 +39,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -58,7 +53,7 @@ for _path in (ROOT / "src", ROOT / "bench"):
 
 import bench_e2e as E  # noqa: E402  (after the path set-up)
 
-SPECIAL_KEYS = ("env", "gemv", "leave_out", "buckets", "steps_per_graph")
+SPECIAL_KEYS = ("gemv", "leave_out", "buckets", "steps_per_graph")
 """Variant keys that are not `FastOptions` fields."""
 LEAVE_OUT = ("norm", "attn", "lm_head")
 """What a variant's `leave_out` may name."""
@@ -255,24 +250,6 @@ def spec_iter_ms(algorithm: str, target: Any, draft: Any, sim: float, fast: dict
     return res
 
 
-def _set_env(env: Optional[dict], all_envs: list, keep_decisions: bool) -> None:
-    """Set this variant's environment and unset what the others set; when any variant has an
-    environment, clear the process-wide setup decisions unless `keep_decisions`."""
-    if not any(all_envs):
-        return
-    from spec_kernels import gemv as G
-    from spec_kernels import tuning as T
-
-    for other in all_envs:
-        for key in other or {}:
-            os.environ.pop(key, None)
-    os.environ.update({k: str(v) for k, v in (env or {}).items()})
-    if not keep_decisions:
-        T._GEMV_DECISIONS.clear()
-        T._EPILOGUE_DECISIONS.clear()
-        G._TUNED.clear()
-
-
 def summary(rounds: list[dict], names: list[str]) -> dict:
     """Best (lowest) ms per variant and algorithm over the rounds, and its difference from the
     first variant's in % (negative: faster)."""
@@ -295,7 +272,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--algorithms", default="plain,EAGLE3,STANDALONE", help="plain, EAGLE3, STANDALONE, EAGLE")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tuning-file", default=None, help="setup decisions every variant starts from")
-    p.add_argument("--keep-decisions", action="store_true", help="variants' env does not clear the setup decisions")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (a quick check of the harness)")
     a = p.parse_args(argv)
     try:
@@ -325,13 +301,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.time()
     target = E.build_target(cfg, torch.bfloat16, "cuda", seed=0)
     drafts = {x: E.build_draft(x, target, cfg, a.tiny, torch.bfloat16, "cuda") for x in algorithms if x != "plain"}
-    envs = [o.get("env") for _, o in variants]
     res: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
                  "variants": dict(variants), "rounds": []}
     for r in range(a.rounds):
         for name, options in variants if r % 2 == 0 else variants[::-1]:
             fast = {k: v for k, v in options.items() if k not in SPECIAL_KEYS}
-            _set_env(options.get("env"), envs, a.keep_decisions)
             if name in files:
                 M.load_decisions(files[name])
             for model in (target, *drafts.values()):  # rebuilt per variant (one variant's weights at a time)

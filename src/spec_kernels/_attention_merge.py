@@ -1,4 +1,4 @@
-"""Pass 2 of `kernels.attention`: merge the split kernel's partials of every (row, head), adding
+"""Pass 2 of `spec_kernels.attention`: merge the split kernel's partials of every (row, head), adding
 the splits in a fixed order so that this kernel and the split kernel's fused merge give the same bits
 (`attention.FUSED_MERGE_ROWS`, `attention.MERGE_UNROLL`). The launcher is `attention.triton_attention`.
 """

@@ -1,6 +1,6 @@
-"""Pass 1 of `kernels.attention`: one program per (row block, KV head, split) writes an unnormalized
+"""Pass 1 of `spec_kernels.attention`: one program per (row block, KV head, split) writes an unnormalized
 partial; under the fused merge the last program of a (row block, KV head) merges them itself. The
-layout, the PDL order and the tail prefetch are described in `kernels.attention`, whose
+layout, the PDL order and the tail prefetch are described in `spec_kernels.attention`, whose
 `triton_attention` launches this kernel.
 """
 

@@ -1,6 +1,6 @@
-"""The Triton kernels of `kernels.gemv`: the split-K GEMV (`_gemv_kernel`: `tl.dot` or
+"""The Triton kernels of `spec_kernels.gemv`: the split-K GEMV (`_gemv_kernel`: `tl.dot` or
 multiply-and-reduce tiles, optional epilogues `EPI_*`) and the fixed-order reduce of its float32
-partials (`_split_k_reduce_kernel`). Their launcher and configurations are in `kernels.gemv`.
+partials (`_split_k_reduce_kernel`). Their launcher and configurations are in `spec_kernels.gemv`.
 """
 
 import triton

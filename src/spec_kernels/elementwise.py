@@ -6,7 +6,7 @@ CUDA graph each tiny op still costs a few microseconds, so these fuse them:
 - `rmsnorm` / `add_rmsnorm` / `embed_rmsnorm`: (residual add or embedding gather +) RMSNorm,
   float32 statistics, `weight * normed.to(dtype)` (the rounding steps of `models.llama.RMSNorm`),
   one program per row; the added delta may be a GEMV's unreduced split-K partials
-  (`kernels.gemv.SplitKParts`), summed here instead;
+  (`spec_kernels.gemv.SplitKParts`), summed here instead;
 - `rope_store`: RoPE on q and k from a float32 cos/sin table indexed by position, k and v stored
   into the KV cache at their slots, one program per (row, head);
 - `silu_mul`: `silu(gate) * up` of a fused gate/up output.

@@ -53,7 +53,7 @@ def _gemv_wins(lin: LinearSpec, rows: int, log: Optional[list], lead: Callable[[
                ) -> bool:
     """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
     Registers the fastest GEMV configuration with
-    `kernels.gemv` every time (a process that clears `kernels.gemv._TUNED` gets the decision's
+    `spec_kernels.gemv` every time (a process that clears `spec_kernels.gemv._TUNED` gets the decision's
     configuration back)."""
     from spec_kernels import gemv as G
 

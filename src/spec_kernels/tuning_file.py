@@ -1,5 +1,5 @@
 """Tuning files: the setup decisions of one process (`spec_kernels/tuning.py`'s tables and
-`kernels.gemv`'s tuned configurations) saved as JSON and loaded into another, which then times
+`spec_kernels.gemv`'s tuned configurations) saved as JSON and loaded into another, which then times
 nothing they cover (`FastOptions.tuning_file`, the benchmark's `--save-tuning` / `--tuning-file`).
 """
 
@@ -19,7 +19,7 @@ _TUNING_LOADED: set[str] = set()
 def save_decisions(path: Any) -> int:
     """Write this process's setup decisions to `path` as JSON: GEMV or cuBLAS per weight shape and
     row count (with the GEMV's configuration and both times), the epilogue path timings (which can
-    overrule the first, `backend.FastBackend._decide`) and `kernels.gemv`'s tuned configurations, with the
+    overrule the first, `backend.FastBackend._decide`) and `spec_kernels.gemv`'s tuned configurations, with the
     device's name and the torch and triton versions. Another process that loads them
     (`load_decisions`) runs the same kernels and times nothing they cover: the strict-comparison
     children of the benchmark, an A/B across processes, a later session on the same kind of GPU.

@@ -94,10 +94,11 @@ def test_ab_variants_and_tuning_overrides() -> None:
         import ab as A
     finally:
         sys.path.remove(str(REPO / "bench"))
-    got = A.parse_variants('base:{};cublas:{"linear":"torch","env":{"SPEC_PDL":"0"}};cut:{"leave_out":["norm"]}')
-    assert got == [("base", {}), ("cublas", {"linear": "torch", "env": {"SPEC_PDL": "0"}}),
+    got = A.parse_variants('base:{};cublas:{"linear":"torch","buckets":[1,8]};cut:{"leave_out":["norm"]}')
+    assert got == [("base", {}), ("cublas", {"linear": "torch", "buckets": [1, 8]}),
                    ("cut", {"leave_out": ["norm"]})]
     for bad, msg in (('a:{"linaer":"torch"}', "variant 'a': unknown keys \\['linaer'\\]"),
+                     ('a:{"env":{"SPEC_PDL":"0"}}', "variant 'a': unknown keys \\['env'\\]"),
                      ('a:{"leave_out":["mlp"]}', "leave_out \\['mlp'\\]"), ("a:{", "variant 'a': invalid JSON"),
                      ("a:{};a:{}", "given twice"), ("{}", "not name:JSON")):
         with pytest.raises(ValueError, match=msg):
