@@ -20,14 +20,9 @@ __all__ = ["PAD_UNIFORM", "DraftBuffers", "ExtendBuffers", "VerifyBuffers", "all
 PAD_UNIFORM = 0.5  # coins of padded rows (any value in [0, 1) would do)
 
 
-def _hidden_axis(config: SpecConfig, phase: str, axis: str) -> dict[str, tuple[int, str]]:
+def _hidden_axis(config: SpecConfig, phase: str) -> dict[str, tuple[int, str]]:
     w = hidden_width(config, phase)  # type: ignore[arg-type]
-    return {} if w.size is None else {axis: (w.size, w.origin)}
-
-
-def _hidden_expect(config: SpecConfig, phase: str, which: str) -> dict[str, tuple[Any, str]]:
-    w = hidden_width(config, phase)  # type: ignore[arg-type]
-    return {"hidden_states": (w.dtype, w.origin if w.size is None else f"{w.origin}, {which} dtype")}
+    return {} if w.size is None else {f"hidden_{phase}": (w.size, w.origin)}
 
 
 def _rows_problem(name: str, rows: int, bs: int, per_request: int, what: str) -> Optional[tuple[str, str]]:
@@ -36,8 +31,25 @@ def _rows_problem(name: str, rows: int, bs: int, per_request: int, what: str) ->
     return None
 
 
+class _PhaseBuffers:
+    """What the buffer classes share: `max_bs` and the hidden-state dtype their contract expects."""
+
+    _PHASE = "extend"  # hidden_width phase of `hidden_states`: "draft" (draft dtype) or "extend" (target)
+
+    @property
+    def max_bs(self) -> int:
+        """Requests the buffers hold."""
+        return self.seq_lens.shape[0]  # type: ignore[attr-defined]
+
+    @classmethod
+    def _config_expect(cls, config: SpecConfig) -> dict[str, tuple[Any, str]]:
+        w = hidden_width(config, cls._PHASE)  # type: ignore[arg-type]
+        which = "draft" if cls._PHASE == "draft" else "target"
+        return {"hidden_states": (w.dtype, w.origin if w.size is None else f"{w.origin}, {which} dtype")}
+
+
 @dataclass(frozen=True, eq=False)
-class DraftBuffers:
+class DraftBuffers(_PhaseBuffers):
     """Static inputs and scratch of the draft phase (the multi-step loop and the tree build).
 
     Attributes:
@@ -67,10 +79,7 @@ class DraftBuffers:
     top_k: Optional[Int64[Tensor, " max_bs"]] = None
     top_p: Optional[Float32[Tensor, " max_bs"]] = None
 
-    @property
-    def max_bs(self) -> int:
-        """Requests the buffers hold."""
-        return self.seq_lens.shape[0]
+    _PHASE = "draft"
 
     @classmethod
     def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
@@ -79,12 +88,8 @@ class DraftBuffers:
             "num_steps": (config.num_steps, f"SpecConfig.num_steps = {config.num_steps}"),
             "vocab": (config.vocab, f"target vocab_size = {config.vocab}"),
             "draft_vocab": (config.draft_vocab, f"{config.algorithm.value}: draft vocab {config.draft_vocab}"),
-            **_hidden_axis(config, "draft", "hidden_draft"),
+            **_hidden_axis(config, "draft"),
         }
-
-    @classmethod
-    def _config_expect(cls, config: SpecConfig) -> dict[str, tuple[Any, str]]:
-        return _hidden_expect(config, "draft", "draft")
 
     @classmethod
     def _value_problem(cls, obj: Any, config: Optional[SpecConfig]) -> Optional[tuple[str, str]]:
@@ -96,7 +101,7 @@ class DraftBuffers:
 
 
 @dataclass(frozen=True, eq=False)
-class VerifyBuffers:
+class VerifyBuffers(_PhaseBuffers):
     """Static inputs and scratch of the verify phase (the target's tree forward and acceptance).
 
     Attributes:
@@ -131,23 +136,14 @@ class VerifyBuffers:
     draft_probs: Optional[Float32[Tensor, "max_bs num_draft vocab"]] = None
     sim_accept: Optional[Int64[Tensor, " max_bs"]] = None
 
-    @property
-    def max_bs(self) -> int:
-        """Requests the buffers hold."""
-        return self.seq_lens.shape[0]
-
     @classmethod
     def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
         n = config.num_draft_tokens
         return {
             "num_draft": (n, f"SpecConfig.num_draft_tokens = {n}"),
             "vocab": (config.vocab, f"target vocab_size = {config.vocab}"),
-            **_hidden_axis(config, "extend", "hidden_extend"),
+            **_hidden_axis(config, "extend"),
         }
-
-    @classmethod
-    def _config_expect(cls, config: SpecConfig) -> dict[str, tuple[Any, str]]:
-        return _hidden_expect(config, "extend", "target")
 
     @classmethod
     def _value_problem(cls, obj: Any, config: Optional[SpecConfig]) -> Optional[tuple[str, str]]:
@@ -158,7 +154,7 @@ class VerifyBuffers:
 
 
 @dataclass(frozen=True, eq=False)
-class ExtendBuffers:
+class ExtendBuffers(_PhaseBuffers):
     """Static inputs and scratch of the draft-extend phase, rows laid out `stride` = num_steps + 1
     per request (request r owns rows r * stride .. r * stride + count - 1; the rest are padding).
 
@@ -186,21 +182,12 @@ class ExtendBuffers:
     top_k: Optional[Int64[Tensor, " max_bs"]] = None
     top_p: Optional[Float32[Tensor, " max_bs"]] = None
 
-    @property
-    def max_bs(self) -> int:
-        """Requests the buffers hold."""
-        return self.seq_lens.shape[0]
-
     @classmethod
     def _config_axes(cls, config: SpecConfig) -> dict[str, tuple[int, str]]:
         return {
             "draft_vocab": (config.draft_vocab, f"{config.algorithm.value}: draft vocab {config.draft_vocab}"),
-            **_hidden_axis(config, "extend", "hidden_extend"),
+            **_hidden_axis(config, "extend"),
         }
-
-    @classmethod
-    def _config_expect(cls, config: SpecConfig) -> dict[str, tuple[Any, str]]:
-        return _hidden_expect(config, "extend", "target")
 
     @classmethod
     def _value_problem(cls, obj: Any, config: Optional[SpecConfig]) -> Optional[tuple[str, str]]:
@@ -213,9 +200,11 @@ class ExtendBuffers:
 # ---- allocation ----------------------------------------------------------------------------------
 
 
-def _check_allocated(buf: Any, cls: type, config: SpecConfig) -> None:
+def _checked(config: SpecConfig, buf: Any) -> Any:
     if spec_schema.STRICT_LEVEL >= 1:
-        spec_schema.check(buf, cls, config, values=True, producer=f"spec_runtime.buffers.allocate ({cls.__name__})")
+        spec_schema.check(buf, type(buf), config, values=True,
+                          producer=f"spec_runtime.buffers.allocate ({type(buf).__name__})")
+    return buf
 
 
 def _sampling(max_bs: int, device: Any) -> dict[str, Tensor]:
@@ -235,7 +224,7 @@ def allocate_draft(config: SpecConfig, max_bs: int, device: Any, sampled_chain: 
         width = config.target.hidden_size
     cols = config.vocab if faults.active("draft_logits_target_vocab") else config.draft_vocab  # bug zoo
     i64 = dict(dtype=torch.int64, device=device)
-    buf = DraftBuffers(
+    return _checked(config, DraftBuffers(
         topk_p=torch.zeros(max_bs, k, device=device),
         topk_index=torch.zeros(max_bs, k, **i64),
         hidden_states=None if width is None else torch.zeros(max_bs, width, dtype=w.dtype, device=device),
@@ -247,9 +236,7 @@ def allocate_draft(config: SpecConfig, max_bs: int, device: Any, sampled_chain: 
         draft_probs=torch.zeros(max_bs, config.vocab, device=device) if sampled_chain else None,
         uniforms=torch.full((s, max_bs * k), PAD_UNIFORM, device=device) if sampled_chain else None,
         **(_sampling(max_bs, device) if sampled_chain else {}),
-    )
-    _check_allocated(buf, DraftBuffers, config)
-    return buf
+    ))
 
 
 def allocate_verify(config: SpecConfig, max_bs: int, device: Any, sampled_chain: bool = False,
@@ -259,7 +246,7 @@ def allocate_verify(config: SpecConfig, max_bs: int, device: Any, sampled_chain:
     w = hidden_width(config, "extend")
     i64 = dict(dtype=torch.int64, device=device)
     node = torch.arange(n, device=device)
-    buf = VerifyBuffers(
+    return _checked(config, VerifyBuffers(
         draft_token=torch.zeros(max_bs, n, **i64),
         positions=torch.zeros(max_bs, n, **i64),
         tree_mask=torch.eye(n, dtype=torch.bool, device=device).repeat(max_bs, 1, 1),
@@ -275,9 +262,7 @@ def allocate_verify(config: SpecConfig, max_bs: int, device: Any, sampled_chain:
         draft_probs=torch.zeros(max_bs, n, config.vocab, device=device) if sampled_chain else None,
         sim_accept=torch.ones(max_bs, **i64) if simulate else None,
         **_sampling(max_bs, device),
-    )
-    _check_allocated(buf, VerifyBuffers, config)
-    return buf
+    ))
 
 
 def allocate_extend(config: SpecConfig, max_bs: int, device: Any, sampled_chain: bool = False) -> ExtendBuffers:
@@ -286,7 +271,7 @@ def allocate_extend(config: SpecConfig, max_bs: int, device: Any, sampled_chain:
     rows = max_bs * stride
     w = hidden_width(config, "extend")
     i64 = dict(dtype=torch.int64, device=device)
-    buf = ExtendBuffers(
+    return _checked(config, ExtendBuffers(
         input_ids=torch.zeros(rows, **i64),
         positions=torch.zeros(rows, **i64),
         out_slots=torch.zeros(rows, **i64),
@@ -298,16 +283,10 @@ def allocate_extend(config: SpecConfig, max_bs: int, device: Any, sampled_chain:
         stride=stride,
         uniform=torch.full((max_bs,), PAD_UNIFORM, device=device) if sampled_chain else None,
         **(_sampling(max_bs, device) if sampled_chain else {}),
-    )
-    _check_allocated(buf, ExtendBuffers, config)
-    return buf
+    ))
 
 
 def buffer_nbytes(buf: Any) -> int:
     """Bytes a buffer holds (for reports)."""
-    total = 0
-    for f in dataclasses.fields(buf):
-        v = getattr(buf, f.name)
-        if isinstance(v, Tensor):
-            total += v.numel() * v.element_size()
-    return total
+    tensors = (getattr(buf, f.name) for f in dataclasses.fields(buf))
+    return sum(v.numel() * v.element_size() for v in tensors if isinstance(v, Tensor))
