@@ -1,6 +1,7 @@
 """Copy-in: the live rows of a phase core's input into a buffer's bucket-sized prefix, the padding
 rows up to the bucket filled with sentinels (see `spec_runtime.buffers`)."""
 
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -14,6 +15,8 @@ from .alloc import PAD_UNIFORM, DraftBuffers, ExtendBuffers, VerifyBuffers
 
 __all__ = ["copy_in", "hidden_fits", "put_rows"]
 
+_Get = Callable[[str], Any]  # a field of the copy's source by name (None where it has none)
+
 
 def put_rows(dst: Optional[Tensor], src: Optional[Tensor], live: int, end: int, fill: Any) -> None:
     """`dst[:live] = src`, `dst[live:end] = fill` (a number or a 0-d tensor: no host read)."""
@@ -25,7 +28,7 @@ def put_rows(dst: Optional[Tensor], src: Optional[Tensor], live: int, end: int, 
         dst[live:end].fill_(fill)
 
 
-def _put_sampling(buf: Any, get: Any, live: int, end: int) -> None:
+def _put_sampling(buf: Any, get: _Get, live: int, end: int) -> None:
     """The requests' sampling parameters; padding rows are greedy (temperature 0, no top-k/top-p)."""
     put_rows(buf.temperature, get("temperature"), live, end, 0.0)
     put_rows(buf.top_k, get("top_k"), live, end, 0)
@@ -58,7 +61,7 @@ def hidden_fits(cls_name: str, dst: Optional[Tensor], src: Optional[Tensor], sou
     return True
 
 
-def _pad_of(get: "_Source") -> Tensor:
+def _pad_of(get: _Get) -> Tensor:
     """The dummy KV slot of padded rows, as a 0-d tensor (filled without a host read)."""
     value = get("pad_slot")
     if value is None:
@@ -77,7 +80,9 @@ def copy_in(buf: Any, src: Any, bucket: int, pad_row: int, **extras: Any) -> int
         SpecContractError: the live hidden states do not fit the buffer (width, dtype, None-ness).
         ValueError: more live requests than the bucket holds.
     """
-    get = _Source(src, extras)
+    def get(name: str) -> Any:
+        return extras[name] if name in extras else getattr(src, name, None)
+
     if isinstance(buf, DraftBuffers):
         return _copy_draft(buf, get, bucket, pad_row)
     if isinstance(buf, VerifyBuffers):
@@ -87,20 +92,12 @@ def copy_in(buf: Any, src: Any, bucket: int, pad_row: int, **extras: Any) -> int
     raise TypeError(f"copy_in: not a static buffer: {type(buf).__name__}")
 
 
-class _Source:
-    def __init__(self, src: Any, extras: dict[str, Any]) -> None:
-        self.src, self.extras = src, extras
-
-    def __call__(self, name: str) -> Any:
-        return self.extras[name] if name in self.extras else getattr(self.src, name, None)
-
-
 def _check_bucket(cls_name: str, bs: int, bucket: int, max_bs: int) -> None:
     if not 0 <= bs <= bucket <= max_bs:
         raise ValueError(f"{cls_name}: {bs} live requests do not fit bucket {bucket} (max_bs {max_bs})")
 
 
-def _copy_draft(buf: DraftBuffers, get: _Source, bucket: int, pad_row: int) -> int:
+def _copy_draft(buf: DraftBuffers, get: _Get, bucket: int, pad_row: int) -> int:
     bs, k = get("topk_p").shape
     _check_bucket("DraftBuffers", bs, bucket, buf.max_bs)
     pad = _pad_of(get)
@@ -122,7 +119,7 @@ def _copy_draft(buf: DraftBuffers, get: _Source, bucket: int, pad_row: int) -> i
     return bs
 
 
-def _copy_verify(buf: VerifyBuffers, get: _Source, bucket: int, pad_row: int) -> int:
+def _copy_verify(buf: VerifyBuffers, get: _Get, bucket: int, pad_row: int) -> int:
     bs, n = get("draft_token").shape
     _check_bucket("VerifyBuffers", bs, bucket, buf.max_bs)
     pad = _pad_of(get)
@@ -151,7 +148,7 @@ def _copy_verify(buf: VerifyBuffers, get: _Source, bucket: int, pad_row: int) ->
     return bs
 
 
-def _copy_extend(buf: ExtendBuffers, get: _Source, bucket: int, pad_row: int) -> int:
+def _copy_extend(buf: ExtendBuffers, get: _Get, bucket: int, pad_row: int) -> int:
     counts = get("num_accept_tokens")
     bs, stride = counts.shape[0], buf.stride
     _check_bucket("ExtendBuffers", bs, bucket, buf.max_bs)
