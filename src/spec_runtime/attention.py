@@ -64,17 +64,12 @@ class AttnBatch:
         return self.out_slots.shape[0]
 
     @classmethod
-    def extend(
-        cls,
-        req_pool_indices: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        extend_lens: torch.Tensor,
-        out_slots: torch.Tensor,
-    ) -> "AttnBatch":
+    def extend(cls, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+               out_slots: torch.Tensor) -> "AttnBatch":
         """Causal extend (prefill, decode, draft-extend): new row i of request r sees the committed
         prefix and the new rows 0..i of r. `out_slots` `(sum(extend_lens),)` is request-major."""
         extend_lens = extend_lens.to(torch.int64)
-        qo_indptr = _indptr(extend_lens)
+        qo_indptr = torch.cat([extend_lens.new_zeros(1), torch.cumsum(extend_lens, 0)])
         t = out_slots.shape[0]
         if int(extend_lens.sum()) != t:
             raise ValueError(f"out_slots has {t} rows, expected sum(extend_lens) = {int(extend_lens.sum())}")
@@ -88,13 +83,8 @@ class AttnBatch:
         return cls(req_pool_indices, prefix_lens.to(torch.int64), qo_indptr, out_slots, extra)
 
     @classmethod
-    def tree(
-        cls,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        out_slots: torch.Tensor,
-        tree_mask: torch.Tensor,
-    ) -> "AttnBatch":
+    def tree(cls, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, out_slots: torch.Tensor,
+             tree_mask: torch.Tensor) -> "AttnBatch":
         """Tree verify: node i of request b (`out_slots (bs, N)`) sees the prefix plus
         `out_slots[b, j]` where `tree_mask[b, i, j]` (`(bs, N, N)` bool, self and ancestors)."""
         bs, n = out_slots.shape
@@ -106,12 +96,8 @@ class AttnBatch:
                    out_slots.reshape(bs * n), extra.reshape(bs * n, n))
 
     @classmethod
-    def branches(
-        cls,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        branch_slots: torch.Tensor,
-    ) -> "AttnBatch":
+    def branches(cls, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                 branch_slots: torch.Tensor) -> "AttnBatch":
         """Draft multi-step loop: row (b, k) (row = b*topk + k) sees the prefix plus
         `branch_slots[b, k, :]` (`(bs, topk, s+1)`: ancestors' slots, then its own slot last,
         which is also where it stores its K/V; -1 entries are ignored)."""
@@ -119,11 +105,6 @@ class AttnBatch:
         qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=branch_slots.device) * topk
         extra = branch_slots.reshape(bs * topk, width)
         return cls(req_pool_indices, seq_lens.to(torch.int64), qo_indptr, extra[:, -1].clone(), extra)
-
-
-def _indptr(lens: torch.Tensor) -> torch.Tensor:
-    zero = torch.zeros(1, dtype=torch.int64, device=lens.device)
-    return torch.cat([zero, torch.cumsum(lens, 0)])
 
 
 AttentionFn = Callable[[torch.Tensor, KVCache, int, AttnBatch, float], torch.Tensor]
@@ -160,9 +141,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 _SCORE_BUDGET = 1 << 25
 
 
-def torch_attention(
-    q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch, scale: float
-) -> torch.Tensor:
+def torch_attention(q: torch.Tensor, cache: KVCache, layer: int, attn: AttnBatch,
+                    scale: float) -> torch.Tensor:
     """Reference attention over the KV cache (GQA), softmax in float32, output in q's dtype.
 
     Per request, the keys are its committed prefix plus the distinct extra slots its rows list; each

@@ -31,17 +31,9 @@ class KVCache:
         device: where everything lives.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        num_slots: int,
-        max_reqs: int,
-        max_context: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> None:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, max_reqs: int,
+                 max_context: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("num_slots", num_slots),
                             ("max_reqs", max_reqs), ("max_context", max_context)):
@@ -84,9 +76,8 @@ class KVCache:
         if n < 0:
             raise ValueError(f"alloc_slots(n) needs n >= 0, got {n}")
         if n > self._num_free:
-            raise KVCacheFull(
-                f"KV cache full: asked for {n} slots, {self._num_free} free of {self.num_slots}"
-            )
+            raise KVCacheFull(f"KV cache full: asked for {n} slots, {self._num_free} free of "
+                              f"{self.num_slots}")
         top = self._num_free
         slots = self._free_stack[top - n:top].flip(0).clone()
         self._num_free = top - n
@@ -130,9 +121,7 @@ class KVCache:
         not_used = ~self.in_use[slots.clamp(0, self.num_slots - 1)]
         out_of_range, twice, double_free = torch.stack([bad.any(), repeated, not_used.any()]).tolist()
         if out_of_range:
-            raise ValueError(
-                f"free_slots: slots {slots[bad].tolist()} out of range [0, {self.num_slots})"
-            )
+            raise ValueError(f"free_slots: slots {slots[bad].tolist()} out of range [0, {self.num_slots})")
         if twice:
             raise ValueError(f"free_slots: a slot is listed twice in {slots.tolist()}")
         if double_free:
