@@ -64,11 +64,10 @@ class BranchSlots(NamedTuple):
 class DraftCoreIn:
     """The draft core's tensors: a DraftInput's, plus what the host prepared.
 
-    `temp_slots` `(bs, topk, num_steps)`: the draft KV slot of branch (b, k) at draft step s is column
-    s - 1 (steps 1 .. num_steps - 1; the last column is spare). `uniforms` `(num_steps, bs * topk)`:
-    row s - 1 holds the coins of step s (sampled chains only). `draft_logits` `(bs * topk,
-    draft_vocab)` float32: scratch the draft logits of each step land in (None: a fresh tensor).
-    `pad_slot` `(1,)`: the dummy KV slot padded rows write to (static path only)."""
+    `temp_slots`, `pad_slot`: as in `BranchSlots` (`pad_slot` on the static path only). `uniforms`
+    `(num_steps, bs * topk)`: row s - 1 holds the coins of step s (sampled chains only). `draft_logits`
+    `(bs * topk, draft_vocab)` float32: scratch the draft logits of each step land in (None: a fresh
+    tensor)."""
 
     topk_p: torch.Tensor
     topk_index: torch.Tensor

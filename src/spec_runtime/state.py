@@ -57,12 +57,8 @@ class BatchSampling:
     @classmethod
     def greedy(cls, bs: int, device: Any) -> "BatchSampling":
         """Every request greedy."""
-        return cls(
-            torch.zeros(bs, device=device),
-            torch.zeros(bs, dtype=torch.int64, device=device),
-            torch.ones(bs, device=device),
-            True,
-        )
+        return cls(torch.zeros(bs, device=device), torch.zeros(bs, dtype=torch.int64, device=device),
+                   torch.ones(bs, device=device), True)
 
     @classmethod
     def from_params(cls, params: list[Any], device: Any) -> "BatchSampling":
@@ -103,10 +99,9 @@ class SimulatedAccept:
 
     def _gen(self, device: Any) -> torch.Generator:
         device = torch.device(device)
-        gen = self._gens.get(device)
-        if gen is None:
-            gen = self._gens[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return gen
+        if device not in self._gens:
+            self._gens[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._gens[device]
 
     def get_state(self, device: Any) -> torch.Tensor:
         """The generator state on `device` (a host tensor; restoring it replays the same draws)."""
