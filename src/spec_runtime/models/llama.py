@@ -282,7 +282,8 @@ class LlamaForCausal(nn.Module):
     """Llama/Qwen2/Mistral causal LM over the token-slot KV cache.
 
     Weights are uninitialised until `load_state_dict_checked` (the loaders in `loading.py` do it).
-    `attention_fn` is the pluggable attention (default the torch reference).
+    `attention_fn` is the pluggable attention (default the torch reference). `hidden_size` (H),
+    `vocab_size`, `num_layers` (decoder and KV-cache layers), `num_kv_heads` and `head_dim` are `arch`'s.
     """
 
     def __init__(
@@ -301,31 +302,8 @@ class LlamaForCausal(nn.Module):
                 arch.hidden_size, arch.vocab_size, bias=False, dtype=dtype)
         self.to_empty(device=torch.device(device)).requires_grad_(False)
         self.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
-
-    @property
-    def hidden_size(self) -> int:
-        """Hidden width `H`."""
-        return self.arch.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        """Vocabulary size."""
-        return self.arch.vocab_size
-
-    @property
-    def num_layers(self) -> int:
-        """Decoder layers (and KV-cache layers)."""
-        return self.arch.num_hidden_layers
-
-    @property
-    def num_kv_heads(self) -> int:
-        """KV heads per layer."""
-        return self.arch.num_key_value_heads
-
-    @property
-    def head_dim(self) -> int:
-        """Head width."""
-        return self.arch.head_dim
+        self.hidden_size, self.vocab_size, self.head_dim = arch.hidden_size, arch.vocab_size, arch.head_dim
+        self.num_layers, self.num_kv_heads = arch.num_hidden_layers, arch.num_key_value_heads
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
