@@ -17,6 +17,7 @@ from spec_runtime.models.base import CheckpointError
 from spec_runtime.models.eagle import Eagle1Head
 from spec_runtime.models.eagle3 import Eagle3Head, Eagle3Settings
 from spec_runtime.models.llama import LlamaArch, LlamaForCausal, StandaloneDraft, config_to_dict
+from spec_schema import SpecAlgorithm
 
 __all__ = [
     "WEIGHT_FILES",
@@ -28,12 +29,8 @@ __all__ = [
     "read_state_dict",
 ]
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 # config.json keys every model here needs (a Llama-style decoder), each a positive int
@@ -127,11 +124,6 @@ def _strip_prefix(sd: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.T
     return sd
 
 
-def _target_from_instance(model: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor], str]:
-    cfg = config_to_dict(model.config)
-    return cfg, dict(model.state_dict()), f"{type(model).__name__} instance"
-
-
 def load_target(src: Any, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LlamaForCausal:
     """Load a Llama/Qwen2/Mistral target from a directory or a `transformers` PreTrainedModel."""
     if isinstance(src, (str, Path)):
@@ -140,7 +132,7 @@ def load_target(src: Any, dtype: torch.dtype = torch.float32, device: torch.devi
         arch = LlamaArch.from_hf_config(cfg)
         sd, source = read_state_dict(src)
     elif hasattr(src, "config") and hasattr(src, "state_dict"):
-        cfg, sd, source = _target_from_instance(src)
+        cfg, sd, source = config_to_dict(src.config), dict(src.state_dict()), f"{type(src).__name__} instance"
         arch = LlamaArch.from_hf_config(cfg)
     else:
         raise TypeError(f"load_target expects a directory or a transformers model, got {type(src).__name__}")
@@ -200,15 +192,6 @@ def load_standalone(directory: str | Path, target: LlamaForCausal, dtype: torch.
     return StandaloneDraft(load_target(directory, dtype, device))
 
 
-def _draft_loaders() -> dict[Any, Any]:
-    from spec_schema import SpecAlgorithm
-
-    return {
-        SpecAlgorithm.EAGLE: load_eagle1,
-        SpecAlgorithm.EAGLE3: load_eagle3,
-        SpecAlgorithm.STANDALONE: load_standalone,
-    }
-
-
-DRAFT_LOADERS = _draft_loaders()
+DRAFT_LOADERS = {SpecAlgorithm.EAGLE: load_eagle1, SpecAlgorithm.EAGLE3: load_eagle3,
+                 SpecAlgorithm.STANDALONE: load_standalone}
 """The loader of each algorithm's draft: `DRAFT_LOADERS[alg](directory, target, dtype, device)`."""
