@@ -20,10 +20,31 @@ from spec_runtime.models.base import load_checked
 from spec_runtime.models.llama import DecoderLayer, LlamaArch, LlamaForCausal, RotaryEmbedding
 from spec_runtime.models.ops import TORCH_OPS, TorchOps
 
-__all__ = ["Eagle1Head"]
+__all__ = ["Eagle1Head", "EagleHeadBase"]
 
 
-class Eagle1Head(nn.Module):
+class EagleHeadBase(nn.Module):
+    """What the EAGLE-1 and EAGLE-3 heads share: one decoder layer (`num_layers` 1) with its own
+    RoPE and KV cache shape, and the target's embedding unless the head has its own `embed_tokens`."""
+
+    def __init__(self, arch: LlamaArch, target: LlamaForCausal, dtype: torch.dtype,
+                 attention_fn: AttentionFn) -> None:
+        super().__init__()
+        self.arch, self.dtype, self.attention_fn = arch, dtype, attention_fn
+        self.hf_config: dict[str, Any] = {}
+        # Not registered as a submodule: the target's weights stay out of this head's state dict.
+        object.__setattr__(self, "_target", target)
+        self.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+        self.num_layers, self.num_kv_heads, self.head_dim = 1, arch.num_key_value_heads, arch.head_dim
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`(T,)` target-vocabulary ids -> `(T, H)` in the head dtype (own embedding or the target's)."""
+        if self.embed_tokens is not None:
+            return self.embed_tokens(input_ids)
+        return self._target.embed(input_ids).to(self.dtype)
+
+
+class Eagle1Head(EagleHeadBase):
     """EAGLE-1 head (a `DraftModel`).
 
     Args:
@@ -44,14 +65,12 @@ class Eagle1Head(nn.Module):
         device: torch.device | str = "cpu",
         attention_fn: AttentionFn = torch_attention,
     ) -> None:
-        super().__init__()
+        super().__init__(arch, target, dtype, attention_fn)
         if arch.hidden_size != target.hidden_size:
             raise ValueError(
                 f"EAGLE-1 head hidden size {arch.hidden_size} must equal the target hidden size "
                 f"{target.hidden_size} (the head's output is fed back as the next feature)"
             )
-        self.arch, self.dtype, self.attention_fn = arch, dtype, attention_fn
-        self.hf_config: dict[str, Any] = {}
         h = arch.hidden_size
         with torch.device("meta"):
             self.fc = nn.Linear(2 * h, h, bias=bias, dtype=dtype)
@@ -59,21 +78,11 @@ class Eagle1Head(nn.Module):
             self.embed_tokens = nn.Embedding(target.vocab_size, h, dtype=dtype) if own_embed else None
             self.lm_head = nn.Linear(h, target.vocab_size, bias=False, dtype=dtype) if own_lm_head else None
         self.to_empty(device=torch.device(device)).requires_grad_(False)
-        # Not registered as a submodule: the target's weights stay out of this head's state dict.
-        object.__setattr__(self, "_target", target)
-        self.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
         self.hidden_size, self.vocab_size = h, target.vocab_size
-        self.num_layers, self.num_kv_heads, self.head_dim = 1, arch.num_key_value_heads, arch.head_dim
 
     def load_state_dict_checked(self, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
         """Load EAGLE-1 keys (names and shapes checked)."""
         load_checked(self, state_dict, source)
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """`(T,)` ids -> `(T, H)` in the head dtype (own embedding or the target's)."""
-        if self.embed_tokens is not None:
-            return self.embed_tokens(input_ids)
-        return self._target.embed(input_ids).to(self.dtype)
 
     def forward(
         self,

@@ -18,7 +18,8 @@ from torch import nn
 from spec_runtime.attention import AttentionFn, AttnBatch, torch_attention
 from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.base import CheckpointError, load_checked
-from spec_runtime.models.llama import MLP, LlamaArch, LlamaForCausal, RMSNorm, RotaryEmbedding, SelfAttention
+from spec_runtime.models.eagle import EagleHeadBase
+from spec_runtime.models.llama import MLP, LlamaArch, LlamaForCausal, RMSNorm, SelfAttention
 from spec_runtime.models.ops import TORCH_OPS, Rope, TorchOps
 from spec_schema import ModelDims, SpecAlgorithm, default_aux_layer_ids, extend_width
 
@@ -98,7 +99,7 @@ class Eagle3Midlayer(nn.Module):
         return h + self.mlp(normed, ops)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(EagleHeadBase):
     """EAGLE-3 head (a `DraftModel`) over a draft vocabulary.
 
     Args:
@@ -117,33 +118,24 @@ class Eagle3Head(nn.Module):
         device: torch.device | str = "cpu",
         attention_fn: AttentionFn = torch_attention,
     ) -> None:
-        super().__init__()
+        super().__init__(arch, target, dtype, attention_fn)
         h = arch.hidden_size
         if not own_embed and h != target.hidden_size:
             raise CheckpointError(
                 f"EAGLE-3 head has no embed_tokens.weight and its hidden size {h} differs from the "
                 f"target hidden size {target.hidden_size}, so the target embedding cannot be shared"
             )
-        self.arch, self.settings, self.dtype, self.attention_fn = arch, settings, dtype, attention_fn
-        self.hf_config: dict[str, Any] = {}
-        self._build(arch, settings, target.vocab_size, own_embed, dtype)
-        self.to_empty(device=torch.device(device)).requires_grad_(False)
-        object.__setattr__(self, "_target", target)  # not a submodule: keeps our state dict ours
-        self.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
-        self.hidden_size, self.vocab_size, self.target_vocab_size = h, settings.draft_vocab_size, target.vocab_size
-        self.num_layers, self.num_kv_heads, self.head_dim = 1, arch.num_key_value_heads, arch.head_dim
-
-    def _build(self, arch: LlamaArch, s: Eagle3Settings, target_vocab: int, own_embed: bool,
-               dtype: torch.dtype) -> None:
-        h = arch.hidden_size
+        self.settings = settings
         with torch.device("meta"):
-            self.fc = nn.Linear(s.fc_input_width, h, bias=False, dtype=dtype)
+            self.fc = nn.Linear(settings.fc_input_width, h, bias=False, dtype=dtype)
             self.midlayer = Eagle3Midlayer(arch, dtype)
             self.norm = RMSNorm(h, arch.rms_norm_eps, dtype)
-            self.lm_head = nn.Linear(h, s.draft_vocab_size, bias=False, dtype=dtype)
-            self.embed_tokens = nn.Embedding(target_vocab, h, dtype=dtype) if own_embed else None
-            self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.int64))
-            self.register_buffer("t2d", torch.zeros(target_vocab, dtype=torch.bool))
+            self.lm_head = nn.Linear(h, settings.draft_vocab_size, bias=False, dtype=dtype)
+            self.embed_tokens = nn.Embedding(target.vocab_size, h, dtype=dtype) if own_embed else None
+            self.register_buffer("d2t", torch.zeros(settings.draft_vocab_size, dtype=torch.int64))
+            self.register_buffer("t2d", torch.zeros(target.vocab_size, dtype=torch.bool))
+        self.to_empty(device=torch.device(device)).requires_grad_(False)
+        self.hidden_size, self.vocab_size, self.target_vocab_size = h, settings.draft_vocab_size, target.vocab_size
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...] | None:
@@ -179,12 +171,6 @@ class Eagle3Head(nn.Module):
         target_ids = self.to_target_ids(torch.arange(self.vocab_size, device=self.d2t.device))
         if self.vocab_size and not bool(((target_ids >= 0) & (target_ids < self.target_vocab_size)).all()):
             raise CheckpointError(f"d2t in {source} maps draft ids outside the target vocab [0, {self.target_vocab_size})")
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """`(T,)` target-vocabulary ids -> `(T, H)` (own embedding or the target's)."""
-        if self.embed_tokens is not None:
-            return self.embed_tokens(input_ids)
-        return self._target.embed(input_ids).to(self.dtype)
 
     def forward(
         self,
