@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from spec_runtime.models.loading import read_config
 from spec_schema import ModelDims, default_aux_layer_ids, extend_width
 
 __all__ = [
@@ -112,7 +113,7 @@ def build_tiny_standalone(
                                 num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                                 intermediate_size=intermediate_size, vocab_size=vocab_size, seed=seed, noise=noise)
         return Path(path)
-    target_cfg = _read_json(Path(target_path) / "config.json")
+    target_cfg = read_config(target_path)
     return build_tiny_target(
         path, arch=arch or target_cfg["model_type"], hidden_size=hidden_size, num_layers=num_layers,
         num_heads=num_heads, num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
@@ -155,7 +156,7 @@ def build_tiny_aligned_pair(
     build_tiny_target(draft_path, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                       num_kv_heads=num_kv_heads, intermediate_size=intermediate_size, vocab_size=vocab_size,
                       seed=seed, head_dim=hidden_size // num_heads)
-    draft_cfg = _read_json(draft_path / "config.json")
+    draft_cfg = read_config(draft_path)
     draft_sd = load_file(str(draft_path / "model.safetensors"))
     draft_sd["lm_head.weight"] = draft_sd["lm_head.weight"] * sharpen
     save_file(draft_sd, str(draft_path / "model.safetensors"), metadata={"format": "pt"})
@@ -188,11 +189,6 @@ def _pad_state(draft: dict[str, torch.Tensor], target: dict[str, torch.Tensor], 
             t[tuple(slice(0, n) for n in src.shape)] = src * scale if is_norm else src
         out[key] = t if is_norm else t + noise * torch.randn(t.shape, generator=gen)
     return out
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    with path.open() as f:
-        return json.load(f)
 
 
 def _randn(gen: torch.Generator, *shape: int, std: float = 0.1) -> torch.Tensor:
@@ -241,7 +237,7 @@ def build_tiny_eagle1(path: str | Path, target_path: str | Path, seed: int = 2, 
     Keys: `fc.weight` (+ `fc.bias` when `bias`), `layers.0.*` without `input_layernorm`; no
     `embed_tokens` (shared with the target). The config is a LlamaConfig dict with `bias`.
     """
-    t = _read_json(Path(target_path) / "config.json")
+    t = read_config(target_path)
     h, hd = t["hidden_size"], t["hidden_size"] // num_heads
     gen = torch.Generator().manual_seed(seed)
     tensors = {"fc.weight": _randn(gen, h, 2 * h)}
@@ -271,7 +267,7 @@ def build_tiny_eagle3(
     ids (as offsets), `t2d` marks it. An own `embed_tokens.weight` is written when `hidden_size`
     differs from the target's. `aux_layer_ids` None means the schema's default (`spec_schema.default_aux_layer_ids`).
     """
-    t = _read_json(Path(target_path) / "config.json")
+    t = read_config(target_path)
     n, th, vocab = t["num_hidden_layers"], t["hidden_size"], t["vocab_size"]
     ids = aux_layer_ids if aux_layer_ids is not None else list(default_aux_layer_ids(n))
     fc_in = extend_width("EAGLE3", ModelDims(hidden_size=th, vocab_size=vocab, num_hidden_layers=n),
@@ -293,13 +289,11 @@ def build_tiny_eagle3(
 
 def _eagle3_tensors(gen: torch.Generator, h: int, fc_in: int, inter: int, heads: int, kv: int, hd: int,
                     dv: int) -> dict[str, torch.Tensor]:
-    tensors = {"fc.weight": _randn(gen, h, fc_in)}
-    tensors.update(_layer_tensors(gen, "midlayer.", h, inter, heads, kv, hd, 2 * h))
-    tensors["midlayer.hidden_norm.weight"] = _norm(gen, h)
-    tensors["midlayer.input_layernorm.weight"] = _norm(gen, h)
-    tensors["norm.weight"] = _norm(gen, h)
-    tensors["lm_head.weight"] = _randn(gen, dv, h)
-    return tensors
+    # drawn in this order from `gen` (a dict display evaluates left to right)
+    return {"fc.weight": _randn(gen, h, fc_in),
+            **_layer_tensors(gen, "midlayer.", h, inter, heads, kv, hd, 2 * h),
+            "midlayer.hidden_norm.weight": _norm(gen, h), "midlayer.input_layernorm.weight": _norm(gen, h),
+            "norm.weight": _norm(gen, h), "lm_head.weight": _randn(gen, dv, h)}
 
 
 def _vocab_map(gen: torch.Generator, dv: int, vocab: int) -> dict[str, torch.Tensor]:
