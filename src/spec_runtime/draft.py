@@ -13,6 +13,8 @@ tensors with the reference models; the static executors run it on padded static 
 (`executors.static.GraphRunner`). The phase reaches either through `rt.runner` (`executor.Executor`).
 """
 
+import dataclasses
+import functools
 from typing import Any, Optional
 
 import torch
@@ -58,22 +60,8 @@ def _prepare(rt: RuntimeState, inp: DraftInput, sampling: BatchSampling) -> tupl
     if inp.draft_probs is not None and steps > 1:
         # drawn in the order the steps use them (one `uniform(rows)` per step)
         uniforms = torch.stack([rt.uniform(bs * k) for _ in range(steps - 1)])
-    core_in = DraftCoreIn(
-        topk_p=inp.topk_p,
-        topk_index=inp.topk_index,
-        hidden_states=inp.hidden_states,
-        bonus_tokens=inp.bonus_tokens,
-        seq_lens=inp.seq_lens,
-        req_pool_indices=inp.req_pool_indices,
-        temp_slots=temp_slots,
-        draft_probs=inp.draft_probs,
-        uniforms=uniforms,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        pad_slot=pad,
-    )
-    return core_in, temp
+    return DraftCoreIn(**fields_of(inp, DraftCoreIn), **fields_of(sampling, DraftCoreIn),
+                       temp_slots=temp_slots, uniforms=uniforms, pad_slot=pad), temp
 
 
 def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
@@ -100,7 +88,7 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
         probs += [] if full is None else [full]
         hidden = None if hidden is None else gather_branches(h.view(bs, k, -1), parent)
         history = gather_branches(branch_slots, parent)
-    return _tree(ops, c, records, probs)
+    return _layout(ops, c, *organize(records, ops.config.num_draft_tokens), probs)
 
 
 def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
@@ -181,10 +169,6 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
     return values, ops.draft.to_target_ids(indices), None
 
 
-def _tree(ops: CoreOps, c: DraftCoreIn, records: list, probs: list) -> DraftCoreOut:
-    return _layout(ops, c, *organize(records, ops.config.num_draft_tokens), probs)
-
-
 def _layout(ops: CoreOps, c: DraftCoreIn, parent_list: torch.Tensor, selected: torch.Tensor,
             draft_tokens: torch.Tensor, probs: list) -> DraftCoreOut:
     config = ops.config
@@ -200,14 +184,19 @@ def _layout(ops: CoreOps, c: DraftCoreIn, parent_list: torch.Tensor, selected: t
 
 
 def _verify_input(inp: DraftInput, out: DraftCoreOut) -> VerifyInput:
-    return VerifyInput(
-        draft_token=out.draft_token,
-        positions=out.positions,
-        tree_mask=out.tree_mask,
-        retrieve_index=out.retrieve_index,
-        retrieve_next_token=out.retrieve_next_token,
-        retrieve_next_sibling=out.retrieve_next_sibling,
-        seq_lens=inp.seq_lens,
-        req_pool_indices=inp.req_pool_indices,
-        draft_probs=out.draft_probs,
-    )
+    """The tree as the core laid it out, for the requests of `inp`."""
+    return VerifyInput(**fields_of(out, VerifyInput), seq_lens=inp.seq_lens,
+                       req_pool_indices=inp.req_pool_indices)
+
+
+def fields_of(src: Any, into: type) -> dict[str, Any]:
+    """The dataclass fields of `src` that the dataclass `into` also takes, by name: how a phase
+    input's tensors (or a `BatchSampling`'s) pass into a core's input, and a core's output into the
+    next phase's input. Sources passed together must not share a name (`**` refuses duplicates)."""
+    return {name: getattr(src, name) for name in _shared_names(type(src), into)}
+
+
+@functools.cache
+def _shared_names(src: type, into: type) -> tuple[str, ...]:
+    names = {f.name for f in dataclasses.fields(into) if f.init}
+    return tuple(f.name for f in dataclasses.fields(src) if f.name in names)

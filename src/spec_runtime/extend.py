@@ -18,7 +18,7 @@ from spec_schema import DraftExtendInput, DraftInput, boundary
 
 from .attention import AttnBatch
 from .core_types import CoreOps, ExtendCoreIn, ExtendCoreOut
-from .draft import _propose, logits_into
+from .draft import _propose, fields_of, logits_into
 from .sampling import probs_from_logits_batched, sample_from_probs
 from .state import BatchSampling, RuntimeState
 
@@ -30,18 +30,10 @@ def draft_extend(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSamplin
         return rt.idle_draft_input()
     launched = rt.runner.take_extend(inp)
     if launched is not None:  # run by verify's launch-ahead, slot tables committed on the device
-        out = DraftInput(
-            topk_p=launched.topk_p,
-            topk_index=launched.topk_index,
-            hidden_states=launched.hidden_states,
-            bonus_tokens=inp.bonus_tokens,
-            seq_lens=inp.seq_lens,
-            req_pool_indices=inp.req_pool_indices,
-            draft_probs=launched.draft_probs,
-        )
+        out = _draft_input(launched, inp)
         rt.runner.note_output(out)
         return out
-    core_in, slots = _prepare(rt, inp, sampling)
+    core_in = _prepare(rt, inp, sampling)
     if rt.runner.fits_extend(inp):
         out = rt.runner.draft_extend(core_in)
     else:  # a prefill's prompt rows (longer than the static stride): not captured
@@ -49,40 +41,24 @@ def draft_extend(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSamplin
     counts = inp.num_accept_tokens.long()
     rows = inp.req_pool_indices.repeat_interleave(counts, output_size=inp.input_ids.shape[0])
     rt.draft_cache.req_to_token[rows, inp.positions] = core_in.out_slots
-    return DraftInput(
-        topk_p=out.topk_p,
-        topk_index=out.topk_index,
-        hidden_states=out.hidden_states,
-        bonus_tokens=inp.bonus_tokens,
-        seq_lens=inp.seq_lens,
-        req_pool_indices=inp.req_pool_indices,
-        draft_probs=out.draft_probs,
-    )
+    return _draft_input(out, inp)
 
 
-def _prepare(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSampling) -> tuple[ExtendCoreIn, torch.Tensor]:
+def _draft_input(out: ExtendCoreOut, inp: DraftExtendInput) -> DraftInput:
+    """The next DraftInput: the core's root proposals for the requests of `inp`."""
+    return DraftInput(**fields_of(out, DraftInput), bonus_tokens=inp.bonus_tokens, seq_lens=inp.seq_lens,
+                      req_pool_indices=inp.req_pool_indices)
+
+
+def _prepare(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSampling) -> ExtendCoreIn:
     """Host side: a draft slot per row, sampled-chain coins (the static path's dummy slot is reserved)."""
-    rows = inp.input_ids.shape[0]
-    slots = rt.draft_cache.alloc_slots(rows)
     # Sampled chains carry the draft distribution for every request (greedy ones get a one-hot), so
     # batches always merge.
     sampled = rt.sampled_chain
-    core_in = ExtendCoreIn(
-        input_ids=inp.input_ids,
-        positions=inp.positions,
-        hidden_states=inp.hidden_states,
-        num_accept_tokens=inp.num_accept_tokens,
-        seq_lens=inp.seq_lens,
-        req_pool_indices=inp.req_pool_indices,
-        out_slots=slots,
-        sampled=sampled,
-        uniform=rt.uniform(len(inp)) if sampled else None,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        pad_slot=rt.reserved_slots["draft"][:1] if rt.static else None,
-    )
-    return core_in, slots
+    return ExtendCoreIn(**fields_of(inp, ExtendCoreIn), **fields_of(sampling, ExtendCoreIn),
+                        out_slots=rt.draft_cache.alloc_slots(inp.input_ids.shape[0]), sampled=sampled,
+                        uniform=rt.uniform(len(inp)) if sampled else None,
+                        pad_slot=rt.reserved_slots["draft"][:1] if rt.static else None)
 
 
 def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:

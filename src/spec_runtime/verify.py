@@ -26,6 +26,7 @@ from spec_schema import DraftExtendInput, VerifyInput, VerifyOutput, boundary
 from . import faults
 from .attention import AttnBatch, ragged_rows
 from .core_types import CoreOps, VerifyCoreIn, VerifyCoreOut
+from .draft import fields_of
 from .state import BatchSampling, RuntimeState, VerifyEmit
 from .tree import simulated_accept, verify_chain_rejection, verify_greedy, verify_tree_sampling
 
@@ -64,7 +65,7 @@ def verify(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling, stops: S
     # the output is built from device counts (`_ahead_output`)
     (counts_h, finished_h, rows_h), ahead = rt.runner.read_verify(
         inp, out, slots, host_rows, sampling.all_greedy, sim, stops.budget, stops.room,
-        read=lambda rows: _stops_host(out.accept_tokens, out.num_correct, stops, rows=True, host_rows=rows),
+        read=lambda rows: _stops_host(out.accept_tokens, out.num_correct, stops, host_rows=rows),
         build=lambda ext_slots, counts: _ahead_output(rt, inp, out, slots, ext_slots, counts))
     if ahead is not None:
         return _emitted(rt, ahead, rows_h, counts_h, finished_h)
@@ -73,21 +74,21 @@ def verify(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling, stops: S
     num_accept, finished = index.counts, index.finished
     accept_index = _cut(out.accept_index, num_accept)
     accept_tokens = _cut(out.accept_tokens, num_accept)
-    _commit_kv(rt, inp, slots.reshape(-1), accept_index, num_accept, index=index)
+    _commit_kv(rt, inp, slots.reshape(-1), accept_index, index)
     if host_counts:
-        extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, finished, host_counts,
-                               index=index)
+        extend = _extend_input(rt, inp, captured, accept_index, accept_tokens, num_accept, host_counts, index)
     else:  # every request finished: the idle input of the same phase, with the live widths
         extend = rt.idle_extend_input()
-    vout = VerifyOutput(
-        accept_tokens=accept_tokens,
-        accept_indices=accept_index,
-        num_correct_drafts=(num_accept - 1).to(torch.int32),
-        num_accept_tokens=num_accept.to(torch.int32),
-        finished=finished,
-        draft_extend_input=extend,
-    )
+    vout = _output(accept_tokens, accept_index, num_accept, finished, extend)
     return _emitted(rt, vout, rows_h, counts_h, finished_h)
+
+
+def _output(accept_tokens: torch.Tensor, accept_index: torch.Tensor, num_accept: torch.Tensor,
+            finished: torch.Tensor, extend: DraftExtendInput) -> VerifyOutput:
+    return VerifyOutput(accept_tokens=accept_tokens, accept_indices=accept_index,
+                        num_correct_drafts=(num_accept - 1).to(torch.int32),
+                        num_accept_tokens=num_accept.to(torch.int32), finished=finished,
+                        draft_extend_input=extend)
 
 
 def _emitted(rt: RuntimeState, vout: VerifyOutput, rows_h: list[list[int]], counts_h: list[int],
@@ -138,14 +139,8 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
         num_accept_tokens_cpu=tuple(counts_h),
     )
     rt.runner.note_output(extend)
-    return VerifyOutput(
-        accept_tokens=accept_tokens,
-        accept_indices=accept_index,
-        num_correct_drafts=(num_accept - 1).to(torch.int32),
-        num_accept_tokens=num_accept.to(torch.int32),
-        finished=torch.zeros(bs, dtype=torch.bool, device=device),
-        draft_extend_input=extend,
-    )
+    finished = torch.zeros(bs, dtype=torch.bool, device=device)
+    return _output(accept_tokens, accept_index, num_accept, finished, extend)
 
 
 def _prepare(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:
@@ -159,26 +154,10 @@ def _prepare(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling) -> Ver
         uniform_final = rt.uniform(bs)
     if rt.simulate_accept is not None:
         sim = rt.simulate_accept.counts(bs, min(n, config.num_steps + 1), rt.device)
-    return VerifyCoreIn(
-        draft_token=inp.draft_token,
-        positions=inp.positions,
-        tree_mask=inp.tree_mask,
-        retrieve_index=inp.retrieve_index,
-        retrieve_next_token=inp.retrieve_next_token,
-        retrieve_next_sibling=inp.retrieve_next_sibling,
-        seq_lens=inp.seq_lens,
-        req_pool_indices=inp.req_pool_indices,
-        slots=slots.view(bs, n),
-        greedy=sampling.all_greedy,
-        draft_probs=inp.draft_probs,
-        uniforms=uniforms,
-        uniform_final=uniform_final,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        sim_accept=sim,
-        pad_slot=rt.reserved_slots["target"][:1] if rt.static else None,
-    )
+    return VerifyCoreIn(**fields_of(inp, VerifyCoreIn), **fields_of(sampling, VerifyCoreIn),
+                        slots=slots.view(bs, n), greedy=sampling.all_greedy, uniforms=uniforms,
+                        uniform_final=uniform_final, sim_accept=sim,
+                        pad_slot=rt.reserved_slots["target"][:1] if rt.static else None)
 
 
 def verify_core(ops: CoreOps, c: VerifyCoreIn) -> VerifyCoreOut:
@@ -248,10 +227,10 @@ def stacked_rows(accept_tokens: torch.Tensor, num_correct: torch.Tensor) -> torc
     return torch.cat([accept_tokens.long(), num_correct.long()[:, None]], dim=1)
 
 
-def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch, rows: bool = False,
+def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: StopBatch,
                 host_rows: Any = None):
-    """Per request (host lists): tokens to emit after the stops, and whether it finished (and with
-    `rows` the host token rows). One device-to-host copy (tokens and counts together), or the copy
+    """Per request (host lists): tokens to emit after the stops, whether it finished, and the host
+    token rows. One device-to-host copy (tokens and counts together), or the copy
     launch-ahead already queued (`host_rows`, read with `.tolist()`)."""
     both = (host_rows if host_rows is not None else stacked_rows(accept_tokens, num_correct)).tolist()
     counts, finished = [], []
@@ -263,9 +242,7 @@ def _stops_host(accept_tokens: torch.Tensor, num_correct: torch.Tensor, stops: S
                 break
         counts.append(count)
         finished.append(count == budget or row[count - 1] in stop_ids)
-    if rows:
-        return counts, finished, both
-    return counts, finished
+    return counts, finished, both
 
 
 class _HostIndex:
@@ -303,20 +280,14 @@ def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 
 def _commit_kv(rt: RuntimeState, inp: VerifyInput, slots: torch.Tensor, accept_index: torch.Tensor,
-               num_accept: torch.Tensor, index: Optional["_HostIndex"] = None) -> None:
+               index: _HostIndex) -> None:
     """Point positions seq_len .. seq_len + a - 1 at the accepted nodes' slots; free the rest.
 
     The root and accepted drafts got their KV in the verify forward, so committing is a slot-table
     write, no copy. `index` (host-built indices of the accepted nodes) avoids boolean masks."""
-    if index is None:
-        kept = accept_index >= 0
-        req = inp.req_pool_indices[:, None].expand_as(accept_index)[kept]
-        pos = (inp.seq_lens[:, None] + torch.arange(accept_index.shape[1], device=slots.device))[kept]
-        acc = accept_index[kept]
-    else:
-        req = inp.req_pool_indices[index.acc_b]
-        pos = inp.seq_lens[index.acc_b] + index.acc_j
-        acc = accept_index[index.acc_b, index.acc_j]
+    req = inp.req_pool_indices[index.acc_b]
+    pos = inp.seq_lens[index.acc_b] + index.acc_j
+    acc = accept_index[index.acc_b, index.acc_j]
     rt.target_cache.req_to_token[req, pos] = slots[acc]
     used = torch.zeros_like(slots, dtype=torch.bool)
     used.index_fill_(0, acc, True)  # not `used[acc] = True`: that copies the scalar to the device and waits
@@ -324,26 +295,15 @@ def _commit_kv(rt: RuntimeState, inp: VerifyInput, slots: torch.Tensor, accept_i
 
 
 def _extend_input(rt: RuntimeState, inp: VerifyInput, captured, accept_index, accept_tokens, num_accept,
-                  finished, host_counts: tuple[int, ...], index: Optional["_HostIndex"] = None) -> DraftExtendInput:
+                  host_counts: tuple[int, ...], index: _HostIndex) -> DraftExtendInput:
     """Draft-extend rows of the unfinished requests: the emitted tokens at positions seq_len + j, plus
     the draft's KV lead (a STANDALONE draft reads token seq_len + 1 + j at its own position).
     `index` (host-built indices of the live requests and their accepted nodes) avoids boolean masks."""
-    lead = rt.spec_config.traits.draft_kv_lead
-    if index is None:
-        live = ~finished
-        acc, tokens, counts = accept_index[live], accept_tokens[live], num_accept[live]
-        kept = acc >= 0
-        seq_lens = inp.seq_lens[live]
-        positions = (seq_lens[:, None] + lead + torch.arange(acc.shape[1], device=acc.device))[kept]
-        rows, row_tokens = acc[kept], tokens[kept]
-        req_pool_indices = inp.req_pool_indices[live]
-    else:
-        live = index.live
-        tokens, counts, seq_lens = accept_tokens[live], num_accept[live], inp.seq_lens[live]
-        positions = seq_lens[index.ext_b] + index.ext_j + lead
-        rows = accept_index[live[index.ext_b], index.ext_j]
-        row_tokens = tokens[index.ext_b, index.ext_j]
-        req_pool_indices = inp.req_pool_indices[live]
+    live = index.live
+    tokens, counts, seq_lens = accept_tokens[live], num_accept[live], inp.seq_lens[live]
+    positions = seq_lens[index.ext_b] + index.ext_j + rt.spec_config.traits.draft_kv_lead
+    rows = accept_index[live[index.ext_b], index.ext_j]
+    row_tokens = tokens[index.ext_b, index.ext_j]
     hidden = None
     if captured is not None:
         hidden = captured[rows]
@@ -359,6 +319,6 @@ def _extend_input(rt: RuntimeState, inp: VerifyInput, captured, accept_index, ac
         num_accept_tokens=field_counts.to(torch.int32),
         seq_lens=seq_lens + counts,
         bonus_tokens=tokens.gather(1, (counts - 1)[:, None]).squeeze(1),
-        req_pool_indices=req_pool_indices,
+        req_pool_indices=inp.req_pool_indices[live],
         num_accept_tokens_cpu=host_counts,
     )
