@@ -279,9 +279,7 @@ def _token_ids(text: str, flag: str, negative_ok: bool = True) -> list[int]:
 def _prompts(args: argparse.Namespace) -> tuple[list[list[int]], Any]:
     # token ids outside the vocabulary reject their request only (the engine's RequestError)
     prompts = [_token_ids(p, "--prompt-ids") for p in args.prompt_ids]
-    tokenizer = None
-    if args.prompt or (Path(args.target) / "tokenizer_config.json").exists():
-        tokenizer = _tokenizer(args.target) if (Path(args.target) / "tokenizer_config.json").exists() else None
+    tokenizer = _tokenizer(args.target) if (Path(args.target) / "tokenizer_config.json").exists() else None
     if args.prompt:
         if tokenizer is None:
             raise ValueError(f"--prompt needs a tokenizer in {args.target}; pass --prompt-ids instead")

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 DEMO_VERSION = "1"
+TABLE_HEAD = ("algorithm", "steps/topk/draft", "accept length", "tokens/s", "identical to target-only")
 
 
 def build_demo_models(cache_dir: Path) -> dict[str, Path]:
@@ -70,9 +71,13 @@ def run_demo(cache_dir: Path, max_new_tokens: int = 48, batch_size: int = 4, thr
         tps = sum(len(r.output) for r in reqs) / (time.perf_counter() - start)
         same = [r.output for r in reqs] == reference
         ok &= same
-        accept = sum(sum(r.accept_lengths) for r in reqs) / max(1, sum(len(r.accept_lengths) for r in reqs))
-        rows.append((alg, f"{steps}/{topk}/{n}", f"{accept:.2f}", f"{tps:.0f}", "yes" if same else "NO"))
-    _print_table(rows, spec_schema.STRICT_LEVEL, batch_size, max_new_tokens, cache_dir)
+        rows.append((alg, f"{steps}/{topk}/{n}", f"{mean_accept(reqs):.2f}", f"{tps:.0f}",
+                     "yes" if same else "NO"))
+    print_table(f"spec-runtime demo: tiny random models in {cache_dir}, batch {batch_size}, "
+                f"{max_new_tokens} new tokens, SPEC_STRICT={spec_schema.STRICT_LEVEL}, "
+                f"torch {torch.__version__} on {'cuda' if torch.cuda.is_available() else 'cpu'}", rows)
+    print("EAGLE/EAGLE3 heads are random (untrained): their accept length stays near 1; the point is "
+          "that their output is identical to target-only decoding.")
     print()
     print(contract_showcase())
     return 0 if ok else 1
@@ -107,15 +112,17 @@ def contract_showcase() -> str:
             f"from the target):\n  raw torch, at merge_batch:  {raw}\n  spec_schema, where it is made: {ours}")
 
 
-def _print_table(rows: list, strict: int, bs: int, new: int, cache_dir: Path) -> None:
-    head = ("algorithm", "steps/topk/draft", "accept length", "tokens/s", "identical to target-only")
-    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+def mean_accept(reqs: list) -> float:
+    """Tokens per decode iteration over all of `reqs` (bonus included; 0 without iterations)."""
+    return sum(sum(r.accept_lengths) for r in reqs) / max(1, sum(len(r.accept_lengths) for r in reqs))
+
+
+def print_table(header: str, rows: list) -> None:
+    """`header`, then `rows` (one cell per column of `TABLE_HEAD`) as a Markdown table."""
+    widths = [max(len(str(r[i])) for r in [TABLE_HEAD, *rows]) for i in range(len(TABLE_HEAD))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    print(f"spec-runtime demo: tiny random models in {cache_dir}, batch {bs}, {new} new tokens, "
-          f"SPEC_STRICT={strict}, torch {torch.__version__} on {'cuda' if torch.cuda.is_available() else 'cpu'}")
-    print(line(head))
+    print(header)
+    print(line(TABLE_HEAD))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         print(line(r))
-    print("EAGLE/EAGLE3 heads are random (untrained): their accept length stays near 1; the point is "
-          "that their output is identical to target-only decoding.")

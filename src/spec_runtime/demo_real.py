@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import torch
 
+from .demo import mean_accept, print_table
+
 DRAFTS_ROOT = Path(__file__).resolve().parents[2] / "drafts" / "smollm2-135m"
 """Where the shipped drafts live (the repository's drafts/ folder; `--drafts DIR` overrides it)."""
 
@@ -121,11 +123,9 @@ def run_real(target_dir: Path, drafts_root: Path, max_new_tokens: int = 64, devi
         engine = SpecEngine(rt, eos_token_ids=eos_ids)
         start = time.perf_counter()
         reqs = engine.generate(prompts, max_new_tokens=max_new_tokens)
-        tokens = sum(len(r.output) for r in reqs)
-        iterations = sum(len(r.accept_lengths) for r in reqs)
         rows.append(Row(s.algorithm, str(dirs[s.algorithm]), s.num_steps, s.topk, s.num_draft_tokens,
-                        round(sum(sum(r.accept_lengths) for r in reqs) / max(1, iterations), 3),
-                        _rate(tokens, start), [r.output for r in reqs] == reference))
+                        round(mean_accept(reqs), 3), _rate(sum(len(r.output) for r in reqs), start),
+                        [r.output for r in reqs] == reference))
     return rows
 
 
@@ -150,17 +150,10 @@ def print_rows(rows: list[Row], as_json: bool, header: str) -> None:
     if as_json:
         print(json.dumps({"rows": [asdict(r) for r in rows]}, indent=2))
         return
-    head = ("algorithm", "steps/topk/draft", "accept length", "tokens/s", "identical to target-only")
     cells = [(r.algorithm, "-" if r.steps is None else f"{r.steps}/{r.topk}/{r.num_draft_tokens}",
               f"{r.accept_length:.2f}", f"{r.tokens_per_second:.1f}",
               "reference" if r.draft is None else ("yes" if r.identical else "NO")) for r in rows]
-    widths = [max(len(str(c[i])) for c in [head, *cells]) for i in range(len(head))]
-    line = lambda c: "| " + " | ".join(str(x).ljust(w) for x, w in zip(c, widths)) + " |"  # noqa: E731
-    print(header)
-    print(line(head))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for c in cells:
-        print(line(c))
+    print_table(header, cells)
 
 
 def main_real(drafts: Optional[str], max_new_tokens: int, device: str, executor: str, as_json: bool,

@@ -228,9 +228,12 @@ class SpecEngine:
         else the tokens each request may accept and still fit its next tree in the context."""
         if self.waiting and self.rt.requests.num_free > 0:
             return None
-        limit = self.rt.target_cache.req_to_token.shape[1]
-        need = self.rt.spec_config.num_steps + 1
-        return [limit - need - r.seq_len for r in self.running]
+        return [self._tree_room(r) for r in self.running]
+
+    def _tree_room(self, req: Request) -> int:
+        """Tokens `req` may still accept so that its next tree (num_steps + 1 positions) fits the
+        context; negative when even the next tree does not fit."""
+        return self.rt.target_cache.req_to_token.shape[1] - (self.rt.spec_config.num_steps + 1) - req.seq_len
 
     def _emit(self, tokens: list, counts: list, finished: list, events: list[TokenEvent]) -> list[Request]:
         live = []
@@ -241,8 +244,7 @@ class SpecEngine:
             req.iterations += 1
             req.seq_len += count
             if done:
-                req.finish_reason = "stop" if new[-1] in req.stop_ids else "length"
-                self._release(req)
+                self._release(req, "stop" if new[-1] in req.stop_ids else "length")
             else:
                 live.append(req)
             events.append(TokenEvent(req.rid, new, done))
@@ -267,8 +269,7 @@ class SpecEngine:
             req.output.append(tok)
             done = tok in req.stop_ids or req.max_new_tokens == 1
             if done:
-                req.finish_reason = "stop" if tok in req.stop_ids else "length"
-                self._release(req)
+                self._release(req, "stop" if tok in req.stop_ids else "length")
             else:
                 keep.append(i)
             events.append(TokenEvent(req.rid, [tok], done))
@@ -283,21 +284,19 @@ class SpecEngine:
 
     def _finish_context_bound(self, events: list[TokenEvent]) -> None:
         """Requests whose next tree would overrun the context end now (finish_reason "context")."""
-        limit = self.rt.target_cache.req_to_token.shape[1]
-        need = self.rt.spec_config.num_steps + 1
-        keep = [i for i, r in enumerate(self.running) if r.seq_len + need <= limit]
+        keep = [i for i, r in enumerate(self.running) if self._tree_room(r) >= 0]
         if len(keep) == len(self.running):
             return
         for i, req in enumerate(self.running):
             if i not in keep:
-                req.finish_reason = "context"
-                self._release(req)
+                self._release(req, "context")
                 events.append(TokenEvent(req.rid, [], True))
         self.running = [self.running[i] for i in keep]
         self.state = self.state.filter_batch(torch.tensor(keep, dtype=torch.int64, device=self.rt.device))
 
-    def _release(self, req: Request) -> None:
-        """Free the request's committed KV in both caches and its slot-table row."""
+    def _release(self, req: Request, reason: str) -> None:
+        """Finish the request with `reason`: free its committed KV in both caches and its slot-table row."""
+        req.finish_reason = reason
         for cache in (self.rt.target_cache, self.rt.draft_cache):
             row = cache.req_to_token[req.row]
             used = row[row >= 0]
@@ -315,25 +314,16 @@ class SpecEngine:
                 if on_tokens is not None:
                     on_tokens(event)
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int = 32,
-        sampling: Optional[SamplingParams] = None,
-        stop_token_ids: Iterable[int] = (),
-    ) -> list[Request]:
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
+                 sampling: Optional[SamplingParams] = None,
+                 stop_token_ids: Iterable[int] = ()) -> list[Request]:
         """Generate for a batch of prompts. A rejected prompt gets `.error`; the others run normally."""
         reqs = self.queue(prompts, max_new_tokens, sampling, stop_token_ids)
         self.run()
         return reqs
 
-    def queue(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int = 32,
-        sampling: Optional[SamplingParams] = None,
-        stop_token_ids: Iterable[int] = (),
-    ) -> list[Request]:
+    def queue(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
+              sampling: Optional[SamplingParams] = None, stop_token_ids: Iterable[int] = ()) -> list[Request]:
         """Queue a batch of prompts without running it: a rejected prompt comes back as a `Request`
         with `.error` (rid -1, finish_reason "error"). Should anything else raise, the requests
         this call queued are withdrawn first, so no caller-less request is left to run."""

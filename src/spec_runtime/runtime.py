@@ -50,14 +50,8 @@ def build_spec_config(
     else:
         d_dims = d_dims.model_copy(update={"draft_vocab_size": None, "aux_layer_ids": None,
                                            "num_aux_hidden_states": None, "target_hidden_size": None})
-    return SpecConfig(
-        algorithm=algorithm,
-        target=t_dims,
-        draft=d_dims,
-        num_steps=num_steps,
-        topk=topk,
-        num_draft_tokens=num_draft_tokens,
-    )
+    return SpecConfig(algorithm=algorithm, target=t_dims, draft=d_dims, num_steps=num_steps, topk=topk,
+                      num_draft_tokens=num_draft_tokens)
 
 
 def _cache_with_reserve(num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, rows: int,
