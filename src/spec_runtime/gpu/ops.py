@@ -7,6 +7,7 @@ the validating references; `tests/runtime/test_static_executor.py` checks both g
 """
 
 import math
+from typing import Any
 
 import torch
 
@@ -18,22 +19,11 @@ from spec_runtime.tree import tree_layout
 __all__ = ["build_tree_nosync", "dense_attention", "probs_nosync"]
 
 
-def build_tree_nosync(
-    parent_list: torch.Tensor,
-    selected_index: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    bonus_tokens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    topk: int,
-    num_steps: int,
-    num_draft: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`tree.build_tree` without host reads (same arguments, same outputs on valid trees).
-
-    Invalid trees (a parent not selected, NaN scores) are not detected here; the eager path's
-    `build_tree` raises on them."""
-    return tree_layout(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,
-                       num_draft, validate=False)
+def build_tree_nosync(*args: Any) -> tuple[torch.Tensor, ...]:
+    """`tree.build_tree` without host reads: `tree_layout(*args, validate=False)` (the same positional
+    arguments, the same outputs on valid trees). Invalid trees (a parent not selected, NaN scores) are
+    not detected here; the eager path's `build_tree` raises on them."""
+    return tree_layout(*args, validate=False)
 
 
 def probs_nosync(
