@@ -34,15 +34,7 @@ from .frontier import gather_branches, organize, select_frontier
 from .layout import build_tree, check_build_tree_args, tree_layout
 
 __all__ = [
-    "select_frontier",
-    "gather_branches",
-    "organize",
-    "build_tree",
-    "check_build_tree_args",
-    "tree_layout",
-    "check_verify_shapes",
-    "verify_greedy",
-    "verify_tree_sampling",
-    "verify_chain_rejection",
+    "select_frontier", "gather_branches", "organize", "build_tree", "check_build_tree_args", "tree_layout",
+    "check_verify_shapes", "verify_greedy", "verify_tree_sampling", "verify_chain_rejection",
     "simulated_accept",
 ]

@@ -12,6 +12,11 @@ __all__ = ["check_verify_shapes", "simulated_accept", "verify_chain_rejection", 
            "verify_tree_sampling"]
 
 
+def _require_shape(name, t, dims, expected):
+    """ValueError `"{name} must be {dims} = {expected}, got ..."` unless `t` has shape `expected`."""
+    _require(tuple(t.shape) == expected, f"{name} must be {dims} = {expected}, got {tuple(t.shape)}")
+
+
 def _tree_links(next_token, next_sibling):
     """From the retrieve arrays: parent (bs, N) (-1 = none) and rank among siblings (bs, N)."""
     bs, n = next_token.shape
@@ -100,10 +105,8 @@ def verify_greedy(
           tokens are ``predicts[accept_index[b, :num_correct_drafts[b] + 1]]``.
     """
     check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    _require(
-        tuple(target_predict.shape) == tuple(candidates.shape),
-        f"target_predict must be {tuple(candidates.shape)}, got {tuple(target_predict.shape)}",
-    )
+    _require(tuple(target_predict.shape) == tuple(candidates.shape),
+             f"target_predict must be {tuple(candidates.shape)}, got {tuple(target_predict.shape)}")
     candidates, target_predict = candidates.long(), target_predict.long()
 
     def choose(level, cur, active, is_child, rank):
@@ -158,18 +161,11 @@ def verify_tree_sampling(
     """
     check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     bs, n = candidates.shape
-    _require(
-        target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (bs, n),
-        f"target_probs must be (bs, num_draft, vocab) with (bs, num_draft) = {(bs, n)}, got {tuple(target_probs.shape)}",
-    )
-    _require(
-        tuple(uniform.shape) == (bs, n),
-        f"uniform must be (bs, num_draft) = {(bs, n)}, got {tuple(uniform.shape)}",
-    )
-    _require(
-        tuple(uniform_final.shape) == (bs,),
-        f"uniform_final must be (bs,) = ({bs},), got {tuple(uniform_final.shape)}",
-    )
+    _require(target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (bs, n),
+             f"target_probs must be (bs, num_draft, vocab) with (bs, num_draft) = {(bs, n)}, "
+             f"got {tuple(target_probs.shape)}")
+    _require_shape("uniform", uniform, "(bs, num_draft)", (bs, n))
+    _require_shape("uniform_final", uniform_final, "(bs,)", (bs,))
     candidates, probs = candidates.long(), target_probs.float()
     rows = torch.arange(bs, device=probs.device)
 
@@ -246,21 +242,10 @@ def verify_chain_rejection(
     """
     bs, k = draft_tokens.shape
     vocab = target_probs.shape[-1]
-    _require(
-        tuple(draft_probs.shape) == (bs, k, vocab),
-        f"draft_probs must be (bs, k, vocab) = {(bs, k, vocab)}, got {tuple(draft_probs.shape)}",
-    )
-    _require(
-        tuple(target_probs.shape) == (bs, k + 1, vocab),
-        f"target_probs must be (bs, k+1, vocab) = {(bs, k + 1, vocab)}, got {tuple(target_probs.shape)}",
-    )
-    _require(
-        tuple(uniform.shape) == (bs, k), f"uniform must be (bs, k) = {(bs, k)}, got {tuple(uniform.shape)}"
-    )
-    _require(
-        tuple(uniform_final.shape) == (bs,),
-        f"uniform_final must be (bs,) = ({bs},), got {tuple(uniform_final.shape)}",
-    )
+    _require_shape("draft_probs", draft_probs, "(bs, k, vocab)", (bs, k, vocab))
+    _require_shape("target_probs", target_probs, "(bs, k+1, vocab)", (bs, k + 1, vocab))
+    _require_shape("uniform", uniform, "(bs, k)", (bs, k))
+    _require_shape("uniform_final", uniform_final, "(bs,)", (bs,))
     tokens, p, q = draft_tokens.long(), draft_probs.float(), target_probs.float()
     p_x = p.gather(2, tokens[:, :, None]).squeeze(2)
     q_x = q[:, :k].gather(2, tokens[:, :, None]).squeeze(2)

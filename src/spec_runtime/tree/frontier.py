@@ -18,9 +18,7 @@ def _best_first(scores: torch.Tensor, count: int) -> torch.Tensor:
     return torch.sort(_sort_key(scores), dim=-1, descending=True, stable=True).indices[:, :count]
 
 
-# ----------------------------------------------------------------------------------------------
-# Multi-step expansion
-# ----------------------------------------------------------------------------------------------
+# ---- multi-step expansion ---------------------------------------------------------------------
 
 
 def select_frontier(
@@ -58,10 +56,8 @@ def select_frontier(
     if step == 0:
         _require(topk_p.dim() == 2, f"step 0 topk_p must be (bs, topk), got {tuple(topk_p.shape)}")
         return _select_root_children(topk_p.float(), topk_index)
-    _require(
-        topk_p.dim() == 3 and topk_p.shape[1] == topk_p.shape[2],
-        f"step {step} topk_p must be (bs, topk, topk), got {tuple(topk_p.shape)}",
-    )
+    _require(topk_p.dim() == 3 and topk_p.shape[1] == topk_p.shape[2],
+             f"step {step} topk_p must be (bs, topk, topk), got {tuple(topk_p.shape)}")
     _require(scores is not None, f"step {step} needs the frontier scores (bs, topk)")
     return _expand_frontier(step, scores.float(), topk_p.float(), topk_index)
 
@@ -75,10 +71,8 @@ def _select_root_children(topk_p, topk_index):
 
 def _expand_frontier(step, scores, topk_p, topk_index):
     bs, topk, _ = topk_p.shape
-    _require(
-        tuple(scores.shape) == (bs, topk),
-        f"scores must be (bs, topk) = {(bs, topk)}, got {tuple(scores.shape)}",
-    )
+    _require(tuple(scores.shape) == (bs, topk),
+             f"scores must be (bs, topk) = {(bs, topk)}, got {tuple(scores.shape)}")
     expanded = (scores[:, :, None] * topk_p).reshape(bs, topk * topk)
     tokens = topk_index.reshape(bs, topk * topk)
     chosen = _best_first(expanded, topk)
@@ -129,15 +123,11 @@ def organize(
     tokens = torch.cat([r[1] for r in records], dim=1)
     bs, topk = records[0][2].shape
     num_candidates = scores.shape[1]
-    _require(
-        num_candidates == topk + (len(records) - 1) * topk * topk,
-        f"records hold {num_candidates} candidates, expected topk + (num_steps-1)*topk^2 = "
-        f"{topk + (len(records) - 1) * topk * topk} for topk={topk}, num_steps={len(records)}",
-    )
-    _require(
-        1 <= num_draft <= num_candidates + 1,
-        f"num_draft must be in [1, {num_candidates + 1}] (1 + number of candidates), got {num_draft}",
-    )
+    _require(num_candidates == topk + (len(records) - 1) * topk * topk,
+             f"records hold {num_candidates} candidates, expected topk + (num_steps-1)*topk^2 = "
+             f"{topk + (len(records) - 1) * topk * topk} for topk={topk}, num_steps={len(records)}")
+    _require(1 <= num_draft <= num_candidates + 1,
+             f"num_draft must be in [1, {num_candidates + 1}] (1 + number of candidates), got {num_draft}")
     root = torch.full((bs, 1), -1, dtype=torch.int64, device=scores.device)
     parent_list = torch.cat([root] + [r[2] for r in records[:-1]], dim=1)
     selected = torch.sort(_best_first(scores, num_draft - 1), dim=1).values

@@ -21,23 +21,19 @@ def _node_parents(parent_list, selected_index, topk, validate=True):
     width = parent_list.shape[1]
     slot = selected_index // topk
     if validate:
-        _require(
-            bool(((selected_index >= 0) & (slot < width)).all()),
-            f"selected_index values must be in [0, {topk + (width - 1) * topk}) for parent_list width {width}",
-        )
-        _require(
-            bool((selected_index[:, 1:] > selected_index[:, :-1]).all()),
-            "selected_index must be strictly ascending per request",
-        )
+        _require(bool(((selected_index >= 0) & (slot < width)).all()),
+                 f"selected_index values must be in [0, {topk + (width - 1) * topk}) "
+                 f"for parent_list width {width}")
+        _require(bool((selected_index[:, 1:] > selected_index[:, :-1]).all()),
+                 "selected_index must be strictly ascending per request")
     parent_flat = parent_list.gather(1, slot)
     match = parent_flat[:, :, None] == selected_index[:, None, :]
     if validate:
         orphan = (parent_flat >= 0) & ~match.any(-1)
-        _require(
-            not bool(orphan.any()),
-            f"invalid tree: a selected candidate's parent is not selected (rows {orphan.nonzero().tolist()} "
-            "as [request, node-1]); scores must be products of probabilities <= 1 and free of NaN",
-        )
+        _require(not bool(orphan.any()),
+                 "invalid tree: a selected candidate's parent is not selected "
+                 f"(rows {orphan.nonzero().tolist()} as [request, node-1]); "
+                 "scores must be products of probabilities <= 1 and free of NaN")
     parents = torch.where(parent_flat < 0, 0, _first_true(match) + 1)
     root = torch.full((bs, 1), -1, dtype=torch.int64, device=selected_index.device)
     return torch.cat([root, parents], dim=1)
