@@ -44,10 +44,6 @@ def cache_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
-def _tuning_file_from_env() -> Optional[str]:
-    return os.environ.get(TUNING_FILE_ENV) or None
-
-
 @dataclass(frozen=True)
 class FastOptions:
     """Choices of the fast path ("auto" picks by device).
@@ -100,7 +96,7 @@ class FastOptions:
     epilogues: str = "auto"
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
-    tuning_file: Optional[str] = field(default_factory=_tuning_file_from_env)
+    tuning_file: Optional[str] = field(default_factory=lambda: os.environ.get(TUNING_FILE_ENV) or None)
 
     _CHOICES = {
         "attention": ("auto", "triton", "dense", "reference"),

@@ -387,11 +387,6 @@ class LaunchAhead:
         below = max((b for b in self.buckets if b < bucket), default=0)
         return None if below + 1 >= bucket else self._nlive
 
-    def _live_requests(self, bucket: int) -> Optional[torch.Tensor]:
-        """`(bucket,)` bool: which requests of a launch-ahead bucket are live (`< _nlive`); None when
-        the bucket cannot hold padding (`_nlive_for`)."""
-        return live_mask(self._nlive_for(bucket), bucket, self._nlive.device)
-
     def _ahead_extend_fn(self, bucket: int, sim: bool) -> ExtendCoreOut:
         """Verify outputs -> draft-extend buffers (+ target commit), draft-extend, draft commit,
         outputs -> draft buffers. Padded requests (>= `_nlive`) get copy_in's padding. The steps
@@ -421,7 +416,7 @@ class LaunchAhead:
         out = self._draft_fn(bucket)
         vb, db = self.bufs.verify, self.bufs.draft
         n = vb.draft_token.shape[1]
-        live = self._live_requests(bucket)
+        live = live_mask(self._nlive_for(bucket), bucket, self._nlive.device)  # None: no padding
         eye = torch.eye(n, dtype=torch.bool, device=vb.tree_mask.device)
         copies = [
             (vb.draft_token[:bucket], live_or_pad(live, out.draft_token, 0)),

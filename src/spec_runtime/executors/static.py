@@ -186,12 +186,8 @@ class GraphRunner(LaunchAhead):
         config, dev = self.rt.spec_config, self.rt.device
         k, n, s = config.topk, config.num_draft_tokens, config.num_steps
         i64 = dict(dtype=torch.int64, device=dev)
-
-        def hidden(buf: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-            return None if buf is None else buf[:0]
-
         d = self.bufs.draft
-        B.copy_in(d, DraftCoreIn(d.topk_p[:0], d.topk_index[:0], hidden(d.hidden_states), d.bonus_tokens[:0],
+        B.copy_in(d, DraftCoreIn(d.topk_p[:0], d.topk_index[:0], head(d.hidden_states, 0), d.bonus_tokens[:0],
                                  d.seq_lens[:0], d.req_pool_indices[:0], torch.zeros(0, k, s, **i64),
                                  pad_slot=pads[1]), bucket, self.pad_row)
         v = self.bufs.verify
@@ -200,7 +196,7 @@ class GraphRunner(LaunchAhead):
                                   empty, empty[:, 0], empty[:, 0], empty, greedy=True, pad_slot=pads[0]),
                   bucket, self.pad_row)
         e = self.bufs.extend
-        B.copy_in(e, ExtendCoreIn(e.input_ids[:0], e.positions[:0], hidden(e.hidden_states),
+        B.copy_in(e, ExtendCoreIn(e.input_ids[:0], e.positions[:0], head(e.hidden_states, 0),
                                   e.num_accept_tokens[:0], e.seq_lens[:0], e.req_pool_indices[:0],
                                   e.out_slots[:0], pad_slot=pads[1]), bucket, self.pad_row)
 

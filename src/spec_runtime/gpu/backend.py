@@ -51,10 +51,8 @@ class FastBackend:
         def kernels_or(choice: str, fallback: str) -> str:  # "auto": the Triton kernels where they run
             return choice if choice != "auto" else ("triton" if usable else fallback)
 
-        ew = kernels_or(options.elementwise, "torch")
-        self.elementwise = ew
-        att = kernels_or(options.attention, "dense")
-        self.attention_kind = att
+        self.elementwise = ew = kernels_or(options.elementwise, "torch")
+        self.attention_kind = att = kernels_or(options.attention, "dense")
         self.tree = kernels_or(options.tree, "torch")
         self.topk = kernels_or(options.topk, "torch")
         self.frontier: Any = None  # the phase cores' CoreOps.frontier (None: the torch path)
@@ -185,4 +183,3 @@ class FastBackend:
         if gemv:
             return T._Lead(lambda wc: G.triton_linear(x, wc, before.bias, tune=before.tune), before.weight)
         return T._Lead(lambda wc: F.linear(x, wc, before.bias), before.weight)
-

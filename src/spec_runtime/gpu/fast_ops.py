@@ -54,7 +54,6 @@ class RopeTable:
         return self.cos[positions], self.sin[positions]
 
 
-
 # ---- linear layers -------------------------------------------------------------------------------
 
 
@@ -120,7 +119,6 @@ def _fuse(linears: Sequence[torch.nn.Linear]) -> Linear:
 
 def _lin(m: torch.nn.Linear) -> Linear:
     return Linear(m.weight, m.bias)
-
 
 
 # ---- the ops -------------------------------------------------------------------------------------

@@ -5,13 +5,8 @@ There is one model class per architecture (`models/llama.py`, `eagle.py`, `eagle
 forward each, written in the steps of `models/ops.py`. `FastModel` binds a model to its
 `gpu.fast_ops.FastOps` (fused weights, RoPE table, Triton kernels, cuBLAS or the GEMV per shape,
 GEMV epilogues) so that the phase cores call `forward`, `compute_logits`, `greedy_tokens` as they
-call the reference model's. The pieces live in:
-
-- `gpu/backend.py`: `FastBackend`, which implementation of each piece, and the setup decision of
-  cuBLAS or the GEMV (and its epilogue) per linear;
-- `gpu/fast_ops.py`: `FastOps` (the steps), `Linear`, `RopeTable`;
-- `spec_kernels/tuning.py`, `spec_kernels/tuning_file.py`: the setup's timings, their tables and files;
-- `gpu/ops.py`: sync-free torch versions of the reference functions (`dense_attention`, ...).
+call the reference model's. The other pieces: the `gpu` package docstring; the setup's timings and
+their files: `spec_kernels/tuning.py`, `spec_kernels/tuning_file.py`.
 """
 
 from collections.abc import Callable
