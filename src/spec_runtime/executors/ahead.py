@@ -212,10 +212,9 @@ class LaunchAhead:
         what they leave behind is undone in stream order after them: the slot-table entries the
         launched draft-extend committed at this verify's positions (both caches, columns
         `[seq_len, seq_len + num_steps + 1)` of each request, the draft's shifted by its KV lead,
-        back to -1, which they held before;
-        the host path then commits its own), every slot the launch was given goes back to its pool
-        (whatever reuses one writes it after the launch did), the launched results are dropped, and
-        the simulated-acceptance draw is rewound."""
+        back to -1, which they held before; the host path then commits its own), every slot the
+        launch was given goes back to its pool (whatever reuses one writes it after the launch did),
+        the launched results are dropped, and the simulated-acceptance draw is rewound."""
         launched, self._launched = self._launched, None
         if launched is None:
             return
