@@ -1,5 +1,6 @@
 """What the phases and the executors share: the tensors in and out of the sync-free phase cores
-(`draft.draft_core`, `verify.verify_core`, `extend.draft_extend_core`) and the ops those cores call.
+(`draft.draft_core`, `verify.verify_core`, `extend.draft_extend_core`), the ops those cores call, and
+`fields_of`, which hands a phase object's same-named fields to the next one.
 
 The phase modules build the inputs on the host and run the cores through an executor
 (`executor.Executor`); the executors (`executors/`) run the cores on live tensors (eager) or on
@@ -7,6 +8,8 @@ static buffers (static, CUDA graphs). Keeping these types here, below both, is w
 modules and the executors import each other's types without an import cycle.
 """
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
@@ -18,7 +21,7 @@ from spec_schema import SpecConfig
 from .kv_cache import KVCache
 
 __all__ = ["BranchSlots", "CoreOps", "DraftCoreIn", "DraftCoreOut", "ExtendCoreIn", "ExtendCoreOut",
-           "VerifyCoreIn", "VerifyCoreOut"]
+           "VerifyCoreIn", "VerifyCoreOut", "fields_of"]
 
 
 @dataclass(frozen=True)
@@ -178,3 +181,16 @@ class VerifyCoreOut:
     accept_tokens: torch.Tensor
     num_correct: torch.Tensor
     captured: Optional[torch.Tensor]
+
+
+def fields_of(src: Any, into: type) -> dict[str, Any]:
+    """The dataclass fields of `src` that the dataclass `into` also takes, by name: how a phase
+    input's tensors (or a `BatchSampling`'s) pass into a core's input, and a core's output into the
+    next phase's input. Sources passed together must not share a name (`**` refuses duplicates)."""
+    return {name: getattr(src, name) for name in _shared_names(type(src), into)}
+
+
+@functools.cache
+def _shared_names(src: type, into: type) -> tuple[str, ...]:
+    names = {f.name for f in dataclasses.fields(into) if f.init}
+    return tuple(f.name for f in dataclasses.fields(src) if f.name in names)

@@ -13,8 +13,6 @@ tensors with the reference models; the static executors run it on padded static 
 (`executors.static.GraphRunner`). The phase reaches either through `rt.runner` (`executor.Executor`).
 """
 
-import dataclasses
-import functools
 from typing import Any, Optional
 
 import torch
@@ -22,7 +20,7 @@ import torch
 from spec_schema import DraftInput, VerifyInput, boundary
 
 from .attention import AttnBatch
-from .core_types import CoreOps, DraftCoreIn, DraftCoreOut
+from .core_types import CoreOps, DraftCoreIn, DraftCoreOut, fields_of
 from .sampling import sample_from_probs, softmax_topk
 from .state import BatchSampling, RuntimeState
 from .tree import gather_branches, organize, select_frontier
@@ -187,16 +185,3 @@ def _verify_input(inp: DraftInput, out: DraftCoreOut) -> VerifyInput:
     """The tree as the core laid it out, for the requests of `inp`."""
     return VerifyInput(**fields_of(out, VerifyInput), seq_lens=inp.seq_lens,
                        req_pool_indices=inp.req_pool_indices)
-
-
-def fields_of(src: Any, into: type) -> dict[str, Any]:
-    """The dataclass fields of `src` that the dataclass `into` also takes, by name: how a phase
-    input's tensors (or a `BatchSampling`'s) pass into a core's input, and a core's output into the
-    next phase's input. Sources passed together must not share a name (`**` refuses duplicates)."""
-    return {name: getattr(src, name) for name in _shared_names(type(src), into)}
-
-
-@functools.cache
-def _shared_names(src: type, into: type) -> tuple[str, ...]:
-    names = {f.name for f in dataclasses.fields(into) if f.init}
-    return tuple(f.name for f in dataclasses.fields(src) if f.name in names)

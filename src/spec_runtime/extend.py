@@ -17,8 +17,8 @@ import torch
 from spec_schema import DraftExtendInput, DraftInput, boundary
 
 from .attention import AttnBatch
-from .core_types import CoreOps, ExtendCoreIn, ExtendCoreOut
-from .draft import _propose, fields_of, logits_into
+from .core_types import CoreOps, ExtendCoreIn, ExtendCoreOut, fields_of
+from .draft import _propose, logits_into
 from .sampling import probs_from_logits_batched, sample_from_probs
 from .state import BatchSampling, RuntimeState
 

@@ -25,8 +25,7 @@ from spec_schema import DraftExtendInput, VerifyInput, VerifyOutput, boundary
 
 from . import faults
 from .attention import AttnBatch, ragged_rows
-from .core_types import CoreOps, VerifyCoreIn, VerifyCoreOut
-from .draft import fields_of
+from .core_types import CoreOps, VerifyCoreIn, VerifyCoreOut, fields_of
 from .state import BatchSampling, RuntimeState, VerifyEmit
 from .tree import simulated_accept, verify_chain_rejection, verify_greedy, verify_tree_sampling
 
