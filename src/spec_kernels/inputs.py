@@ -7,13 +7,19 @@ from typing import Optional, Protocol
 
 import torch
 
-__all__ = ["AttnMeta", "KVPool", "LinearSpec", "check_build_tree_args", "check_verify_shapes", "require"]
+__all__ = ["AttnMeta", "KVPool", "LinearSpec", "check_build_tree_args", "check_verify_shapes", "require",
+           "require_shape"]
 
 
 def require(ok: bool, message: str) -> None:
     """Raise `ValueError(message)` unless `ok` (never `assert`: `python -O` strips it)."""
     if not ok:
         raise ValueError(message)
+
+
+def require_shape(name: str, t: torch.Tensor, dims: str, expected: tuple[int, ...]) -> None:
+    """`ValueError("{name} must be {dims} = {expected}, got {shape}")` unless `t` has shape `expected`."""
+    require(tuple(t.shape) == expected, f"{name} must be {dims} = {expected}, got {tuple(t.shape)}")
 
 
 class KVPool(Protocol):
@@ -61,7 +67,7 @@ def check_verify_shapes(candidates, retrieve_index, next_token, next_sibling, nu
         ("retrieve_next_token", next_token),
         ("retrieve_next_sibling", next_sibling),
     ):
-        require(tuple(t.shape) == shape, f"{name} must be (bs, num_draft) = {shape}, got {tuple(t.shape)}")
+        require_shape(name, t, "(bs, num_draft)", shape)
     require(num_steps >= 0, f"num_steps must be >= 0, got {num_steps}")
 
 
@@ -75,14 +81,8 @@ def check_build_tree_args(parent_list, selected_index, draft_tokens, bonus_token
     bs = selected_index.shape[0]
     width = topk * (num_steps - 1) + 1
     require(num_steps >= 1 and topk >= 1 and num_draft >= 1, "topk, num_steps and num_draft must be >= 1")
-    require(
-        tuple(parent_list.shape) == (bs, width),
-        f"parent_list must be (bs, topk*(num_steps-1)+1) = {(bs, width)}, got {tuple(parent_list.shape)}",
-    )
+    require_shape("parent_list", parent_list, "(bs, topk*(num_steps-1)+1)", (bs, width))
     for name, t in (("selected_index", selected_index), ("draft_tokens", draft_tokens)):
-        require(
-            tuple(t.shape) == (bs, num_draft - 1),
-            f"{name} must be (bs, num_draft-1) = {(bs, num_draft - 1)}, got {tuple(t.shape)}",
-        )
+        require_shape(name, t, "(bs, num_draft-1)", (bs, num_draft - 1))
     for name, t in (("bonus_tokens", bonus_tokens), ("seq_lens", seq_lens)):
-        require(tuple(t.shape) == (bs,), f"{name} must be (bs,) = ({bs},), got {tuple(t.shape)}")
+        require_shape(name, t, "(bs,)", (bs,))

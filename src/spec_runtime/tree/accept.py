@@ -5,16 +5,12 @@ import torch
 
 from spec_kernels.inputs import check_verify_shapes
 from spec_kernels.inputs import require as _require
+from spec_kernels.inputs import require_shape as _require_shape
 from spec_runtime import faults
 from spec_runtime.sampling import sample_from_probs
 
 __all__ = ["check_verify_shapes", "simulated_accept", "verify_chain_rejection", "verify_greedy",
            "verify_tree_sampling"]
-
-
-def _require_shape(name, t, dims, expected):
-    """ValueError `"{name} must be {dims} = {expected}, got ..."` unless `t` has shape `expected`."""
-    _require(tuple(t.shape) == expected, f"{name} must be {dims} = {expected}, got {tuple(t.shape)}")
 
 
 def _tree_links(next_token, next_sibling):

@@ -4,6 +4,7 @@ choose the tree's nodes from every step's candidates (the flat score index: `spe
 import torch
 
 from spec_kernels.inputs import require as _require
+from spec_kernels.inputs import require_shape as _require_shape
 
 __all__ = ["select_frontier", "gather_branches", "organize"]
 
@@ -71,8 +72,7 @@ def _select_root_children(topk_p, topk_index):
 
 def _expand_frontier(step, scores, topk_p, topk_index):
     bs, topk, _ = topk_p.shape
-    _require(tuple(scores.shape) == (bs, topk),
-             f"scores must be (bs, topk) = {(bs, topk)}, got {tuple(scores.shape)}")
+    _require_shape("scores", scores, "(bs, topk)", (bs, topk))
     expanded = (scores[:, :, None] * topk_p).reshape(bs, topk * topk)
     tokens = topk_index.reshape(bs, topk * topk)
     chosen = _best_first(expanded, topk)
