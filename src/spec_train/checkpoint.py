@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-__all__ = ["atomic_write", "eagle_config", "load_state", "save_draft", "save_state"]
+__all__ = ["atomic_write", "eagle_config", "load_draft_tensors", "load_state", "save_draft", "save_state"]
 
 STATE_FILE = "trainer_state.pt"
 DATA_FILE = "train_data.pt"
