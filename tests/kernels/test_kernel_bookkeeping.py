@@ -177,7 +177,9 @@ def test_ahead_extend_kernels_build_for_hopper():
 def test_static_runtime_with_bookkeeping_kernels_matches_eager(tmp_path, algorithm):
     """A whole greedy run through the static executor (launch-ahead on, so `_ahead_extend_fn` runs
     every iteration) with `FastOptions(bookkeeping="triton")`: the same tokens as eager decoding,
-    and no KV slot leaked. EAGLE-3 copies captured and draft hidden states; STANDALONE has none."""
+    and no KV slot leaked. EAGLE-3 copies captured and draft hidden states; STANDALONE has none.
+    The linears stay on cuBLAS: the GEMV-or-cuBLAS timing at setup is not what this covers, and
+    timed under compute-sanitizer it outlasted a 560 s run."""
     from spec_runtime.engine import SpecEngine
     from spec_runtime.models.loading import load_eagle3, load_standalone, load_target
     from spec_runtime.runtime import Runtime
@@ -192,7 +194,7 @@ def test_static_runtime_with_bookkeeping_kernels_matches_eager(tmp_path, algorit
     target = load_target(target_dir, device=DEVICE)
     draft = loader(draft_dir, target, device=DEVICE)
     outs = {}
-    for name, executor, fast in (("eager", "eager", None), ("kernels", "static", {"bookkeeping": "triton"})):
+    for name, executor, fast in (("eager", "eager", None), ("kernels", "static", {"bookkeeping": "triton", "linear": "torch"})):
         rt = Runtime.create(target, draft, algorithm, num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
                             max_context=64, executor=executor, buckets=(1, 2, 4) if executor != "eager" else None,
                             seed=3, **({"fast": fast} if fast else {}))
