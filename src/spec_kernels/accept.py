@@ -35,7 +35,7 @@ from spec_kernels._common import (
     next_pow2,
     require,
 )
-from spec_kernels.inputs import check_verify_shapes
+from spec_kernels.inputs import check_greedy_target, check_sampling_targets, check_verify_shapes
 
 __all__ = ["triton_simulated_accept", "triton_verify_greedy", "triton_verify_tree_sampling"]
 
@@ -106,11 +106,8 @@ def triton_verify_greedy(
     """`tree.verify_greedy` on the GPU: same arguments, same
     `(predicts (bs*num_draft,), accept_index (bs, num_steps+1), num_correct_drafts (bs,) int32)`."""
     _check_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    check_greedy_target(candidates, target_predict)
     bs, n = candidates.shape
-    require(
-        tuple(target_predict.shape) == (bs, n),
-        f"target_predict must be {(bs, n)}, got {tuple(target_predict.shape)}",
-    )
     check_tensor("target_predict", target_predict, INDEX_DTYPES, (bs, n), candidates.device)
     predicts, accept_index, num_correct = _outputs(bs, n, num_steps, candidates.device)
     if bs == 0:
@@ -294,15 +291,7 @@ def triton_verify_tree_sampling(
     _check_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     bs, n = candidates.shape
     dev = candidates.device
-    require(
-        target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (bs, n),
-        f"target_probs must be (bs, num_draft, vocab) with (bs, num_draft) = {(bs, n)}, got {tuple(target_probs.shape)}",
-    )
-    require(tuple(uniform.shape) == (bs, n), f"uniform must be (bs, num_draft) = {(bs, n)}, got {tuple(uniform.shape)}")
-    require(
-        tuple(uniform_final.shape) == (bs,),
-        f"uniform_final must be (bs,) = ({bs},), got {tuple(uniform_final.shape)}",
-    )
+    check_sampling_targets(candidates, target_probs, uniform, uniform_final)
     vocab = target_probs.shape[2]
     check_tensor("target_probs", target_probs, FLOAT_DTYPES, (bs, n, vocab), dev)
     check_tensor("uniform", uniform, FLOAT_DTYPES + (torch.float64,), (bs, n), dev)

@@ -7,8 +7,8 @@ from typing import Optional, Protocol
 
 import torch
 
-__all__ = ["AttnMeta", "KVPool", "LinearSpec", "check_build_tree_args", "check_verify_shapes", "require",
-           "require_shape"]
+__all__ = ["AttnMeta", "KVPool", "LinearSpec", "check_build_tree_args", "check_greedy_target",
+           "check_sampling_targets", "check_verify_shapes", "require", "require_shape"]
 
 
 def require(ok: bool, message: str) -> None:
@@ -69,6 +69,23 @@ def check_verify_shapes(candidates, retrieve_index, next_token, next_sibling, nu
     ):
         require_shape(name, t, "(bs, num_draft)", shape)
     require(num_steps >= 0, f"num_steps must be >= 0, got {num_steps}")
+
+
+def check_greedy_target(candidates, target_predict) -> None:
+    """Greedy verify's target argmax: one token per tree node, `(bs, num_draft)` like `candidates`."""
+    require(tuple(target_predict.shape) == tuple(candidates.shape),
+            f"target_predict must be {tuple(candidates.shape)}, got {tuple(target_predict.shape)}")
+
+
+def check_sampling_targets(candidates, target_probs, uniform, uniform_final) -> None:
+    """Sampling verify's target distributions `(bs, num_draft, vocab)`, node coins `(bs, num_draft)`
+    and bonus draws `(bs,)`."""
+    bs, n = candidates.shape
+    require(target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (bs, n),
+            f"target_probs must be (bs, num_draft, vocab) with (bs, num_draft) = {(bs, n)}, "
+            f"got {tuple(target_probs.shape)}")
+    require_shape("uniform", uniform, "(bs, num_draft)", (bs, n))
+    require_shape("uniform_final", uniform_final, "(bs,)", (bs,))
 
 
 def check_build_tree_args(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps,

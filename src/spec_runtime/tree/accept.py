@@ -3,8 +3,7 @@ rejection sampling of sampled chains, and the benchmarks' simulated acceptance."
 
 import torch
 
-from spec_kernels.inputs import check_verify_shapes
-from spec_kernels.inputs import require as _require
+from spec_kernels.inputs import check_greedy_target, check_sampling_targets, check_verify_shapes
 from spec_kernels.inputs import require_shape as _require_shape
 from spec_runtime import faults
 from spec_runtime.sampling import sample_from_probs
@@ -101,8 +100,7 @@ def verify_greedy(
           tokens are ``predicts[accept_index[b, :num_correct_drafts[b] + 1]]``.
     """
     check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    _require(tuple(target_predict.shape) == tuple(candidates.shape),
-             f"target_predict must be {tuple(candidates.shape)}, got {tuple(target_predict.shape)}")
+    check_greedy_target(candidates, target_predict)
     candidates, target_predict = candidates.long(), target_predict.long()
 
     def choose(level, cur, active, is_child, rank):
@@ -156,12 +154,8 @@ def verify_tree_sampling(
         ``(predicts, accept_index, num_correct_drafts)`` as in ``verify_greedy``.
     """
     check_verify_shapes(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    bs, n = candidates.shape
-    _require(target_probs.dim() == 3 and tuple(target_probs.shape[:2]) == (bs, n),
-             f"target_probs must be (bs, num_draft, vocab) with (bs, num_draft) = {(bs, n)}, "
-             f"got {tuple(target_probs.shape)}")
-    _require_shape("uniform", uniform, "(bs, num_draft)", (bs, n))
-    _require_shape("uniform_final", uniform_final, "(bs,)", (bs,))
+    check_sampling_targets(candidates, target_probs, uniform, uniform_final)
+    bs = candidates.shape[0]
     candidates, probs = candidates.long(), target_probs.float()
     rows = torch.arange(bs, device=probs.device)
 
