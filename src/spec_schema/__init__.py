@@ -29,9 +29,10 @@ from .config import (
     traits,
 )
 from .errors import SpecContractError
+from .model_dirs import spec_config_from_model_dirs
 from .phases import DraftExtendInput, DraftInput, HiddenFloat, VerifyInput, VerifyOutput
 from .policy import IndexPolicy
-from .widths import Width, extend_width, hidden_width
+from .widths import Width, aux_layer_width, extend_width, hidden_width
 
 STRICT_LEVEL: int = _strict.LEVEL
 """The strict level read from SPEC_STRICT at import: 0, 1 or 2."""
@@ -47,10 +48,12 @@ __all__ = [
     "traits",
     "ModelDims",
     "SpecConfig",
+    "spec_config_from_model_dirs",
     "default_aux_layer_ids",
     "max_tree_nodes",
     "Width",
     "extend_width",
+    "aux_layer_width",
     "hidden_width",
     "DraftInput",
     "VerifyInput",

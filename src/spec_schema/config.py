@@ -334,14 +334,6 @@ class SpecConfig(BaseModel):
                 f"target captures {t.hidden_size} x {self.num_aux}; set target_hidden_size={t.hidden_size}"
             )
 
-    @classmethod
-    def from_model_dirs(cls, algorithm: SpecAlgorithm | str, target_dir: Any, draft_dir: Any, **kwargs: Any) -> "SpecConfig":
-        """From a target and a draft directory: config.json and safetensors headers only, no weights
-        read (see `spec_schema.model_dirs.spec_config_from_model_dirs` for the keyword arguments)."""
-        from .model_dirs import spec_config_from_model_dirs
-
-        return spec_config_from_model_dirs(algorithm, target_dir, draft_dir, **kwargs)
-
     @property
     def traits(self) -> AlgorithmTraits:
         """The algorithm's row of the traits table."""

@@ -21,6 +21,7 @@ import torch
 from pydantic import ValidationError
 
 from .config import ModelDims, SpecAlgorithm, SpecConfig
+from .widths import aux_layer_width, extend_width
 
 PathLike = Union[str, Path]
 _INDEX = "model.safetensors.index.json"
@@ -111,18 +112,19 @@ def eagle3_dims_from_fc(target: ModelDims, head: ModelDims, head_dir: PathLike) 
     if not found:
         raise ValueError(f"{head_dir}: EAGLE-3 head has no tensor {' or '.join(_FC_NAMES)} in its safetensors files")
     name, shape, path = found[0]
-    base = head.target_hidden_size or target.hidden_size
+    base = aux_layer_width(target, head)
     in_features = shape[-1]
     named = head.aux_layer_ids is not None or head.num_aux_hidden_states is not None
     if len(shape) == 2 and not named and in_features % base == 0:
         return head.model_copy(update={"num_aux_hidden_states": in_features // base})
-    if len(shape) != 2 or in_features != base * head.num_aux:
+    expected = extend_width(SpecAlgorithm.EAGLE3, target, head).size
+    if len(shape) != 2 or in_features != expected:
         source = ("eagle_aux_hidden_state_layer_ids" if head.aux_layer_ids is not None
                   else "num_aux_hidden_states" if head.num_aux_hidden_states is not None else "the default")
         raise ValueError(
             f"{path}: tensor {name} of shape {list(shape)} reads {in_features / base:g} x target hidden "
             f"{base} = {in_features} features, but the config's aux layers ({source}) give "
-            f"{head.num_aux} x {base} = {base * head.num_aux}"
+            f"{head.num_aux} x {base} = {expected}"
         )
     return head
 

@@ -55,13 +55,19 @@ def extend_width(algorithm: SpecAlgorithm | str, target: ModelDims, draft: Model
     if not t.has_aux_layers:
         size = target.spec_hidden_size
         return Width(size, dtype, f"{alg}: target hidden size {_spec(target)}")
-    base = draft.target_hidden_size or target.hidden_size
+    base = aux_layer_width(target, draft)
     which = "head's target_hidden_size" if draft.target_hidden_size else "target hidden"
     if not draft.use_aux_hidden_state:
         size = target.spec_hidden_size  # equals base: SpecConfig checks target_hidden_size
         return Width(size, dtype, f"{alg} (aux off): {which} {_spec(target)}")
     n = draft.num_aux
     return Width(base * n, dtype, f"{alg}: {which} {base} x {n} aux layers = {base * n}")
+
+
+def aux_layer_width(target: ModelDims, draft: ModelDims) -> int:
+    """The width of one aux layer an EAGLE-3 head reads: its `target_hidden_size` when set, else the
+    target's hidden size (the extend width with aux on is this times the aux layers)."""
+    return draft.target_hidden_size or target.hidden_size
 
 
 def _spec(dims: ModelDims) -> str:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from spec_schema import DraftExtendInput, DraftInput, SpecContractError, VerifyInput, VerifyOutput
 from spec_schema.engines import ClassMap, mapping_table
+from spec_schema.engines import _sglang_check as adapter
 from spec_schema.engines import _sglang_views as _views
-from spec_schema.engines import sglang as adapter
 from spec_schema.testing import example_config
 
 from . import sglang_env as env

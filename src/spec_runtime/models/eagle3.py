@@ -21,7 +21,7 @@ from spec_runtime.models.base import CheckpointError, load_checked
 from spec_runtime.models.eagle import EagleHeadBase
 from spec_runtime.models.llama import MLP, LlamaArch, LlamaForCausal, RMSNorm, SelfAttention
 from spec_runtime.models.ops import TORCH_OPS, Rope, TorchOps
-from spec_schema import ModelDims, SpecAlgorithm, default_aux_layer_ids, extend_width
+from spec_schema import ModelDims, SpecAlgorithm, aux_layer_width, default_aux_layer_ids, extend_width
 
 __all__ = ["Eagle3Head", "Eagle3Settings", "Eagle3Midlayer"]
 
@@ -61,7 +61,7 @@ class Eagle3Settings:
         dims = ModelDims(hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_hidden_layers=n)
         return cls(
             draft_vocab_size=head.draft_vocab_size or head.vocab_size,
-            target_hidden_size=head.target_hidden_size or target.hidden_size,
+            target_hidden_size=aux_layer_width(dims, head),
             aux_layer_ids=head.aux_layer_ids,
             fc_input_width=int(extend_width(SpecAlgorithm.EAGLE3, dims, head).size or 0),
         )

@@ -40,7 +40,7 @@ import torch
 from .. import _strict
 from .._contract import BOUNDARY_CALLS, standing_aside
 from ..config import SpecConfig
-from . import sglang as adapter
+from . import _sglang_check as adapter
 
 _BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
 _BATCH_SHAPES = ("seq_lens", "req_pool_indices", "input_ids", "extend_num_tokens")
@@ -99,10 +99,14 @@ def _config() -> Optional[SpecConfig]:
 
 
 def install(config: Any, tree_mask_mode: Any = None) -> bool:
-    """Wrap sglang's boundaries (see the module docstring); False, wrapping nothing, with SPEC_STRICT unset.
+    """Wrap sglang's producers and consumers (see the module docstring) so every boundary is checked;
+    False, wrapping nothing, with SPEC_STRICT unset. Idempotent.
 
-    `tree_mask_mode`: the attention backend's mask mode, when its preallocated QLEN_ONLY buffer may be
-    longer than a batch needs (see `check`)."""
+    `config`: the `SpecConfig` the wrappers check against, or a callable returning it (sglang's own
+    server config bag exists only inside a server; build the SpecConfig from the target's and the
+    draft's HF configs with `ModelDims.from_hf_config` and the server's num_steps / topk /
+    num_draft_tokens). `tree_mask_mode`: the attention backend's mask mode, when its preallocated
+    QLEN_ONLY buffer may be longer than a batch needs (see `check`)."""
     if not _strict.LEVEL:
         return False
     if not (isinstance(config, SpecConfig) or callable(config)):
