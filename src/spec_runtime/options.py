@@ -3,8 +3,10 @@ the environment.
 
 `FastOptions` holds every choice of the static / CUDA-graph executors' model path. It is built once
 (`Runtime.create(fast=...)`, `GraphRunner`, `gpu.models.build_fast_models`) and handed down to
-`gpu.backend.FastBackend` and `gpu.fast_ops.FastOps`, which pass what a kernel needs as launch arguments: no kernel reads a
-global setting when it launches.
+`gpu.backend.FastBackend` and `gpu.fast_ops.FastOps`, which pass what a kernel needs as launch arguments. The
+one process-wide state a launch reads is PDL's: on where the device has it (sm90+), off inside
+`spec_kernels._common.pdl_suppressed()`, the scope in which the executor redoes a CUDA-graph capture that PDL
+invalidated (and the benchmark times its PDL-off row); it is not an option, since results never change.
 
 Environment variables read here, and only here:
 
@@ -83,6 +85,11 @@ class FastOptions:
         tuning_file: setup decisions to load before the first one (`spec_kernels.tuning_file.save_decisions`'
             JSON: GEMV or cuBLAS, launch configurations, epilogues), so the setup times only what
             the file lacks; refused if tuned on another kind of GPU. Default: `$SPEC_TUNING_FILE`.
+        launch_ahead: greedy verifies: when every request of a verify goes on, queue the rest of the
+            iteration and the next verify before the host bookkeeping (`executors.ahead`).
+        launch_before_read: for batches of at most this many requests, queue that launch before the
+            host reads the verify, whenever no budget or context can stop a request this iteration
+            (a stop token then costs the batch one discarded iteration); 0: after the read only.
     """
 
     fuse: Optional[bool] = None
@@ -97,6 +104,8 @@ class FastOptions:
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
     gemv_tune: bool = False
     tuning_file: Optional[str] = field(default_factory=lambda: os.environ.get(TUNING_FILE_ENV) or None)
+    launch_ahead: bool = True
+    launch_before_read: int = 1
 
     _CHOICES = {
         "attention": ("auto", "triton", "dense", "reference"),
@@ -117,6 +126,11 @@ class FastOptions:
                 continue
             if value not in allowed:
                 raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        if not isinstance(self.launch_ahead, bool):
+            raise ValueError(f"FastOptions.launch_ahead must be True or False, got {self.launch_ahead!r}")
+        if isinstance(self.launch_before_read, bool) or not isinstance(self.launch_before_read, int) \
+                or self.launch_before_read < 0:
+            raise ValueError(f"FastOptions.launch_before_read must be an int >= 0, got {self.launch_before_read!r}")
         if self.tuning_file is not None:  # a str or os.PathLike, kept as a str
             if not isinstance(self.tuning_file, (str, os.PathLike)):
                 raise ValueError(f"FastOptions.tuning_file must be a path or None, got {self.tuning_file!r}")

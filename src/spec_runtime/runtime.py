@@ -4,6 +4,7 @@
 their cores on (`executors/`). The names the phases share live below it (`state`, `core_types`).
 """
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
@@ -14,6 +15,7 @@ from .executors.eager import EagerExecutor
 from .kv_cache import KVCache, RequestTable
 from .models.base import DraftModel
 from .models.llama import LlamaForCausal
+from .options import FastOptions
 from .state import RuntimeState, SimulatedAccept
 
 __all__ = ["EXECUTORS", "Runtime", "SetupError", "SimulatedAccept", "build_spec_config"]
@@ -93,27 +95,21 @@ class Runtime(RuntimeState):
         seed: int = 0,
         executor: str = "eager",
         buckets: Optional[tuple[int, ...]] = None,
-        fast: Optional[dict[str, Any]] = None,
+        fast: Optional[FastOptions | Mapping[str, Any]] = None,
         simulate_accept_len: Optional[float] = None,
-        launch_ahead: bool = True,
-        launch_before_read: int = 1,
     ) -> "Runtime":
         """Size both KV caches for `max_batch_size` requests of `max_context` tokens plus drafts.
 
         `executor` "static" or "cuda_graph" runs the phases on static buffers (`executors.static.GraphRunner`)
         padded to the batch-size `buckets` (default 1, 2, 4, 8, 16, 24, 32, ... up to
         `max_batch_size`); the caches then get one extra request row and a few slots outside their pools,
-        reserved for padding and the draft's branch scratch (`reserved_slots`). `fast`
-        passes options to the fast model path (`gpu.models.FastOptions`). `simulate_accept_len`
-        (benchmarks only) forces the accept length of every verify. `launch_ahead` (static path,
-        greedy): when every request of a verify goes on, queue the rest of the iteration and the
-        next verify before the host bookkeeping (`executors.ahead`); for batches of at most
-        `launch_before_read` requests, queue it before the host reads the verify, whenever no budget
-        or context can stop a request this iteration (a stop token then costs the batch one
-        discarded iteration; 0: after the read only)."""
+        reserved for padding and the draft's branch scratch (`reserved_slots`). `fast`: the static
+        path's options (`options.FastOptions`, or a dict of its fields: kernels, the launch-ahead).
+        `simulate_accept_len` (benchmarks only) forces the accept length of every verify."""
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         config = build_spec_config(algorithm, target, draft, num_steps, topk, num_draft_tokens)
+        fast = FastOptions.of(fast)  # refused here, whatever the executor
         if config.topk > config.draft_vocab:  # each tree node keeps the topk best of the draft's scores
             raise SetupError("topk", f"topk {config.topk} exceeds the draft vocabulary of {config.draft_vocab} "
                                      f"tokens: a draft node has at most {config.draft_vocab} candidates")
@@ -148,6 +144,5 @@ class Runtime(RuntimeState):
         else:
             from .executors.static import GraphRunner  # lazy: the fast models' modules load on demand
 
-            rt.runner = GraphRunner(rt, executor, buckets=buckets, fast=fast, ahead=launch_ahead,
-                                    before_read_bs=launch_before_read)
+            rt.runner = GraphRunner(rt, executor, buckets=buckets, fast=fast)
         return rt

@@ -76,9 +76,9 @@ def test_cuda_graph_float32_matches_eager(gpu_models, algorithm: str, first: int
     for name in ("eager", "static", "cuda_graph", "cuda_graph, no launch-ahead", "cuda_graph, before read at 8",
                  "cuda_graph, bookkeeping kernels"):
         executor = name.split(",")[0]
-        extra = {"launch_ahead": False} if "no launch-ahead" in name else {}
+        extra = {"fast": {"launch_ahead": False}} if "no launch-ahead" in name else {}
         if "before read" in name:  # launched before verify's read at every batch size (side stream)
-            extra = {"launch_before_read": 8}
+            extra = {"fast": {"launch_before_read": 8}}
         if "bookkeeping" in name:  # the launch-ahead draft-extend's bookkeeping in two Triton launches
             extra = {"fast": {"bookkeeping": "triton"}}
         rt = _runtime(target, draft, algorithm, executor, **extra)
@@ -106,7 +106,7 @@ def test_launch_before_read_stop_tokens(gpu_models, algorithm: str) -> None:
     probe.run()
     stops = [first_seen_at(probe.requests[r].output, 2) for r in rids]
     outs = {}
-    for executor, extra in (("eager", {}), ("cuda_graph", {"launch_before_read": 8})):
+    for executor, extra in (("eager", {}), ("cuda_graph", {"fast": {"launch_before_read": 8}})):
         rt = _runtime(target, draft, algorithm, executor, **extra)
         engine = SpecEngine(rt)
         rids = [engine.add_request(p, 30, stop_token_ids=[s] if i != 1 else [], ignore_eos=True)

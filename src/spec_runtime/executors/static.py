@@ -76,8 +76,7 @@ class GraphRunner(LaunchAhead):
     """
 
     def __init__(self, rt: RuntimeState, executor: str, buckets: Optional[Sequence[int]] = None,
-                 fast: Any = None, capture_sampling: bool = False, ahead: bool = True,
-                 before_read_bs: int = 1) -> None:
+                 fast: Any = None, capture_sampling: bool = False) -> None:
         self.rt = rt
         self.graphs = GraphSet(executor)
         self.executor = executor
@@ -95,8 +94,8 @@ class GraphRunner(LaunchAhead):
         self._scratch = torch.cat([by_step, by_step.new_full((self.max_bs, k, 1), -1)], dim=2)
         self.bufs: Optional[_Buffers] = None
         self.ops: Optional[CoreOps] = None
-        self.ahead_enabled = ahead
-        self.before_read_bs = before_read_bs
+        self.ahead_enabled = self.options.launch_ahead
+        self.before_read_bs = self.options.launch_before_read
         self.ahead: Optional[Launched] = None
         self.ahead_stats = collections.Counter()
         self._pinned: list[torch.Tensor] = []  # host copies of verifies' rows (two, used in turn)
@@ -105,7 +104,7 @@ class GraphRunner(LaunchAhead):
         self._launched: Optional[Prepared] = None  # a launch queued before verify's read, until settled
         self._side: Optional[torch.cuda.Stream] = None  # bookkeeping stream (launch before read, CUDA)
         self._after_draft: Optional[torch.cuda.Event] = None  # recorded behind the last launched draft
-        if before_read_bs > 0 and rt.device.type == "cuda":
+        if self.before_read_bs > 0 and rt.device.type == "cuda":
             rt.target_cache.track_order = rt.draft_cache.track_order = True
         self._vout_full: dict[tuple, VerifyCoreOut] = {}
         self.linear_log: list = []
