@@ -35,6 +35,10 @@ FLAGS = {
     "top_k": "--top-k",
     "top_p": "--top-p",
     "device": "--device",
+    "algorithm": "--speculative-algorithm",
+    "dtype": "--dtype",
+    "max_context": "--max-context",
+    "seed": "--seed",
 }
 """The CLI flag of each setting a validation error may name."""
 DTYPES = ("float32", "bfloat16", "float16")
@@ -148,28 +152,10 @@ def _train(top: argparse.ArgumentParser, argv: list[str]) -> int:
 
 def _fail(err: BaseException) -> int:
     """Print one `spec-runtime: error:` line for `err` on stderr; the exit code of a usage error."""
-    print(f"spec-runtime: error: {describe_error(err)}", file=sys.stderr)
+    from .errors import describe_error  # lazy, like every runtime import here: `--help` loads no torch
+
+    print(f"spec-runtime: error: {describe_error(err, FLAGS)}", file=sys.stderr)
     return 2
-
-
-def describe_error(err: BaseException) -> str:
-    """`err` on one line; a pydantic validation error or a `SetupError` names the CLI flag at fault
-    (`--speculative-num-steps: input should be greater than 0, got 0`), not pydantic's field dump."""
-    from pydantic import ValidationError
-
-    if isinstance(err, ValidationError):
-        parts = []
-        for e in err.errors():
-            field = ".".join(str(part) for part in e["loc"])
-            msg = e["msg"].removeprefix("Value error, ")
-            if e["type"] != "value_error":  # pydantic's own wording names no value: add it
-                msg = f"{msg[:1].lower()}{msg[1:]}, got {e['input']!r}"
-            flag = FLAGS.get(field, field)
-            parts.append(f"{flag}: {msg}" if flag else msg)
-        return "; ".join(parts)
-    flag = FLAGS.get(getattr(err, "field", None) or "")
-    text = " ".join(str(err).split("\n"))
-    return f"{flag}: {text}" if flag else text
 
 
 def thread_count(requested: Optional[int], device: str, tiny: bool = False) -> Optional[int]:

@@ -21,8 +21,9 @@ from spec_schema import SpecAlgorithm
 
 from . import faults
 from .draft import draft
+from .errors import SettingError, setting_errors
 from .extend import draft_extend, prefill
-from .runtime import Runtime
+from .runtime import Runtime, SetupError
 from .sampling import SamplingParams
 from .state import BatchSampling
 from .verify import StopBatch, verify
@@ -49,8 +50,6 @@ def resolve_executor(executor: str, device: Any) -> str:
 def check_device(device: Any) -> torch.device:
     """`device` as a torch.device this process can use; `SetupError` (field "device") for a name torch
     does not know or a CUDA device that is not there, before any model is loaded."""
-    from .runtime import SetupError
-
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -63,6 +62,34 @@ def check_device(device: Any) -> torch.device:
         if dev.index is not None and dev.index >= count:
             raise SetupError("device", f"device {device!r}: only {count} CUDA device(s) are visible")
     return dev
+
+
+INT_SETTINGS = ("num_steps", "topk", "num_draft_tokens", "max_batch_size", "max_context", "seed")
+"""`from_pretrained`'s int arguments, in the order they are checked."""
+
+
+def _check_settings(algorithm: Any, dtype: Any, values: dict[str, Any]) -> tuple[SpecAlgorithm, dict[str, int]]:
+    """`from_pretrained`'s settings that need no model, checked before any is loaded: the algorithm
+    by name, a floating torch dtype, ints for the int arguments (Python or numpy ints; floats, bools
+    and strings are refused, not truncated) and room for a batch and a context. `SetupError` names
+    the argument at fault; the tree shape is checked against the models (`SpecConfig`)."""
+    names = ", ".join(a.value for a in SpecAlgorithm)
+    try:
+        alg = SpecAlgorithm(algorithm)
+    except ValueError:
+        raise SetupError("algorithm", f"algorithm must be one of {names}, got {algorithm!r}") from None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise SetupError("dtype", f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
+    ints = {}
+    for name in INT_SETTINGS:
+        value = values[name]
+        if isinstance(value, bool) or not _is_int(value):
+            raise SetupError(name, f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        ints[name] = operator.index(value)
+    for name in ("max_batch_size", "max_context"):
+        if ints[name] < 1:
+            raise SetupError(name, f"{name} must be >= 1, got {ints[name]}")
+    return alg, ints
 
 
 class RequestError(ValueError):
@@ -138,16 +165,26 @@ class SpecEngine:
         """Load a target (directory or transformers model) and a draft directory, and size the caches.
 
         `executor`: "auto" (the default) replays CUDA graphs on a CUDA device and runs eagerly
-        elsewhere (`resolve_executor`); "eager", "static" or "cuda_graph" choose explicitly."""
+        elsewhere (`resolve_executor`); "eager", "static" or "cuda_graph" choose explicitly.
+
+        A bad setting raises `SetupError` (a ValueError) on one line naming the argument: the
+        algorithm, dtype, int arguments, device and executor before any model is loaded; the tree
+        shape (`SpecConfig`, as `SettingError`) and a topk over the draft vocabulary after."""
+        from pydantic import ValidationError
+
         from .models.loading import DRAFT_LOADERS, load_target
 
-        alg = SpecAlgorithm(algorithm)
+        alg, ints = _check_settings(algorithm, dtype, {
+            "num_steps": num_steps, "topk": topk, "num_draft_tokens": num_draft_tokens,
+            "max_batch_size": max_batch_size, "max_context": max_context, "seed": seed})
         check_device(device)
         chosen = resolve_executor(executor, device)
         t = load_target(target, dtype, device)
         d = DRAFT_LOADERS[alg](draft, t, dtype, device)
-        rt = Runtime.create(t, d, alg, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
-                            max_batch_size=max_batch_size, max_context=max_context, seed=seed, executor=chosen)
+        try:
+            rt = Runtime.create(t, d, alg, **ints, executor=chosen)
+        except ValidationError as err:
+            raise SettingError(setting_errors(err, INT_SETTINGS)) from None
         eos = t.hf_config.get("eos_token_id")
         return cls(rt, eos_token_ids=[eos] if isinstance(eos, int) else (eos or []))
 

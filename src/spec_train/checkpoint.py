@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 __all__ = ["atomic_write", "eagle_config", "load_draft_tensors", "load_state", "save_draft", "save_state"]
 
@@ -92,9 +92,15 @@ def save_draft(directory: Path, config: dict[str, Any], tensors: dict[str, torch
 
 
 def load_draft_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """A saved draft's tensors, floating ones as float32 (the training dtype), from `path`
-    (a model.safetensors file)."""
-    return {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    """A saved draft's tensors, floating ones as float32 (the training dtype), from `path` (the
+    model.safetensors file of a draft directory), read by the runtime's reader: a truncated or
+    garbage file is its `CheckpointError` naming the file."""
+    from spec_runtime.models.loading import read_state_dict
+
+    if Path(path).name != "model.safetensors":
+        raise ValueError(f"load_draft_tensors reads a draft's model.safetensors, got {path}")
+    tensors, _ = read_state_dict(Path(path).parent)
+    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
 
 
 def save_state(directory: Path, state: dict[str, Any]) -> None:

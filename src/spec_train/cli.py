@@ -50,10 +50,18 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32")
 
 
+EVAL_FLAGS = {"num_steps": "--eval-steps", "topk": "--eval-topk", "num_draft_tokens": "--eval-draft-tokens",
+              "device": "--device"}
+"""The flag of each runtime setting an acceptance measurement's error may name."""
+
+
 def run_train(args: argparse.Namespace) -> int:
-    """Run `spec-runtime train`; bad input exits 2 with a one-line error before any work."""
+    """Run `spec-runtime train`; bad input exits 2 with a one-line error (the runtime CLI's
+    `describe_error`, naming the flag or file) before any work."""
     from pydantic import ValidationError
 
+    from spec_runtime.errors import describe_error
+    from spec_runtime.runtime import SetupError
     from spec_train.config import TrainConfig, TrainError
 
     fields = {name: getattr(args, name) for name, _ in _FIELDS if getattr(args, name) is not None}
@@ -68,17 +76,19 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = TrainConfig(algorithm=args.algorithm, target=args.target, output=args.output,
                           chat_template=not args.no_chat_template, progress=not args.no_progress, **fields)
     except ValidationError as err:
-        e = err.errors()[0]
-        return _fail(f"--{'-'.join(str(x) for x in e['loc']).replace('_', '-')}: {e['msg']}")
+        return _fail(describe_error(err, {name: "--" + name.replace("_", "-") for name in TrainConfig.model_fields}))
     from spec_train.trainer import train_draft
 
     try:
         result = train_draft(cfg)
-    except TrainError as err:
-        return _fail(str(err))
+    except (TrainError, SetupError) as err:  # SetupError: the runtime's device check ("--device: ...")
+        return _fail(describe_error(err, {"device": "--device"}))
     print(f"wrote {cfg.algorithm} draft to {cfg.output} ({result.steps_done} steps, resumed from {result.resumed_from})")
     if args.eval_max_new_tokens > 0:
-        _evaluate(args, cfg, result.held_out)
+        try:
+            _evaluate(args, cfg, result.held_out)
+        except ValueError as err:  # settings the runtime refuses (SetupError, SpecConfig's), a bad checkpoint
+            return _fail(f"held-out acceptance: {describe_error(err, EVAL_FLAGS)}")
     return 0
 
 

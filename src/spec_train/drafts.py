@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from spec_runtime.models.base import CheckpointError
 from spec_schema import ModelDims, SpecAlgorithm, extend_width
 from spec_schema import default_aux_layer_ids as schema_default_aux_layer_ids
 from spec_train import checkpoint as ckpt
@@ -58,7 +59,10 @@ class DraftBuilder(nn.Module):
         path = Path(directory) / "model.safetensors"
         if not path.is_file():
             raise TrainError(f"--init-from {directory}: no model.safetensors")
-        saved = ckpt.load_draft_tensors(path)
+        try:
+            saved = ckpt.load_draft_tensors(path)
+        except CheckpointError as err:  # truncated or garbage: the runtime reader's one line
+            raise TrainError(f"--init-from: {err}") from None
         mine = self.draft.state_dict()
         missing = sorted(set(mine) - set(saved) - ({"lm_head.weight"} if self.algorithm == "STANDALONE" else set()))
         extra = sorted(set(saved) - set(mine))

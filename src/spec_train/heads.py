@@ -196,24 +196,23 @@ class TrainHead(nn.Module):
         return outs
 
 
-def head_from_checkpoint(directory, target) -> TrainHead:
-    """A `TrainHead` holding the EAGLE-1/EAGLE-3 checkpoint in `directory` (config.json +
-    model.safetensors), for the `transformers` target `target` (its embedding and lm_head).
+def head_from_checkpoint(directory, target, algorithm: str) -> TrainHead:
+    """A `TrainHead` holding the `algorithm` (EAGLE or EAGLE3) checkpoint in `directory` (config.json
+    + model.safetensors), for the `transformers` target `target` (its embedding and lm_head).
 
     Used to check the runtime's drafts against the training-time computation, and to go on training."""
-    import json
     from pathlib import Path
 
-    from spec_schema import ModelDims, extend_width
+    from spec_schema import ModelDims, extend_width, traits
+    from spec_schema.model_dirs import read_config
     from spec_train.checkpoint import load_draft_tensors
 
     d = Path(directory)
-    cfg = json.loads((d / "config.json").read_text())
-
-    eagle3 = "draft_vocab_size" in cfg
+    cfg = read_config(d)
+    eagle3 = traits(algorithm).has_aux_layers  # the EAGLE-3 layout: fc over the aux layers, midlayer, own lm_head
     heads = cfg["num_attention_heads"]
     # the fc input width by the schema's parser and width rule (aux layers named or defaulted)
-    fc_in = extend_width("EAGLE3", ModelDims.from_hf_config(target.config, dtype=torch.float32),
+    fc_in = extend_width(algorithm, ModelDims.from_hf_config(target.config, dtype=torch.float32),
                          ModelDims.from_hf_config(cfg, dtype=torch.float32)).size if eagle3 else None
     head = TrainHead(
         eagle3, cfg["hidden_size"], cfg["intermediate_size"], heads, cfg.get("num_key_value_heads") or heads,

@@ -15,7 +15,7 @@ import torch
 
 from spec_schema import SpecAlgorithm
 from spec_train import checkpoint as ckpt
-from spec_train.config import TrainConfig, TrainError, check_target
+from spec_train.config import TrainConfig, TrainError, check_init_from, check_target
 from spec_train.data import (
     Sequences,
     encode_prompts,
@@ -47,9 +47,15 @@ def _autocast(device: torch.device) -> Any:
 
 
 def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
-    """Every check that needs no model: the target directory, the prompts file and its split.
+    """Every check that needs no model: the device (the runtime's `check_device`: `SetupError`
+    "device"), the target directory, `init_from`'s weights file, the prompts file and its split.
     Returns (target config, training prompts, held-out prompts)."""
+    from spec_runtime.engine import check_device
+
+    check_device(cfg.device)
     target_cfg = check_target(cfg.target)
+    if cfg.init_from is not None:
+        check_init_from(cfg.init_from)
     prompts = load_prompts(cfg.prompts)
     if cfg.max_prompts is not None:
         prompts = prompts[:cfg.max_prompts]
@@ -71,7 +77,11 @@ def _load_target(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, local_files_only=True)
+    except Exception as err:  # what `check_target` cannot see (e.g. a pytorch_model.bin): one line, not a traceback
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise TrainError(f"--target {cfg.target}: transformers cannot load it: {type(err).__name__}: {first}") from None
     model.to(device).eval().requires_grad_(False)
     tokenizer = None
     if (cfg.target / "tokenizer_config.json").is_file() or (cfg.target / "tokenizer.json").is_file():
@@ -151,7 +161,8 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     """Train the draft `cfg.algorithm` for the target `cfg.target`; writes `cfg.output`.
 
     Resumes from `cfg.output/trainer_state.pt` when present (the saved options must match), and
-    continues to `cfg.steps`. Raises `TrainError` on bad input before any work."""
+    continues to `cfg.steps`. Raises `TrainError` on bad input before any work (`SetupError` for a
+    device this process cannot use)."""
     target_cfg, train, held = prepare(cfg)
     device = torch.device(cfg.device)
     cfg.output.mkdir(parents=True, exist_ok=True)

@@ -38,8 +38,21 @@ def _base(llama_dir: Path, eagle3_dir: Path) -> list[str]:
     ([*TREE, "--prompt-ids", "1,2.5"], "--prompt-ids: '2.5' is not an int token id"),
     ([*TREE, "--threads", "0"], "--threads: must be >= 1, got 0"),
     ([*TREE, "--max-new-tokens", "-1"], "--max-new-tokens: must be >= 0, got -1"),
+    # SpecConfig's whole-config checks (no pydantic field): every flag whose setting the message names
+    (["--speculative-num-draft-tokens", "1000"],
+     "--speculative-num-draft-tokens, --speculative-num-steps, --speculative-eagle-topk: num_draft_tokens 1000 "
+     "exceeds the largest tree for num_steps 5 and topk 4: 1 + topk + (num_steps - 1) * topk^2 = 69"),
+    (["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "10"],
+     "--speculative-eagle-topk, --speculative-num-steps, --speculative-num-draft-tokens: topk 1 means a chain of "
+     "num_steps + 1 = 6 tokens, but num_draft_tokens is 10"),
+    (["--speculative-num-draft-tokens", "1"],
+     "--speculative-num-draft-tokens: num_draft_tokens must be >= 2 (the root and one draft), got 1"),
+    (["--speculative-num-steps", "0", "--speculative-eagle-topk", "0"],
+     "--speculative-num-steps: input should be greater than 0, got 0; "
+     "--speculative-eagle-topk: input should be greater than 0, got 0"),
 ], ids=["topk-over-draft-vocab", "num-steps-0", "temperature", "top-p", "top-k", "device-unknown", "stop-not-int",
-        "stop-negative", "stop-out-of-vocab", "prompt-ids-float", "threads-0", "max-new-negative"])
+        "stop-negative", "stop-out-of-vocab", "prompt-ids-float", "threads-0", "max-new-negative", "tree-too-large",
+        "chain-mismatch", "tree-too-small", "two-fields"])
 def test_bad_flag_is_one_line_naming_the_flag(llama_dir, eagle3_dir, capsys, flags, expected) -> None:
     code = cli.main([*_base(llama_dir, eagle3_dir), "--prompt-ids", "1,2,3", "--max-new-tokens", "3", *flags])
     out, err = capsys.readouterr()

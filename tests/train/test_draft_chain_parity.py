@@ -83,7 +83,7 @@ def test_runtime_drafts_what_the_trained_draft_computes(algorithm: str, executor
         reference = transformers.AutoModelForCausalLM.from_pretrained(result.output).eval()
         aux: list[int] = []
     else:
-        reference = head_from_checkpoint(result.output, hf_target)
+        reference = head_from_checkpoint(result.output, hf_target, algorithm)
         import json
 
         cfg = json.loads((result.output / "config.json").read_text())
