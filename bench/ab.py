@@ -51,7 +51,8 @@ for _path in (ROOT / "src", ROOT / "bench"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import bench_e2e as E  # noqa: E402  (after the path set-up)
+from e2e_measure import SPEC, random_prompts, run_spec_once  # noqa: E402  (after the path set-up)
+from e2e_models import build_draft, build_target, llama_config  # noqa: E402
 
 SPECIAL_KEYS = ("gemv", "leave_out", "buckets", "steps_per_graph")
 """Variant keys that are not `FastOptions` fields."""
@@ -182,7 +183,7 @@ def plain_step_ms(target: Any, fast: dict, steps: int = 255, steps_per_graph: in
     runner = DecodeRunner(target, cache, 1, executor="cuda_graph", buckets=[1], fast=fast,
                           steps_per_graph=steps_per_graph)
     runner.capture()
-    prompt = torch.tensor(E.random_prompts(1, 128, target.vocab_size, seed=1)[0], device="cuda")
+    prompt = torch.tensor(random_prompts(1, 128, target.vocab_size, seed=1)[0], device="cuda")
     rows = torch.zeros(1, dtype=torch.int64, device="cuda")
     times: list[float] = []
     graph_ms = None
@@ -216,14 +217,14 @@ def spec_iter_ms(algorithm: str, target: Any, draft: Any, sim: float, fast: dict
     from spec_runtime.engine import SpecEngine
     from spec_runtime.runtime import Runtime, SimulatedAccept
 
-    steps, topk, n = E.SPEC[algorithm]
+    steps, topk, n = SPEC[algorithm]
     rt = Runtime.create(target, draft, algorithm, num_steps=steps, topk=topk, num_draft_tokens=n,
                         max_batch_size=max(buckets), max_context=128 + 256 + n + 8, executor="cuda_graph",
                         buckets=tuple(buckets), seed=0, fast=fast)
     rt.simulate_accept = SimulatedAccept(sim, seed=1)
     engine = SpecEngine(rt)
-    prompt = E.random_prompts(1, 128, target.vocab_size, seed=101)
-    E.run_spec_once(engine, prompt, 16, "cuda")  # warm-up: captures
+    prompt = random_prompts(1, 128, target.vocab_size, seed=101)
+    run_spec_once(engine, prompt, 16, "cuda")  # warm-up: captures
     events: dict = collections.defaultdict(list)
     original = G.GraphSet.run
 
@@ -237,7 +238,7 @@ def spec_iter_ms(algorithm: str, target: Any, draft: Any, sim: float, fast: dict
 
     G.GraphSet.run = timed
     try:
-        r = E.run_spec_once(engine, prompt, 256, "cuda")
+        r = run_spec_once(engine, prompt, 256, "cuda")
     finally:
         G.GraphSet.run = original
     torch.cuda.synchronize()
@@ -297,10 +298,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = E.llama_config(a.tiny)
+    cfg = llama_config(a.tiny)
     t0 = time.time()
-    target = E.build_target(cfg, torch.bfloat16, "cuda", seed=0)
-    drafts = {x: E.build_draft(x, target, cfg, a.tiny, torch.bfloat16, "cuda") for x in algorithms if x != "plain"}
+    target = build_target(cfg, torch.bfloat16, "cuda", seed=0)
+    drafts = {x: build_draft(x, target, cfg, a.tiny, torch.bfloat16, "cuda") for x in algorithms if x != "plain"}
     res: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
                  "variants": dict(variants), "rounds": []}
     for r in range(a.rounds):

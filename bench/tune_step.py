@@ -41,8 +41,8 @@ def current(data: dict, shape: list) -> dict:
 
 
 def main() -> int:
-    import bench_e2e as E
     from ab import plain_step_ms, variant_file
+    from e2e_models import build_target, llama_config
 
     from spec_kernels import tuning_file as M
 
@@ -55,7 +55,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = json.loads(Path(a.base).read_text())
     data = base  # the kept decisions (variant_file copies, so `base` stays the file's)
-    target = E.build_target(E.llama_config(False), torch.bfloat16, "cuda", seed=0)
+    target = build_target(llama_config(False), torch.bfloat16, "cuda", seed=0)
     log: dict = {"command": " ".join(sys.argv), "margin_ms": a.margin, "steps": [], "kept": {}}
     scratch = out / "candidate.json"
     t0 = time.time()

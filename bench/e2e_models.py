@@ -1,0 +1,100 @@
+"""bench_e2e's models: Llama config dicts (the 8B target, the 1B STANDALONE draft, tiny shapes),
+the EAGLE-1 / EAGLE-3 head configs, and random-weight builders of the target and each draft."""
+
+from typing import Any
+
+import torch
+
+ROPE_8B = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192}
+ROPE_1B = {**ROPE_8B, "factor": 32.0}
+
+
+def llama_config(tiny: bool, small_draft: bool = False) -> dict[str, Any]:
+    """A Llama config dict: 8B (or the 1B draft) shapes, or tiny ones."""
+    if tiny:
+        h, layers, heads, kv, inter, vocab = (32, 2, 2, 1, 64, 256) if small_draft else (64, 4, 4, 2, 128, 256)
+    elif small_draft:
+        h, layers, heads, kv, inter, vocab = 2048, 16, 32, 8, 8192, 128256
+    else:
+        h, layers, heads, kv, inter, vocab = 4096, 32, 32, 8, 14336, 128256
+    return {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": h,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv, "head_dim": h // heads, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "rope_scaling": dict(ROPE_1B if small_draft else ROPE_8B),
+        "max_position_embeddings": 131072, "tie_word_embeddings": small_draft, "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
+        "bos_token_id": None, "eos_token_id": None,
+    }
+
+
+def eagle1_config(target_cfg: dict[str, Any]) -> dict[str, Any]:
+    return {**target_cfg, "num_hidden_layers": 1, "bias": True, "tie_word_embeddings": False}
+
+
+def eagle3_config(target_cfg: dict[str, Any], tiny: bool) -> dict[str, Any]:
+    n = target_cfg["num_hidden_layers"]
+    return {**target_cfg, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": 96 if tiny else 32000, "target_hidden_size": target_cfg["hidden_size"],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3], "use_aux_hidden_state": True},
+            "tie_word_embeddings": False}
+
+
+def _init_(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
+    """Random weights in place: norms 1, everything else N(0, std) (d2t / t2d left to the caller)."""
+    device = next(module.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif p.is_floating_point():
+                p.normal_(0.0, std, generator=gen)
+
+
+def build_target(cfg: dict[str, Any], dtype: torch.dtype, device: str, seed: int):
+    from spec_runtime.models.llama import LlamaArch, LlamaForCausal
+
+    model = LlamaForCausal(LlamaArch.from_hf_config(cfg), dtype, device)
+    _init_(model, seed)
+    model.hf_config = dict(cfg)
+    return model.eval()
+
+
+def build_draft(algorithm: str, target, target_cfg: dict[str, Any], tiny: bool, dtype: torch.dtype, device: str):
+    from spec_runtime.models.eagle import Eagle1Head
+    from spec_runtime.models.eagle3 import Eagle3Head, Eagle3Settings
+    from spec_runtime.models.llama import LlamaArch, StandaloneDraft
+
+    if algorithm == "STANDALONE":
+        return StandaloneDraft(build_target(llama_config(tiny, small_draft=True), dtype, device, seed=11))
+    if algorithm == "EAGLE":
+        cfg = eagle1_config(target_cfg)
+        head = Eagle1Head(LlamaArch.from_hf_config(cfg), target, bias=True, dtype=dtype, device=device)
+        _init_(head, seed=12)
+        head.hf_config = cfg
+        return head.eval()
+    cfg = eagle3_config(target_cfg, tiny)
+    settings = Eagle3Settings.from_config(cfg, target)
+    head = Eagle3Head(LlamaArch.from_hf_config(cfg), settings, target, dtype=dtype, device=device)
+    _init_(head, seed=13)
+    gen = torch.Generator().manual_seed(14)
+    vocab, dv = target_cfg["vocab_size"], cfg["draft_vocab_size"]
+    ids = torch.randperm(vocab, generator=gen)[:dv].sort().values
+    with torch.no_grad():
+        head.d2t.copy_((ids - torch.arange(dv)).to(head.d2t.device))
+        head.t2d.zero_()
+        head.t2d[ids.to(head.t2d.device)] = True
+    head.hf_config = cfg
+    return head.eval()
+
+
+def param_bytes(module: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for p in module.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
