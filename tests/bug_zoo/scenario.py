@@ -22,8 +22,7 @@ Outcome of one run (`run_outcome`), a JSON-able dict with `outcome` one of:
 - "drafts-changed": the outputs are the fault-free ones (verification is lossless) but the accept
   lengths differ: the drafts were silently corrupted;
 - "no-effect": the run ended with the fault-free outputs and accept lengths (`hidden_allocs` says
-  what it cost);
-- "skipped": the fault needs the static executor (`spec_runtime.buffers`), absent in this checkout.
+  what it cost).
 Errors also carry `type`, `message` (first line), `where` (the innermost spec_runtime frame, then
 the innermost frame when that lies elsewhere, e.g. in spec_schema or torch) and `step` (engine
 steps completed before the error).
@@ -123,16 +122,6 @@ def fault_descriptions() -> dict[str, str]:
     from spec_runtime import faults
 
     return dict(faults.FAULTS)
-
-
-def static_executor_available() -> bool:
-    """Whether the static-buffer executor (spec_runtime.buffers) exists in this checkout."""
-    try:
-        import importlib.util
-
-        return importlib.util.find_spec("spec_runtime.buffers") is not None
-    except ImportError:
-        return False
 
 
 # ---- models ----------------------------------------------------------------------------------------
@@ -268,9 +257,6 @@ def run_outcome(models: Models, fault: str, pair: Optional[str] = None,
 
     case = FAULT_CASES[fault]
     out: dict[str, Any] = {"fault": fault, "pair": pair or case.pair, "strict": spec_schema.STRICT_LEVEL}
-    if case.executor == "static" and not static_executor_available():
-        out.update(outcome="skipped", message="spec_runtime.buffers (the static executor) is not in this checkout")
-        return out
     from tests.engine_harness import Run
 
     progress = Run()

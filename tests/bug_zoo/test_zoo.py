@@ -9,8 +9,6 @@ the expected field, and does what the zoo table says without strict checking.
   a crash, an error from the schema's always-on merge/filter checks, silent corruption or no visible
   effect. If behaviour changes, this fails and docs/bug-zoo.md must be regenerated
   (`python -m tests.bug_zoo.zoo --out docs/bug-zoo.md`).
-- The three static-buffer faults need `spec_runtime.buffers` (the static executor); they are skipped
-  while it is absent.
 """
 
 from __future__ import annotations
@@ -31,15 +29,6 @@ from tests.bug_zoo import scenario, zoo
 
 REPO = zoo.REPO
 STATIC_FAULTS = sorted(n for n, c in scenario.FAULT_CASES.items() if c.executor == "static")
-
-
-def _needs_static_case(case: scenario.FaultCase) -> None:
-    if case.executor == "static" and not scenario.static_executor_available():
-        pytest.skip("spec_runtime.buffers (the static executor) is not in this checkout yet")
-
-
-def _needs_static(fault: str) -> None:
-    _needs_static_case(scenario.FAULT_CASES[fault])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -102,7 +91,6 @@ def test_every_fault_has_a_zoo_case() -> None:
 
 @pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_fault_has_a_site_in_the_runtime(fault: str) -> None:
-    _needs_static(fault)
     src = REPO / "src" / "spec_runtime"
     pattern = re.compile(r"""faults\.active\(\s*["']""" + re.escape(fault) + r"""["']\s*\)""")
     sites = [p for p in src.rglob("*.py") if pattern.search(p.read_text())]
@@ -116,8 +104,6 @@ def test_fault_free_scenario_runs_clean(zoo_models: scenario.Models, pair: str, 
     the static executor gives the eager executor's tokens."""
     case = scenario.FaultCase(pair, scenario.ALGORITHM_OF[pair], "", (), "",
                               executor=None if executor == "eager" else executor)
-    if case.executor:
-        _needs_static_case(case)
     result = scenario.run_scenario(zoo_models, case, None)
     assert result.kv_whole
     assert [len(o) for o in result.outputs] == [7, 4, 6]
@@ -151,7 +137,6 @@ def _assert_caught(outcome: dict[str, Any], case: scenario.FaultCase) -> None:
 
 @pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_strict_catches(fault: str, zoo_models: scenario.Models, _loose_process: dict[str, Any]) -> None:
-    _needs_static(fault)
     case = scenario.FAULT_CASES[fault]
     if spec_schema.STRICT_LEVEL:
         # The exception itself, raised in this process.
@@ -182,7 +167,6 @@ def test_strict_catches_other_configs(fault: str, pair: str, zoo_models: scenari
 @pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_without_strict(fault: str, loose_outcomes: dict[str, dict[str, Any]]) -> None:
     """What the fault does without the contract (the zoo table's last column), asserted by class."""
-    _needs_static(fault)
     case = scenario.FAULT_CASES[fault]
     outcome = loose_outcomes[fault]
     assert outcome["strict"] == 0, "the subprocess must run with SPEC_STRICT unset"
@@ -203,8 +187,8 @@ def test_zoo_table_lists_every_fault(loose_outcomes: dict[str, dict[str, Any]], 
     text = zoo.table(strict, loose_outcomes)
     for name in faults.FAULTS:
         assert f"| `{name}`" in text
-    ran = [f for f in faults.FAULTS if strict[f]["outcome"] != "skipped"]
-    assert f"caught {len(ran)}/{len(ran)}" in text.splitlines()[-1]
+    n = len(faults.FAULTS)
+    assert f"caught {n}/{n}" == text.splitlines()[-1]
 
 
 def test_docs_table_is_current() -> None:
@@ -217,5 +201,4 @@ def test_docs_table_is_current() -> None:
     last = [line for line in text.splitlines() if line.startswith("caught ")][-1]
     n, total = map(int, re.match(r"caught (\d+)/(\d+)", last).groups())
     assert n == total
-    if scenario.static_executor_available():
-        assert total == len(faults.FAULTS), "the static faults now run: regenerate docs/bug-zoo.md"
+    assert total == len(faults.FAULTS), "a fault is missing from docs/bug-zoo.md: regenerate it"

@@ -85,3 +85,22 @@ def test_readme_install_set_resolves(tmp_path: Path) -> None:
             assert plan.get("triton") == "3.6.0", "the Triton interpreter tests need triton on CPU"
     else:  # a CUDA torch brings its own triton; no second pin may contradict it
         assert "triton" in plan
+
+
+def test_cuda_install_set_resolves_on_the_standard_index(tmp_path: Path) -> None:
+    """What a GPU machine elsewhere resolves: the same set with a CUDA torch, against the standard
+    index alone (no pip configuration file, no find-links or extra index of this workplace). A pin
+    that contradicts the CUDA torch's own triton fails here (it did: triton==3.6.0 beside a torch
+    that needs 3.7). Metadata only: nothing is downloaded or installed."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT", "PIP_NO_INDEX")}
+    out = subprocess.run(["bash", str(SETUP), "--dry-run", str(tmp_path), TEST_EXTRAS], capture_output=True,
+                         text=True, timeout=600, env={**env, "PIP_CONFIG_FILE": os.devnull, "SPEC_TORCH": "cuda",
+                                                      "PYTHON": sys.executable})
+    assert out.returncode == 0, f"the CUDA install set does not resolve on the standard index:\n{out.stderr[-4000:]}"
+    assert (tmp_path / "device").read_text().strip() == "cuda"
+    resolved = json.loads((tmp_path / "resolve.json").read_text())
+    plan = install_report.planned(resolved)
+    assert plan["torch"] == "2.13.0" and "triton" in plan
+    assert install_report.cuda_packages(resolved), "a CUDA torch resolved without its CUDA packages"
+    assert install_report.planned(json.loads((tmp_path / "no-deps.json").read_text())) == NO_DEPS
