@@ -34,11 +34,24 @@ fi
 # counted by Python: `nproc` honours the OMP_NUM_THREADS=1 exported above and says 1.
 cores="$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')"
 workers="${PYTEST_WORKERS:-$(( cores >= 2 ? 2 : 0 ))}"
-run_pytest -n "$workers" --dist worksteal --ignore=tests/engines
+# tests/setup resolve the install set against the package index: about a minute of waiting on the
+# network and little CPU, so they run beside the main run, in a pytest process of their own (their
+# output follows the main run's).
+setup_log="$(mktemp)"
+trap 'rm -f "$setup_log"' EXIT
+run_pytest -p no:cacheprovider tests/setup >"$setup_log" 2>&1 &
+setup_pid=$!
+run_pytest -n "$workers" --dist worksteal --ignore=tests/engines --ignore=tests/setup
 rc=$?
+wait "$setup_pid"
+rc_setup=$?
+echo "== tests/setup"
+cat "$setup_log"
 run_pytest tests/engines
 rc_engines=$?
-if [ "$rc" -ne 0 ]; then
-  exit "$rc"
-fi
-exit "$rc_engines"
+for code in "$rc" "$rc_setup" "$rc_engines"; do
+  if [ "$code" -ne 0 ]; then
+    exit "$code"
+  fi
+done
+exit 0

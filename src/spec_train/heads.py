@@ -19,18 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spec_runtime.models.llama import MLP, LlamaArch, RMSNorm
+
 __all__ = ["TrainHead", "head_from_checkpoint", "rope_tables", "ttt_mask"]
-
-
-class _RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class _Attention(nn.Module):
@@ -82,17 +73,6 @@ def ttt_mask(length: int, step: int, device: torch.device) -> torch.Tensor:
     return torch.cat([causal] + [diag] * step, dim=1)
 
 
-class _MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _Layer(nn.Module):
     """EAGLE-1's layer 0 (no input norm) or EAGLE-3's midlayer (norms over embed and hidden, 2H attn)."""
 
@@ -101,11 +81,14 @@ class _Layer(nn.Module):
         super().__init__()
         self.eagle3 = eagle3
         if eagle3:
-            self.hidden_norm = _RMSNorm(hidden, eps)
-            self.input_layernorm = _RMSNorm(hidden, eps)
+            self.hidden_norm = RMSNorm(hidden, eps)
+            self.input_layernorm = RMSNorm(hidden, eps)
         self.self_attn = _Attention(2 * hidden if eagle3 else hidden, hidden, heads, kv_heads, head_dim)
-        self.post_attention_layernorm = _RMSNorm(hidden, eps)
-        self.mlp = _MLP(hidden, inter)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        # the runtime's own norm and MLP (the same parameters, the torch ops); only the attention
+        # differs, being the training-time test over whole sequences
+        arch = LlamaArch("llama", hidden, inter, 1, heads, kv_heads, head_dim, vocab_size=1, rms_norm_eps=eps)
+        self.mlp = MLP(arch, torch.float32)
 
     def forward(self, emb: torch.Tensor, h: torch.Tensor, rope: tuple, cache: list, mask: torch.Tensor
                 ) -> torch.Tensor:
@@ -136,7 +119,7 @@ class TrainHead(nn.Module):
         if eagle3:
             self.fc = nn.Linear(fc_in, hidden, bias=False)
             self.midlayer = layer
-            self.norm = _RMSNorm(hidden, eps)
+            self.norm = RMSNorm(hidden, eps)
             self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
             self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
             self.register_buffer("t2d", torch.zeros(embed.shape[0], dtype=torch.bool))
