@@ -36,20 +36,20 @@ cores="$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')"
 workers="${PYTEST_WORKERS:-$(( cores >= 2 ? 2 : 0 ))}"
 # tests/setup resolve the install set against the package index: about a minute and a half, mostly
 # waiting on the network, so they run beside the main run in a pytest process of their own, at the
-# lowest CPU priority (the main run keeps both cores; their output follows the main run's).
+# lowest CPU priority (the main run keeps both cores; their output follows the engines').
 setup_log="$(mktemp)"
 trap 'rm -f "$setup_log"' EXIT
 nice -n 19 .venv/bin/python -m pytest -q -p no:cacheprovider tests/setup >"$setup_log" 2>&1 &
 setup_pid=$!
 run_pytest -n "$workers" --dist worksteal --ignore=tests/engines --ignore=tests/setup
 rc=$?
+run_pytest tests/engines
+rc_engines=$?
 wait "$setup_pid"
 rc_setup=$?
 if [ "$rc_setup" -eq 5 ]; then rc_setup=1; fi  # collected nothing: broken, as in run_pytest
 echo "== tests/setup"
 cat "$setup_log"
-run_pytest tests/engines
-rc_engines=$?
 for code in "$rc" "$rc_setup" "$rc_engines"; do
   if [ "$code" -ne 0 ]; then
     exit "$code"

@@ -100,12 +100,11 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
         return vin
     D._verify_input = recorded
     outs = []
-    # static with the torch tree functions and the separate elementwise kernels, then with the
-    # Triton tree functions (tree build, verify, softmax top-k of the draft, argmax of the verify,
-    # the expansion bookkeeping with the d2t map) and every linear layer on the Triton GEMV, the
-    # elementwise steps in its epilogues (each static run costs ~10 s in the interpreter)
-    for executor, tree, linear in (("eager", "torch", "torch"), ("static", "torch", "torch"),
-                                   ("static", "triton", "gemv")):
+    # static with the Triton tree functions (tree build, verify, softmax top-k of the draft, argmax
+    # of the verify, the expansion bookkeeping with the d2t map) and every linear layer on the Triton
+    # GEMV, the elementwise steps in its epilogues, against eager (a static run costs ~10 s in the
+    # interpreter; static with torch pieces against eager is test_static_executor's)
+    for executor, tree, linear in (("eager", "torch", "torch"), ("static", "triton", "gemv")):
         rt = Runtime.create(target, head, "EAGLE3", num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
                             max_context=48, executor=executor, buckets=(1, 2, 4),
                             fast=dict(elementwise="triton", fuse=True, attention="dense", tree=tree, topk=tree,
@@ -117,7 +116,7 @@ ELEMENTWISE_SCRIPT = textwrap.dedent(
             assert (rt.runner.ops.softmax_topk is not None) == (tree == "triton")
             assert (rt.runner.ops.frontier is not None) == (tree == "triton")
     assert rt.runner.backend.epilogues and min(calls.values()) > 0 and len(calls) == 3, calls
-    assert outs[0] == outs[1] == outs[2], outs
+    assert outs[0] == outs[1], outs
     print("OK")
     """
 )

@@ -67,8 +67,34 @@ def test_bad_torch_flavour_is_refused(tmp_path: Path) -> None:
     assert out.stderr.strip() == "setup_env.sh: SPEC_TORCH=rocm: expected cpu or cuda"
 
 
-def test_readme_install_set_resolves(tmp_path: Path) -> None:
-    out = _setup("--dry-run", str(tmp_path), TEST_EXTRAS)
+def _standard_index_env() -> dict[str, str]:
+    """This process's environment without this workplace's pip configuration (its file, find-links,
+    extra index): pip then sees the standard index alone, as a machine elsewhere does."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT", "PIP_NO_INDEX")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "SPEC_TORCH": "cuda"}
+
+
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """The README test set resolved twice at once (each run mostly waits on the index): "here", with
+    this machine's torch flavour and pip configuration, and "cuda", a CUDA torch on the standard index."""
+    runs = {}
+    for name, env in (("here", dict(os.environ)), ("cuda", _standard_index_env())):
+        out = tmp_path_factory.mktemp(name)
+        env["PYTHON"] = sys.executable
+        proc = subprocess.Popen(["bash", str(SETUP), "--dry-run", str(out), TEST_EXTRAS], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        runs[name] = (proc, out)
+    done = {}
+    for name, (proc, out) in runs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out)
+    return done
+
+
+def test_readme_install_set_resolves(resolutions) -> None:
+    out, tmp_path = resolutions["here"]
     assert out.returncode == 0, f"the install set of scripts/test.sh does not resolve:\n{out.stderr[-4000:]}"
     plan = install_report.planned(json.loads((tmp_path / "resolve.json").read_text()))
     assert plan["torch"].split("+")[0] == "2.13.0"
@@ -87,16 +113,12 @@ def test_readme_install_set_resolves(tmp_path: Path) -> None:
         assert "triton" in plan
 
 
-def test_cuda_install_set_resolves_on_the_standard_index(tmp_path: Path) -> None:
+def test_cuda_install_set_resolves_on_the_standard_index(resolutions) -> None:
     """What a GPU machine elsewhere resolves: the same set with a CUDA torch, against the standard
     index alone (no pip configuration file, no find-links or extra index of this workplace). A pin
     that contradicts the CUDA torch's own triton fails here (it did: triton==3.6.0 beside a torch
     that needs 3.7). Metadata only: nothing is downloaded or installed."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT", "PIP_NO_INDEX")}
-    out = subprocess.run(["bash", str(SETUP), "--dry-run", str(tmp_path), TEST_EXTRAS], capture_output=True,
-                         text=True, timeout=600, env={**env, "PIP_CONFIG_FILE": os.devnull, "SPEC_TORCH": "cuda",
-                                                      "PYTHON": sys.executable})
+    out, tmp_path = resolutions["cuda"]
     assert out.returncode == 0, f"the CUDA install set does not resolve on the standard index:\n{out.stderr[-4000:]}"
     assert (tmp_path / "device").read_text().strip() == "cuda"
     resolved = json.loads((tmp_path / "resolve.json").read_text())
