@@ -96,46 +96,6 @@ def _read_json(path: Path, what: str) -> dict:
         raise TrainError(f"{what}: {path} is not valid JSON ({err.msg} at line {err.lineno})") from None
 
 
-def _weight_shapes(directory: Path) -> Optional[tuple[dict[str, Any], str]]:
-    """The tensors of a safetensors checkpoint (`model.safetensors`, or the shards of its index) as
-    empty meta tensors of their shapes, read from the file headers only, and the file(s) they came
-    from (None: other formats). A truncated or garbage file is the runtime loader's `CheckpointError`
-    naming it (`cannot read ... (truncated or corrupted?)`), as `generate` reports it."""
-    import torch
-
-    from spec_runtime.models.base import CheckpointError
-
-    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
-    if single.is_file():
-        return _header_shapes(single), str(single)
-    if not index.is_file():
-        return None
-    weight_map = _read_json(index, "weights index").get("weight_map")
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{index} has no weight_map object of tensor name -> shard file")
-    shapes: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        if not (directory / shard).is_file():
-            raise CheckpointError(f"shard {shard} listed in {index} is missing")
-        shapes.update(_header_shapes(directory / shard))
-    return shapes, f"{index} ({len(set(weight_map.values()))} shards)"
-
-
-def _header_shapes(path: Path) -> dict[str, Any]:
-    import torch
-    from safetensors import safe_open
-
-    from spec_runtime.models.base import CheckpointError
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
-    except OSError:
-        raise  # permissions and the like: the message names the file already
-    except Exception as err:  # safetensors' SafetensorError: the runtime loader's wording (loading._read_file)
-        raise CheckpointError(f"cannot read {path} (truncated or corrupted?): {type(err).__name__}: {err}") from None
-
-
 def _check_weights(cfg: dict, shapes: dict[str, Any], source: str) -> None:
     """The runtime's name and shape check of a target checkpoint (`load_checked`, what `generate`
     runs), on a meta-device model: no tensor is read. Activation and RoPE settings shape no tensor,
@@ -157,7 +117,7 @@ def check_target(directory: Path) -> dict:
     do not fit the config (file headers only: no tensor is read).
     """
     from spec_runtime.models.llama import SUPPORTED_MODEL_TYPES
-    from spec_runtime.models.loading import WEIGHT_FILES, read_config
+    from spec_runtime.models.loading import WEIGHT_FILES, read_config, read_shapes
 
     if not directory.is_dir():
         raise TrainError(f"--target {directory}: not a directory")
@@ -174,7 +134,7 @@ def check_target(directory: Path) -> dict:
         raise TrainError(f"--target {directory}: no weights file ({', '.join(WEIGHT_FILES)})")
     try:
         read_config(directory)  # the runtime's config check: every size key there, a positive int
-        found = _weight_shapes(directory)
+        found = read_shapes(directory)  # headers only
         if found is not None and not any(k.endswith("embed_tokens.weight") for k in found[0]):
             raise TrainError(f"--target {directory} has no embed_tokens.weight: a draft head, not a target model")
         if cfg["num_hidden_layers"] < 2:
@@ -183,17 +143,19 @@ def check_target(directory: Path) -> dict:
             _check_weights(cfg, *found)
     except TrainError:
         raise
-    except ValueError as err:  # the runtime's CheckpointError (config, unreadable file, names, shapes)
-        raise TrainError(f"--target: {err}") from None
+    except (ValueError, FileNotFoundError) as err:  # the runtime's CheckpointError (config, unreadable file,
+        raise TrainError(f"--target: {err}") from None  # names, shapes) or a missing shard
     return cfg
 
 
 def check_init_from(directory: Path) -> None:
     """`--init-from` is a directory whose model.safetensors can be read (headers only); whether it is a
     draft of the right algorithm and shape is checked against the built draft (`DraftBuilder`)."""
+    from spec_runtime.models.loading import read_shapes
+
     if not (directory / "model.safetensors").is_file():
         raise TrainError(f"--init-from {directory}: no model.safetensors")
     try:
-        _weight_shapes(directory)
+        read_shapes(directory)
     except ValueError as err:
         raise TrainError(f"--init-from: {err}") from None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from spec_runtime.models.base import CheckpointError
@@ -26,6 +27,7 @@ __all__ = [
     "load_standalone",
     "load_target",
     "read_config",
+    "read_shapes",
     "read_state_dict",
 ]
 
@@ -80,10 +82,14 @@ def _check_no_remote_code(cfg: Mapping[str, Any], source: str) -> None:
         )
 
 
-def _read_file(path: Path) -> dict[str, torch.Tensor]:
-    """One weights file; `CheckpointError` naming it when it cannot be read (truncated, corrupted)."""
+def _read_file(path: Path, meta: bool = False) -> dict[str, torch.Tensor]:
+    """One weights file; `CheckpointError` naming it when it cannot be read (truncated, corrupted).
+    `meta` (safetensors only): meta tensors of the header's shapes, no tensor data read."""
     try:
         if path.suffix == ".safetensors":
+            if meta:
+                with safe_open(str(path), "pt") as f:
+                    return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
             return load_file(str(path), device="cpu")
         return torch.load(path, map_location="cpu", weights_only=True)
     except OSError:
@@ -92,7 +98,7 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"cannot read {path} (truncated or corrupted?): {type(err).__name__}: {err}") from None
 
 
-def _read_sharded(index: Path) -> tuple[dict[str, torch.Tensor], str]:
+def _read_sharded(index: Path, meta: bool = False) -> tuple[dict[str, torch.Tensor], str]:
     weight_map = _read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index} has no weight_map object of tensor name -> shard file")
@@ -101,20 +107,35 @@ def _read_sharded(index: Path) -> tuple[dict[str, torch.Tensor], str]:
         shard_path = index.parent / shard
         if not shard_path.is_file():
             raise FileNotFoundError(f"shard {shard} listed in {index} is missing")
-        tensors.update(_read_file(shard_path))
+        tensors.update(_read_file(shard_path, meta))
     return tensors, f"{index} ({len(set(weight_map.values()))} shards)"
+
+
+def _weights_file(directory: str | Path) -> Path:
+    """The first of `WEIGHT_FILES` in `directory`."""
+    for name in WEIGHT_FILES:
+        path = Path(directory) / name
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no weights file found in {directory}: looked for {', '.join(WEIGHT_FILES)}")
+
+
+def _read_weights(path: Path, meta: bool) -> tuple[dict[str, torch.Tensor], str]:
+    if path.name.endswith(".index.json"):
+        return _read_sharded(path, meta)
+    return _read_file(path, meta), str(path)
 
 
 def read_state_dict(directory: str | Path) -> tuple[dict[str, torch.Tensor], str]:
     """All tensors of a checkpoint directory on CPU, and a description of the file(s) for errors."""
-    d = Path(directory)
-    for name in WEIGHT_FILES:
-        path = d / name
-        if path.is_file():
-            if name.endswith(".index.json"):
-                return _read_sharded(path)
-            return _read_file(path), str(path)
-    raise FileNotFoundError(f"no weights file found in {directory}: looked for {', '.join(WEIGHT_FILES)}")
+    return _read_weights(_weights_file(directory), meta=False)
+
+
+def read_shapes(directory: str | Path) -> tuple[dict[str, torch.Tensor], str] | None:
+    """`read_state_dict`'s tensors as meta tensors of their shapes, from the safetensors headers only
+    (no tensor data read; the same errors for an unreadable file); None for weights in another format."""
+    path = _weights_file(directory)
+    return _read_weights(path, meta=True) if path.name.startswith("model.safetensors") else None
 
 
 def _strip_prefix(sd: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
