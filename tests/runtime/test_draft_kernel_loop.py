@@ -26,6 +26,10 @@ from spec_runtime.runtime import Runtime  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
+# the static executor with the frontier kernels and every other piece on torch (the CPU defaults, pinned
+# so that a CUDA run compares the loop alone, not also the fused weights and Triton layers)
+KERNEL_LOOP = {"frontier": "triton", "fuse": False, "attention": "dense", "elementwise": "torch", "linear": "torch",
+               "tree": "torch", "topk": "torch", "bookkeeping": "torch"}
 HEADS = {"eagle1": ("EAGLE", "eagle1_dir"), "eagle3": ("EAGLE3", "eagle3_dir")}
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
 
@@ -70,7 +74,7 @@ def test_kernel_draft_loop_matches_eager(request, load_pair, monkeypatch, llama_
     algorithm, draft_dir = HEADS[head]
     target, draft = load_pair(algorithm, llama_dir, request.getfixturevalue(draft_dir))
     runs = {}
-    for executor, fast in (("eager", None), ("static", {"frontier": "triton"})):
+    for executor, fast in (("eager", None), ("static", KERNEL_LOOP)):
         rt = Runtime.create(target, draft, algorithm, num_steps=3, topk=topk, num_draft_tokens=num_draft,
                             max_batch_size=4, max_context=48, executor=executor,
                             buckets=None if executor == "eager" else (4,), seed=3,
