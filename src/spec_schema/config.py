@@ -263,6 +263,7 @@ class SpecConfig(BaseModel):
     def _validate(self) -> "SpecConfig":
         self._check_tree()
         self._check_vocab()
+        self._check_topk()
         self._check_aux()
         self._check_widths()
         return self
@@ -295,6 +296,18 @@ class SpecConfig(BaseModel):
             raise ValueError(
                 f"{self.algorithm.value} drafts score the target vocabulary; "
                 f"draft_vocab_size {self.draft.draft_vocab_size} is only valid for EAGLE3"
+            )
+
+    def _check_topk(self) -> None:
+        # Every draft node keeps the topk best tokens of the draft's lm_head, which scores draft_vocab
+        # of them (an EAGLE-3 head's draft_vocab_size, else the vocab_size): a top-k wider than that
+        # has no candidates to fill it (torch.topk and both engines' draft steps fail on it).
+        k, dv = self.topk, self.draft_vocab
+        if k > dv:
+            source = "draft_vocab_size" if self.draft.draft_vocab_size is not None else "vocab_size"
+            raise ValueError(
+                f"topk {k} exceeds the draft vocabulary of {dv} tokens (the draft's {source}): "
+                f"a draft node has at most {dv} candidates"
             )
 
     def _check_aux(self) -> None:

@@ -209,6 +209,36 @@ def test_config_messages(kwargs, message):
         _config(**kwargs)
 
 
+TINY_HEAD = ModelDims(hidden_size=32, vocab_size=128, draft_vocab_size=4, target_hidden_size=64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"algorithm": "EAGLE3", "draft": TINY_HEAD, "num_steps": 1, "topk": 8, "num_draft_tokens": 9},
+            "topk 8 exceeds the draft vocabulary of 4 tokens (the draft's draft_vocab_size): "
+            "a draft node has at most 4 candidates",
+        ),
+        (
+            {
+                "target": ModelDims(hidden_size=64, vocab_size=4),
+                "draft": ModelDims(hidden_size=64, vocab_size=4),
+                "num_steps": 1, "topk": 5, "num_draft_tokens": 6,
+            },
+            "topk 5 exceeds the draft vocabulary of 4 tokens (the draft's vocab_size)",
+        ),
+    ],
+    ids=["eagle3-draft-vocab", "eagle-vocab"],
+)
+def test_config_rejects_topk_over_the_draft_vocab(kwargs, message):
+    """Each draft node keeps the topk best of the draft's scores: the config refuses a topk wider than
+    the vocabulary the draft scores, before any model is loaded."""
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        _config(**kwargs)
+    _config(**{**kwargs, "topk": 4, "num_draft_tokens": 5})  # the widest topk that fits
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -110,7 +110,7 @@ def spec_configs(
     `SpecConfig`); `False`: they are equal. EAGLE-3 heads read 2-4 aux layers (given as
     `aux_layer_ids`, `num_aux_hidden_states`, both, or neither: the default 3), carry
     `target_hidden_size` when their width differs (sometimes when it does not), always have a draft
-    vocabulary smaller than the target's, and have aux capture on or off. num_steps 1-5, topk 1-4, num_draft_tokens valid for both; each model's dtype
+    vocabulary smaller than the target's (and at least topk), and have aux capture on or off. num_steps 1-5, topk 1-4, num_draft_tokens valid for both; each model's dtype
     is drawn on its own from float32/bfloat16/float16.
     """
     algorithm = SpecAlgorithm(draw(st.sampled_from([SpecAlgorithm(a) for a in algorithms])))
@@ -137,7 +137,7 @@ def spec_configs(
         if given in ("count", "both"):
             head["num_aux_hidden_states"] = num_aux
         head["use_aux_hidden_state"] = draw(st.booleans())
-        head["draft_vocab_size"] = draw(st.integers(1, vocab - 1))
+        head["draft_vocab_size"] = draw(st.integers(topk, vocab - 1))  # topk <= the draft vocabulary
         if target_h != draft_h or draw(st.booleans()):
             head["target_hidden_size"] = target_h
     if algorithm is SpecAlgorithm.EAGLE or head.get("use_aux_hidden_state") is False:
