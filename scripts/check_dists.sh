@@ -7,7 +7,8 @@
 # 3. a clean venv OUT/venv gets the spec-schema wheel with its `test` extra and nothing of this tree
 #    (a CPU torch without CUDA, chosen as scripts/setup_env.sh chooses it: never a CUDA download);
 # 4. tests/schema run in that venv from OUT/run, which holds tests/schema, tests/conftest.py, schemas/
-#    and pyproject.toml, no src/; OUT/where records the spec_schema module those tests imported (its venv's site-packages).
+#    and pyproject.toml, no src/; OUT/where records the spec_schema module those tests imported (in
+#    the venv's site-packages, or the script fails).
 # $PYTHON (default .venv/bin/python) needs `build` (spec-runtime's `test` extra).
 # tests/setup/test_distributions.py runs this and reads OUT.
 set -euo pipefail
@@ -46,6 +47,7 @@ version="$("$py" -c "import ast, sys; print(next(n.value.value for n in ast.pars
 wheel="$out/dist/spec_schema-$version-py3-none-any.whl"
 
 step "clean venv: spec-schema[test] alone"
+unset PYTHONPATH PYTHONHOME  # nothing of this tree (or of the caller's path) reaches the clean venv
 "$py" -m venv "$out/venv"
 pip=("$out/venv/bin/python" -m pip)
 index=()
