@@ -19,6 +19,9 @@ source scripts/torch_choice.sh
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 tmp="$(mktemp -d)"
+# pip byte-compiles what it installs (torch: thousands of modules); the few the tests import compile
+# when imported. Also for the builds' isolated environments.
+export PIP_NO_COMPILE=1
 trap 'rm -rf "$tmp"' EXIT
 
 if ! "$py" -c "import build" 2>/dev/null; then
@@ -39,8 +42,8 @@ git ls-files -z -co --exclude-standard -- pyproject.toml MANIFEST.in README.md s
   | tar -c --null -T - | tar -x -C "$out/tree"
 
 step "build: sdist, then wheel from the sdist"
-"$py" -m build -q -o "$out/dist" "$out/tree/schema"
-"$py" -m build -q -o "$out/dist" "$out/tree"
+"$py" -m build -o "$out/dist" "$out/tree/schema"
+"$py" -m build -o "$out/dist" "$out/tree"
 ls "$out/dist"
 version="$("$py" -c "import ast, sys; print(next(n.value.value for n in ast.parse(open(sys.argv[1]).read()).body
   if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == '__version__'))" src/spec_schema/__init__.py)"

@@ -53,6 +53,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Complete
     out = tmp_path_factory.mktemp("dists")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "check_dists.sh"), str(out)], capture_output=True,
                           text=True, timeout=1800, env={**os.environ, "PYTHON": sys.executable})
+    (out / "log").write_text(proc.stdout + proc.stderr)
     return proc, out
 
 
@@ -72,14 +73,14 @@ def _wheel_text(wheel: Path, member: str) -> str:
 @pytest.mark.parametrize("name", sorted(PACKAGES))
 def test_each_wheel_is_built_from_its_sdist_and_holds_its_packages(built, name) -> None:
     wheel, sdist = _dist(built, name, "wheel"), _dist(built, name, "sdist")
-    assert built[0].stdout.count("Building wheel from sdist") == 2
+    assert (built[1] / "log").read_text().count("Building wheel from sdist") == 2
     with zipfile.ZipFile(wheel) as z:
         files = [f for f in z.namelist() if ".dist-info/" not in f]
     assert {f.split("/")[0] for f in files} == PACKAGES[name]
     assert all(f"{pkg}/py.typed" in files for pkg in PACKAGES[name])
     with tarfile.open(sdist) as t:
-        sources = {m.name.split("/", 2)[2] for m in t.getmembers() if m.isfile() and m.name.count("/") >= 2}
-    packages = {s.split("/")[1] for s in sources if s.startswith("src/") and "egg-info" not in s}
+        sources = {m.name.split("/", 1)[1] for m in t.getmembers() if m.isfile() and "/" in m.name}
+    packages = {s.split("/")[1] for s in sources if s.startswith("src/") and ".egg-info/" not in s}
     # spec-runtime's version is spec_schema.__version__: that one file travels in its sdist.
     assert packages == PACKAGES[name] | ({"spec_schema"} if name == "spec_runtime" else set())
     if name == "spec_runtime":
@@ -110,11 +111,13 @@ def test_schema_tests_pass_against_spec_schema_installed_alone(built) -> None:
     proc, out = built
     assert proc.returncode == 0, f"check_dists.sh failed:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout
-    venv_python = out / "venv" / "bin" / "python"
-    site = subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+
+    def venv(code: str) -> str:  # the clean venv's own view: no PYTHONPATH of this process
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        return subprocess.run([str(out / "venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                              check=True, env=env).stdout
+
+    site = venv("import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
     assert (out / "where").read_text().strip() == f"{site}/spec_schema/__init__.py"
-    names = subprocess.run([str(venv_python), "-c", "import importlib.metadata as m; "
-                            "print('\\n'.join(d.metadata['Name'] for d in m.distributions()))"],
-                           capture_output=True, text=True, check=True).stdout.split()
+    names = venv("import importlib.metadata as m; print(*(d.metadata['Name'] for d in m.distributions()))").split()
     assert "spec-schema" in names and "spec-runtime" not in names
