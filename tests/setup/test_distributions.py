@@ -81,6 +81,7 @@ def test_each_wheel_is_built_from_its_sdist_and_holds_its_packages(built, name) 
     with tarfile.open(sdist) as t:
         sources = {m.name.split("/", 1)[1] for m in t.getmembers() if m.isfile() and "/" in m.name}
     packages = {s.split("/")[1] for s in sources if s.startswith("src/") and ".egg-info/" not in s}
+    assert not [s for s in sources if s.startswith("tests/")], "an sdist ships tests"
     # spec-runtime's version is spec_schema.__version__: that one file travels in its sdist.
     assert packages == PACKAGES[name] | ({"spec_schema"} if name == "spec_runtime" else set())
     if name == "spec_runtime":
