@@ -2,7 +2,7 @@
 # Builds the two distributions and runs the schema tests against spec-schema installed ALONE:
 #   bash scripts/check_dists.sh OUT
 # 1. copies the files git knows (tracked, or new and not ignored: no stale egg-info or build/) under
-#    pyproject.toml, MANIFEST.in, README.md, schema/ and src/ to OUT/tree;
+#    pyproject.toml, MANIFEST.in, README.md, schema/, src/ and tests/ (which no sdist may ship) to OUT/tree;
 # 2. `python -m build` makes each sdist, then each wheel FROM its sdist, into OUT/dist;
 # 3. a clean venv OUT/venv gets the spec-schema wheel with its `test` extra and nothing of this tree
 #    (a CPU torch without CUDA, chosen as scripts/setup_env.sh chooses it: never a CUDA download);
@@ -38,7 +38,7 @@ step() { echo "== $1 ($SECONDS s)"; }
 step "sources"
 rm -rf "$out/tree" "$out/dist" "$out/venv" "$out/run"
 mkdir -p "$out/tree"
-git ls-files -z -co --exclude-standard -- pyproject.toml MANIFEST.in README.md schema src \
+git ls-files -z -co --exclude-standard -- pyproject.toml MANIFEST.in README.md schema src tests \
   | tar -c --null -T - | tar -x -C "$out/tree"
 
 step "build: sdist, then wheel from the sdist"
