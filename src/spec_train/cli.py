@@ -38,17 +38,27 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     for name, kind in _FIELDS:
         field = TrainConfig.model_fields[name]
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                       help=f"{field.description or ''} (default {field.default})".strip())
+                       help=f"{_HELP.get(name, field.description or '')} (default {field.default})".strip())
     p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3 aux layers, comma-separated (default 2,N/2,N-3)")
-    p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None,
+                   help=f"dtype of the saved draft (default {TrainConfig.model_fields['save_dtype'].default})")
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars, and no warnings or bars of transformers")
     p.add_argument("--eval-max-new-tokens", type=int, default=0, help="> 0: measure acceptance after training")
-    p.add_argument("--eval-steps", type=int, default=5)
-    p.add_argument("--eval-topk", type=int, default=4)
-    p.add_argument("--eval-draft-tokens", type=int, default=8)
-    p.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--eval-steps", type=int, default=5, help="acceptance measurement: draft depth")
+    p.add_argument("--eval-topk", type=int, default=4, help="acceptance measurement: tree branching")
+    p.add_argument("--eval-draft-tokens", type=int, default=8, help="acceptance measurement: tree size")
+    p.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="acceptance measurement: weights' dtype")
 
+
+_HELP = {
+    "steps": "optimizer steps in all: a run already in --output resumes and continues to this count "
+             "(fewer than it holds is an error)",
+    "draft_heads": "STANDALONE: attention heads (divide --draft-hidden-size)",
+}
+"""Help texts of the TrainConfig flags that need one."""
 
 EVAL_FLAGS = {"num_steps": "--eval-steps", "topk": "--eval-topk", "num_draft_tokens": "--eval-draft-tokens",
               "device": "--device"}

@@ -40,7 +40,7 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def patched(stand_ins, monkeypatch) -> tuple[Path, Path]:
     target, drafts = stand_ins
-    monkeypatch.setattr(real_model, "real_model_dir", lambda cache_dir=None: target)
+    monkeypatch.setattr(real_model, "real_model_dir", lambda cache_dir=None, gguf=None, on_convert=None: target)
     monkeypatch.setattr(demo_real, "DRAFTS_ROOT", drafts)
     monkeypatch.setattr(demo_real, "PROMPTS", ("w5 w9 w7", "w11 w4"))
     return target, drafts
