@@ -286,11 +286,12 @@ def note(progress: bool, line: str) -> None:
 
 def _demo_real(args: argparse.Namespace) -> int:
     from .demo_real import main_real
-    from .engine import check_device
+    from .engine import check_device, resolve_executor
     from .real_model import MissingPackageError
 
     try:
         check_device(args.device)
+        resolve_executor(args.executor, args.device)
         _set_threads(args.threads, args.device)
         return main_real(args.drafts, args.max_new_tokens or 64, args.device, args.executor, args.json,
                          progress=not args.no_progress)
@@ -299,13 +300,16 @@ def _demo_real(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .engine import check_device
+    from .engine import check_device, resolve_executor
     from .sampling import SamplingParams
 
     try:
         _at_least(args.max_new_tokens, 0, "--max-new-tokens")
         _at_least(args.max_context, 1, "--max-context")
         check_device(args.device)
+        resolve_executor(args.executor, args.device)
+        for path, flag in ((args.target, "--target"), (args.draft, "--draft")):
+            _model_dir(path, flag)
         _set_threads(args.threads, args.device)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         stops = _token_ids(args.stop_token_ids, "--stop-token-ids", negative_ok=False)
@@ -323,6 +327,17 @@ def _generate(args: argparse.Namespace) -> int:
     reqs = _run(engine, prompts, args.max_new_tokens, sampling, stops, progress=not (args.json or args.no_progress))
     _report(reqs, tokenizer, time.perf_counter() - start, args.json)
     return 0 if all(r.error is None for r in reqs) else 1
+
+
+def _model_dir(path: Optional[str], flag: str) -> None:
+    """A ValueError naming `flag` unless `path` (when given) is a directory with a config.json."""
+    if path is None:
+        return
+    where = Path(path)
+    if not where.is_dir():
+        raise ValueError(f"{flag}: {where} " + ("is not a directory" if where.exists() else "does not exist"))
+    if not (where / "config.json").is_file():
+        raise ValueError(f"{flag}: no config.json in {where}")
 
 
 def _vocab(engine: Any) -> int:
@@ -370,12 +385,11 @@ def _prompts(args: argparse.Namespace) -> tuple[list[list[int]], Any]:
 
     # token ids outside the vocabulary reject their request only (the engine's RequestError)
     prompts = [_token_ids(p, "--prompt-ids") for p in args.prompt_ids]
+    if any(not p for p in prompts):
+        raise ValueError("--prompt-ids: no token ids (expected e.g. 1,2,3)")
     if any(not p.strip() for p in args.prompt):
         raise ValueError("--prompt: empty text (give the question, or --prompt-ids)")
     target = Path(args.target)
-    if not target.is_dir():
-        raise ValueError(f"--target: {target} is not a directory" if target.exists() else
-                         f"--target: {target} does not exist")
     tokenizer = load_tokenizer(target) if has_tokenizer(target) else None
     if args.prompt and tokenizer is None:
         raise ValueError(f"--prompt needs a tokenizer in {args.target}; pass --prompt-ids instead")
@@ -395,7 +409,7 @@ def _run(engine: Any, prompts: list[list[int]], max_new: int, sampling: Any, sto
 
     reqs = engine.queue(prompts, max_new, sampling, stops)
     left = {r.rid: r.max_new_tokens for r in reqs if not r.finished}
-    with tqdm(total=sum(left.values()), disable=not progress, unit="tok", file=sys.stderr) as bar:
+    with tqdm(total=sum(left.values()), disable=not (progress and left), unit="tok", file=sys.stderr) as bar:
         def on_tokens(ev: Any) -> None:
             left[ev.rid] -= len(ev.tokens)
             bar.update(len(ev.tokens))
