@@ -44,7 +44,7 @@ FLAGS = {
 """The CLI flag of each setting a validation error may name."""
 DTYPES = ("float32", "bfloat16", "float16")
 EXECUTOR_CHOICES = ("auto", "eager", "static", "cuda_graph")
-EXECUTOR_HELP = "auto (default): CUDA graphs on a CUDA device, eager elsewhere"
+EXECUTOR_HELP = "auto: CUDA graphs on a CUDA device, eager elsewhere"
 
 
 NO_PROGRESS_HELP = "no progress bars or lines, and no warnings or bars of transformers"
@@ -54,7 +54,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's defaults formatter, without "(default: None)" or the False of an on/off flag."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or action.default == []:
+        if action.default is None or action.default is False or action.default in ("", []):
             return action.help or ""
         return super()._get_help_string(action) or ""
 

@@ -132,3 +132,48 @@ def test_bad_eval_settings_are_one_line_and_keep_the_draft(files, tmp_path, caps
     _one_line(code, err, "held-out acceptance: --eval-topk, --eval-steps, --eval-draft-tokens: topk 1 means a "
                          "chain of num_steps + 1 = 4 tokens, but num_draft_tokens is 10")
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+
+
+# ---- issue #42: an --output that is a file, a STANDALONE shape refused late, --steps below a saved run ----
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_output_naming_a_file_is_one_line(files, tmp_path, capsys, below) -> None:
+    """Before: FileExistsError / NotADirectoryError tracebacks from mkdir."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x\n")
+    code, err = _train(files, files["target"], a_file / "out" if below else a_file, capsys)
+    _one_line(code, err, f"--output {a_file / 'out' if below else a_file}: {a_file} is a file, not a directory")
+
+
+def test_draft_heads_not_dividing_the_width_fail_before_any_work(files, tmp_path, capsys, monkeypatch) -> None:
+    """Before: refused by the draft builder after the target's continuations were generated (7-23 s),
+    leaving the output directory and its data cache behind."""
+    import spec_train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "_load_target", lambda *a: pytest.fail("loaded the target before the check"))
+    out = tmp_path / "out"
+    code = main(["train", "--algorithm", "STANDALONE", "--target", str(files["target"]), "--output", str(out),
+                 "--prompts", str(files["prompts"]), "--steps", "1", "--draft-heads", "5", "--no-progress"])
+    _one_line(code, capsys.readouterr().err, "--draft-heads 5: --draft-hidden-size 192 must be a multiple of "
+                                             "--draft-heads, itself a multiple of --draft-kv-heads 1")
+    assert not out.exists()
+
+
+def test_steps_below_a_saved_run_are_refused_and_change_nothing(files, tmp_path, capsys, monkeypatch) -> None:
+    """Before: the run of 5 saved steps was re-exported as it was and reported as done, with no word
+    that --steps 2 had been ignored."""
+    import spec_train.trainer as trainer
+    from spec_train import TrainConfig
+    from spec_train.checkpoint import STATE_FILE, save_state
+
+    out = tmp_path / "out"
+    saved = TrainConfig(algorithm="EAGLE3", target=files["target"], output=out, prompts=files["prompts"], steps=5,
+                        max_new_tokens=4, draft_vocab_size=64, progress=False)
+    save_state(out, {"fingerprint": saved.fingerprint(), "step": 5, "history": [], "draft": {}, "optimizer": {}})
+    before = sorted(p.name for p in out.iterdir())
+    monkeypatch.setattr(trainer, "_load_target", lambda *a: pytest.fail("loaded the target before the check"))
+    code, err = _train(files, files["target"], out, capsys, "--steps", "2")
+    _one_line(code, err, f"--steps 2: {out} holds a run of 5 steps already; give --steps 5 or more to continue "
+                         "it, or another --output")
+    assert sorted(p.name for p in out.iterdir()) == before == [STATE_FILE]
