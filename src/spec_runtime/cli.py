@@ -178,8 +178,12 @@ def _demo(args: argparse.Namespace) -> int:
             raise ValueError(f"--cache-dir: cannot create {args.cache_dir} ({err.strerror or err})") from None
     except ValueError as err:
         return _fail(err)
-    from .demo import run_demo
+    from .chat import quiet_libraries
+    from .demo import models_built, run_demo
 
+    quiet_libraries()  # transformers' "Writing model shards" bars while the tiny models are saved: noise here
+    if not models_built(Path(args.cache_dir)):
+        note(not args.no_progress, f"spec-runtime demo: building tiny random models in {args.cache_dir} (once)")
     return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size, threads=threads)
 
 

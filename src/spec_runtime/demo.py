@@ -19,6 +19,11 @@ DEMO_VERSION = "1"
 TABLE_HEAD = ("algorithm", "steps/topk/draft", "accept length", "tokens/s", "identical to target-only")
 
 
+def models_built(cache_dir: Path) -> bool:
+    """True when `build_demo_models` has built this version's models under `cache_dir`."""
+    return (cache_dir / f".built-v{DEMO_VERSION}").exists()
+
+
 def build_demo_models(cache_dir: Path) -> dict[str, Path]:
     """Build (once) the tiny target and the three drafts under `cache_dir`."""
     from .tiny import build_tiny_aligned_pair, build_tiny_eagle1, build_tiny_eagle3
