@@ -70,18 +70,23 @@ def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
                              f"{target_cfg['vocab_size']}")
     if cfg.output.resolve() == cfg.target.resolve():
         raise TrainError(f"--output {cfg.output} is the target directory")
-    _check_output(cfg.output)
+    _check_output(cfg.output, "--output")
+    if cfg.data_cache is not None:
+        if cfg.data_cache.is_dir():
+            raise TrainError(f"--data-cache {cfg.data_cache}: a directory, not a file")
+        _check_output(cfg.data_cache.parent, f"--data-cache {cfg.data_cache}:")
     if cfg.algorithm == "STANDALONE" and (cfg.draft_hidden_size % cfg.draft_heads or cfg.draft_heads % cfg.draft_kv_heads):
         raise TrainError(f"--draft-heads {cfg.draft_heads}: --draft-hidden-size {cfg.draft_hidden_size} must be a "
                          f"multiple of --draft-heads, itself a multiple of --draft-kv-heads {cfg.draft_kv_heads}")
     return target_cfg, train, held
 
 
-def _check_output(output: Path) -> None:
-    """`--output` is (or can become) a directory: not a file, nor below one."""
-    existing = next((p for p in (output, *output.parents) if p.exists()), None)
+def _check_output(directory: Path, flag: str) -> None:
+    """`directory` is (or can become) a directory: not a file, nor below one."""
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        raise TrainError(f"--output {output}: {existing} is a file, not a directory")
+        where = f"{flag} {directory}:" if flag == "--output" else flag
+        raise TrainError(f"{where} {existing} is a file, not a directory")
 
 
 def _check_resume(cfg: TrainConfig, state: Optional[dict[str, Any]]) -> None:

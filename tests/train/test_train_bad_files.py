@@ -125,13 +125,39 @@ def test_unknown_device_is_one_line(files, tmp_path, capsys) -> None:
     assert not out.exists()
 
 
-def test_bad_eval_settings_are_one_line_and_keep_the_draft(files, tmp_path, capsys) -> None:
+@pytest.mark.parametrize("flags, expected", [
+    (["--eval-steps", "3", "--eval-topk", "1", "--eval-draft-tokens", "10"],
+     "held-out acceptance: --eval-topk, --eval-steps, --eval-draft-tokens: topk 1 means a chain of num_steps + 1 = "
+     "4 tokens, but num_draft_tokens is 10"),
+    (["--eval-steps", "0"], "held-out acceptance: --eval-steps: input should be greater than 0, got 0"),
+    (["--eval-topk", "65"], "held-out acceptance: --eval-topk: topk 65 exceeds the draft vocabulary of 64 tokens"),
+], ids=["chain", "steps-0", "topk-over-draft-vocab"])
+def test_bad_eval_settings_are_refused_before_training(files, tmp_path, capsys, flags, expected) -> None:
+    """Before: refused by the measurement after the whole training run."""
     out = tmp_path / "out"
-    code, err = _train(files, files["target"], out, capsys, "--eval-max-new-tokens", "4", "--eval-steps", "3",
-                       "--eval-topk", "1", "--eval-draft-tokens", "10")
-    _one_line(code, err, "held-out acceptance: --eval-topk, --eval-steps, --eval-draft-tokens: topk 1 means a "
-                         "chain of num_steps + 1 = 4 tokens, but num_draft_tokens is 10")
-    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    code, err = _train(files, files["target"], out, capsys, "--eval-max-new-tokens", "4", *flags)
+    _one_line(code, err, expected)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--data-cache", "{tmp}"], "--data-cache {tmp}: a directory, not a file"),
+    (["--data-cache", "{file}/x.pt"], "--data-cache {file}/x.pt: {file} is a file, not a directory"),
+    (["--prompts", "{tmp}"], "--prompts {tmp}: a directory, not a file"),
+    (["--aux-layer-ids", ""], "--aux-layer-ids '': expected comma-separated integers"),
+    (["--eval-max-new-tokens", "-3"], "--eval-max-new-tokens: must be >= 0 (0: no measurement), got -3"),
+], ids=["data-cache-dir", "data-cache-below-file", "prompts-dir", "aux-empty", "eval-new-negative"])
+def test_bad_paths_and_lists_are_one_line_before_any_work(files, tmp_path, capsys, flags, expected) -> None:
+    """Before: a --data-cache directory or below a file was an OSError traceback after the data was
+    generated; an empty --aux-layer-ids was the default layers; a negative --eval-max-new-tokens no
+    measurement, silently."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x\n")
+    names = {"tmp": tmp_path, "file": a_file}
+    out = tmp_path / "out"
+    code, err = _train(files, files["target"], out, capsys, *[f.format(**names) for f in flags])
+    _one_line(code, err, expected.format(**names))
+    assert not out.exists()
 
 
 # ---- issue #42: an --output that is a file, a STANDALONE shape refused late, --steps below a saved run ----
