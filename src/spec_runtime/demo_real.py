@@ -166,11 +166,13 @@ def main_real(drafts: Optional[str], max_new_tokens: int, device: str, executor:
               target_dir: Optional[Any] = None, progress: bool = True) -> int:
     """The `demo --real` command: 0 when every algorithm matched target-only decoding. With
     `progress`, stderr says what happens (converting, loading, each row as it is measured)."""
-    from .cli import converted_model, note
+    from . import real_model
+    from .chat import note
 
     root = Path(drafts) if drafts else DRAFTS_ROOT
     draft_dirs(root)  # a missing draft fails before the model is converted or loaded
-    target = Path(target_dir) if target_dir is not None else converted_model(None, progress, "demo --real")
+    target = Path(target_dir) if target_dir is not None else real_model.announced_model_dir(None, progress,
+                                                                                            "demo --real")
     note(progress, f"demo --real: {target.name}, {len(PROMPTS)} chat prompts, up to {max_new_tokens} new tokens each: "
                    f"target-only, then {', '.join(s.algorithm for s in SETUPS)}")
     rows = run_real(target, root, max_new_tokens, device, executor,

