@@ -47,6 +47,8 @@ EXECUTOR_CHOICES = ("auto", "eager", "static", "cuda_graph")
 EXECUTOR_HELP = "auto: CUDA graphs on a CUDA device, eager elsewhere"
 
 
+DEMO_MAX_NEW = 2048
+"""`demo --max-new-tokens` at most (the real model holds 8192 positions; the demo is a demo)."""
 NO_PROGRESS_HELP = "no progress bars or lines, and no warnings or bars of transformers"
 
 
@@ -165,6 +167,8 @@ def _demo(args: argparse.Namespace) -> int:
     """`demo` (tiny models) or `demo --real`, after the checks of their flags."""
     try:
         _at_least(args.max_new_tokens, 1, "--max-new-tokens")
+        if args.max_new_tokens is not None and args.max_new_tokens > DEMO_MAX_NEW:
+            raise ValueError(f"--max-new-tokens: at most {DEMO_MAX_NEW} in the demo, got {args.max_new_tokens}")
         if args.real:
             return _demo_real(args)
         _at_least(args.batch_size, 1, "--batch-size")
@@ -298,6 +302,9 @@ def _generate(args: argparse.Namespace) -> int:
         resolve_executor(args.executor, args.device)
         for path, flag in ((args.target, "--target"), (args.draft, "--draft")):
             _model_dir(path, flag)
+        _context_fits(args.target, args.max_context)
+        if not 0 <= args.seed < 2**63:
+            raise ValueError(f"--seed: must be in [0, 2**63), got {args.seed}")
         _set_threads(args.threads, args.device)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         stops = _token_ids(args.stop_token_ids, "--stop-token-ids", negative_ok=False)
@@ -326,6 +333,17 @@ def _model_dir(path: Optional[str], flag: str) -> None:
         raise ValueError(f"{flag}: {where} " + ("is not a directory" if where.exists() else "does not exist"))
     if not (where / "config.json").is_file():
         raise ValueError(f"{flag}: no config.json in {where}")
+
+
+def _context_fits(target: str, max_context: int) -> None:
+    """`--max-context` within the target's `max_position_embeddings` (when its config.json names
+    one): a larger one only allocates KV caches the model was never trained to read."""
+    try:
+        limit = json.loads((Path(target) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return  # the loader reports a broken config.json, naming it
+    if isinstance(limit, int) and max_context > limit:
+        raise ValueError(f"--max-context: {max_context} exceeds the target's max_position_embeddings {limit}")
 
 
 def _vocab(engine: Any) -> int:
