@@ -89,7 +89,8 @@ def _generate_flags(gen: argparse.ArgumentParser) -> None:
                      help="comma-separated token ids that end a request, besides the model's EOS and end of turn")
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' dtype")
     gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
+    gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto",
+                     help=f"with --draft: {EXECUTOR_HELP} (the target alone runs eagerly)")
     gen.add_argument("--max-context", type=int, default=1024, help="tokens per request, prompt included")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
