@@ -304,6 +304,7 @@ def _generate(args: argparse.Namespace) -> int:
         for path, flag in ((args.target, "--target"), (args.draft, "--draft")):
             _model_dir(path, flag)
         _context_fits(args.target, args.max_context)
+        _draft_flags_need_a_draft(args)
         if not 0 <= args.seed < 2**63:
             raise ValueError(f"--seed: must be in [0, 2**63), got {args.seed}")
         _set_threads(args.threads, args.device)
@@ -334,6 +335,17 @@ def _model_dir(path: Optional[str], flag: str) -> None:
         raise ValueError(f"{flag}: {where} " + ("is not a directory" if where.exists() else "does not exist"))
     if not (where / "config.json").is_file():
         raise ValueError(f"{flag}: no config.json in {where}")
+
+
+def _draft_flags_need_a_draft(args: argparse.Namespace) -> None:
+    """Without `--draft`, a speculative flag set to anything but its default would be ignored: refused."""
+    if args.draft is not None:
+        return
+    probe = argparse.ArgumentParser(add_help=False)
+    _spec_flags(probe)
+    for action in probe._actions:
+        if getattr(args, action.dest) != action.default:
+            raise ValueError(f"{action.option_strings[0]}: needs --draft (without it the target decodes alone)")
 
 
 def _context_fits(target: str, max_context: int) -> None:

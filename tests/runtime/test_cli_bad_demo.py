@@ -90,9 +90,10 @@ def test_real_model_cache_dir_where_mkdir_fails(capsys, tmp_path, monkeypatch) -
     (["--max-context", "100000000"], "--max-context: 100000000 exceeds the target's max_position_embeddings 2048"),
     (["--seed", str(2**64)], f"--seed: must be in [0, 2**63), got {2**64}"),
     (["--seed", "-1"], "--seed: must be in [0, 2**63), got -1"),
+    (["--speculative-num-steps", "3"], "--speculative-num-steps: needs --draft (without it the target decodes alone)"),
 ], ids=["target-missing", "target-file", "draft-missing", "draft-no-config", "prompt-ids-empty", "prompt-empty",
         "prompt-no-tokenizer", "system-no-template", "cuda-graph-target-alone", "context-huge", "seed-huge",
-        "seed-negative"])
+        "seed-negative", "tree-without-draft"])
 def test_bad_generate_flags(capsys, llama_dir, a_file, tmp_path, flags, expected) -> None:
     names = {"missing": tmp_path / "nope", "file": a_file, "tmp": tmp_path, "target": llama_dir}
     flags = [f.format(**names) for f in flags]
