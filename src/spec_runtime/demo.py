@@ -19,6 +19,11 @@ DEMO_VERSION = "1"
 TABLE_HEAD = ("algorithm", "steps/topk/draft", "accept length", "tokens/s", "identical to target-only")
 
 
+def models_built(cache_dir: Path) -> bool:
+    """True when `build_demo_models` has built this version's models under `cache_dir`."""
+    return (cache_dir / f".built-v{DEMO_VERSION}").exists()
+
+
 def build_demo_models(cache_dir: Path) -> dict[str, Path]:
     """Build (once) the tiny target and the three drafts under `cache_dir`."""
     from .tiny import build_tiny_aligned_pair, build_tiny_eagle1, build_tiny_eagle3
@@ -57,14 +62,15 @@ def run_demo(cache_dir: Path, max_new_tokens: int = 48, batch_size: int = 4, thr
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(4, 24))] for _ in range(batch_size)]
     start = time.perf_counter()
-    reference = target_only_generate(target, prompts, max_new_tokens)
+    context = max(map(len, prompts)) + max_new_tokens + 16  # room for the last tree past the budget
+    reference = target_only_generate(target, prompts, max_new_tokens, max_context=context)
     base_tps = batch_size * max_new_tokens / (time.perf_counter() - start)
     rows = [("target only", "-", "1.00", f"{base_tps:.0f}", "reference")]
     ok = True
     for alg, (steps, topk, n) in DEMO_TREES.items():
         draft = DRAFT_LOADERS[spec_schema.SpecAlgorithm(alg)](paths[alg.lower()], target)
         rt = Runtime.create(target, draft, alg, num_steps=steps, topk=topk, num_draft_tokens=n,
-                            max_batch_size=batch_size, max_context=128)
+                            max_batch_size=batch_size, max_context=context)
         engine = SpecEngine(rt)
         start = time.perf_counter()
         reqs = engine.generate(prompts, max_new_tokens=max_new_tokens)

@@ -9,6 +9,7 @@ identical to target-only decoding (each request cut after its first EOS, as the 
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -82,23 +83,20 @@ def draft_dirs(root: Path) -> dict[str, Path]:
 
 def chat_prompts(target_dir: Path, texts: tuple[str, ...] = PROMPTS) -> list[list[int]]:
     """The texts as user turns through the target's chat template (with the assistant's header)."""
-    from transformers import AutoTokenizer
+    from .chat import encode_prompt, load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
-    out = []
-    for text in texts:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
+    tok = load_tokenizer(target_dir)
+    return [encode_prompt(tok, text) for text in texts]
 
 
 def run_real(target_dir: Path, drafts_root: Path, max_new_tokens: int = 64, device: str = "cpu",
-             executor: str = "auto") -> list[Row]:
-    """Target-only, then each algorithm with its draft; returns the rows (float32 weights)."""
+             executor: str = "auto", on_row: Optional[Callable[[Row], None]] = None) -> list[Row]:
+    """Target-only, then each algorithm with its draft; returns the rows (float32 weights), each
+    also given to `on_row` as soon as it is measured. Requests stop at the model's end of turn."""
     from spec_schema import SpecAlgorithm
 
     from .baseline import target_only_generate
+    from .chat import load_tokenizer, stop_token_ids
     from .engine import SpecEngine, check_device, resolve_executor
     from .models.loading import DRAFT_LOADERS, load_target
     from .runtime import Runtime
@@ -108,13 +106,14 @@ def run_real(target_dir: Path, drafts_root: Path, max_new_tokens: int = 64, devi
     chosen = resolve_executor(executor, device)
     prompts = chat_prompts(target_dir)
     target = load_target(target_dir, torch.float32, device)
-    eos = target.hf_config.get("eos_token_id")
-    eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
+    eos_ids = stop_token_ids(target_dir, load_tokenizer(target_dir))
     start = time.perf_counter()
     reference = [_cut(out, eos_ids) for out in target_only_generate(target, prompts, max_new_tokens,
                                                                       max_context=_context(prompts, max_new_tokens))]
     rows = [Row("target-only", None, None, None, None, 1.0,
                 _rate(sum(len(r) for r in reference), start), True)]
+    if on_row is not None:
+        on_row(rows[-1])
     for s in SETUPS:
         draft = DRAFT_LOADERS[SpecAlgorithm(s.algorithm)](dirs[s.algorithm], target, torch.float32, device)
         rt = Runtime.create(target, draft, s.algorithm, num_steps=s.num_steps, topk=s.topk,
@@ -126,6 +125,8 @@ def run_real(target_dir: Path, drafts_root: Path, max_new_tokens: int = 64, devi
         rows.append(Row(s.algorithm, str(dirs[s.algorithm]), s.num_steps, s.topk, s.num_draft_tokens,
                         round(mean_accept(reqs), 3), _rate(sum(len(r.output) for r in reqs), start),
                         [r.output for r in reqs] == reference))
+        if on_row is not None:
+            on_row(rows[-1])
     return rows
 
 
@@ -145,6 +146,11 @@ def _rate(tokens: int, start: float) -> float:
     return round(tokens / max(time.perf_counter() - start, 1e-9), 1)
 
 
+def _row_line(r: Row) -> str:
+    same = "" if r.draft is None else (", identical" if r.identical else ", NOT identical")
+    return f"{r.algorithm}: {r.tokens_per_second:.1f} tokens/s, accept length {r.accept_length:.2f}{same}"
+
+
 def print_rows(rows: list[Row], as_json: bool, header: str) -> None:
     """The table (or `{"rows": [...]}` as JSON)."""
     if as_json:
@@ -157,14 +163,20 @@ def print_rows(rows: list[Row], as_json: bool, header: str) -> None:
 
 
 def main_real(drafts: Optional[str], max_new_tokens: int, device: str, executor: str, as_json: bool,
-              target_dir: Optional[Any] = None) -> int:
-    """The `demo --real` command: 0 when every algorithm matched target-only decoding."""
-    from .real_model import real_model_dir
+              target_dir: Optional[Any] = None, progress: bool = True) -> int:
+    """The `demo --real` command: 0 when every algorithm matched target-only decoding. With
+    `progress`, stderr says what happens (converting, loading, each row as it is measured)."""
+    from . import real_model
+    from .chat import note
 
     root = Path(drafts) if drafts else DRAFTS_ROOT
     draft_dirs(root)  # a missing draft fails before the model is converted or loaded
-    target = Path(target_dir) if target_dir is not None else real_model_dir()
-    rows = run_real(target, root, max_new_tokens, device, executor)
+    target = Path(target_dir) if target_dir is not None else real_model.announced_model_dir(None, progress,
+                                                                                            "demo --real")
+    note(progress, f"demo --real: {target.name}, {len(PROMPTS)} chat prompts, up to {max_new_tokens} new tokens each: "
+                   f"target-only, then {', '.join(s.algorithm for s in SETUPS)}")
+    rows = run_real(target, root, max_new_tokens, device, executor,
+                    on_row=lambda r: note(progress, f"  {_row_line(r)}"))
     print_rows(rows, as_json, f"spec-runtime demo --real: {target.name}, {len(PROMPTS)} chat prompts, "
                               f"{max_new_tokens} new tokens, float32 on {device}")
     return 0 if all(r.identical for r in rows) else 1

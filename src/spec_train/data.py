@@ -47,7 +47,7 @@ class Sequences:
 def load_prompts(path: Path) -> list[Prompt]:
     """Read a JSON-lines prompts file; raises `TrainError` naming the file and line."""
     if not path.is_file():
-        raise TrainError(f"--prompts {path}: file not found")
+        raise TrainError(f"--prompts {path}: " + ("a directory, not a file" if path.is_dir() else "file not found"))
     prompts: list[Prompt] = []
     with path.open() as f:
         for lineno, line in enumerate(f, 1):

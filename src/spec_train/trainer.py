@@ -70,7 +70,36 @@ def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
                              f"{target_cfg['vocab_size']}")
     if cfg.output.resolve() == cfg.target.resolve():
         raise TrainError(f"--output {cfg.output} is the target directory")
+    _check_output(cfg.output, "--output")
+    if cfg.data_cache is not None:
+        if cfg.data_cache.is_dir():
+            raise TrainError(f"--data-cache {cfg.data_cache}: a directory, not a file")
+        _check_output(cfg.data_cache.parent, f"--data-cache {cfg.data_cache}:")
+    if cfg.algorithm == "STANDALONE" and (cfg.draft_hidden_size % cfg.draft_heads or cfg.draft_heads % cfg.draft_kv_heads):
+        raise TrainError(f"--draft-heads {cfg.draft_heads}: --draft-hidden-size {cfg.draft_hidden_size} must be a "
+                         f"multiple of --draft-heads, itself a multiple of --draft-kv-heads {cfg.draft_kv_heads}")
     return target_cfg, train, held
+
+
+def _check_output(directory: Path, flag: str) -> None:
+    """`directory` is (or can become) a directory: not a file, nor below one."""
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = f"{flag} {directory}:" if flag == "--output" else flag
+        raise TrainError(f"{where} {existing} is a file, not a directory")
+
+
+def _check_resume(cfg: TrainConfig, state: Optional[dict[str, Any]]) -> None:
+    """A saved run in `--output` must share the options, and not be past `--steps` already."""
+    if state is None:
+        return
+    if state["fingerprint"] != cfg.fingerprint():
+        diff = sorted(k for k, v in cfg.fingerprint().items() if state["fingerprint"].get(k) != v)
+        raise TrainError(f"--output {cfg.output} holds a run with other options ({', '.join(diff)}); "
+                         "use another --output or the same options")
+    if state["step"] > cfg.steps:
+        raise TrainError(f"--steps {cfg.steps}: {cfg.output} holds a run of {state['step']} steps already; "
+                         f"give --steps {state['step']} or more to continue it, or another --output")
 
 
 def _load_target(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
@@ -165,12 +194,12 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     device this process cannot use)."""
     target_cfg, train, held = prepare(cfg)
     device = torch.device(cfg.device)
-    cfg.output.mkdir(parents=True, exist_ok=True)
-    state = ckpt.load_state(cfg.output)
-    if state is not None and state["fingerprint"] != cfg.fingerprint():
-        diff = sorted(k for k, v in cfg.fingerprint().items() if state["fingerprint"].get(k) != v)
-        raise TrainError(f"--output {cfg.output} holds a run with other options ({', '.join(diff)}); "
-                         "use another --output or the same options")
+    state = ckpt.load_state(cfg.output) if cfg.output.is_dir() else None
+    _check_resume(cfg, state)
+    try:
+        cfg.output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TrainError(f"--output {cfg.output}: cannot create it ({err.strerror or err})") from None
     torch.manual_seed(cfg.seed)
     model, tokenizer = _load_target(cfg, device)
     seqs, held_ids = _data(cfg, model, tokenizer, target_cfg, train, held)

@@ -31,6 +31,16 @@ def real_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_target(real_dir: Path):
+    """The converted model loaded once per session (float32, CPU) for the tests that share it."""
+    import torch
+
+    from spec_runtime.models.loading import load_target
+
+    return load_target(real_dir, torch.float32)
+
+
+@pytest.fixture(scope="session")
 def real_prompts(real_dir: Path) -> list[list[int]]:
     """`PROMPTS` as user turns through the model's chat template."""
     from spec_runtime.demo_real import chat_prompts

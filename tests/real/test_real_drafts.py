@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from spec_runtime.engine import SpecEngine
-from spec_runtime.models.loading import DRAFT_LOADERS, load_target
+from spec_runtime.models.loading import DRAFT_LOADERS
 from spec_runtime.runtime import Runtime
 from spec_schema import SpecAlgorithm
 
@@ -38,8 +38,8 @@ def held_out(real_dir: Path) -> list[list[int]]:
     return encode_prompts(held[:PROMPTS], tok, True, 49152, 512)
 
 
-def test_shipped_drafts_accept_on_held_out_prompts(real_dir: Path, held_out: list[list[int]]) -> None:
-    target = load_target(real_dir, torch.float32)
+def test_shipped_drafts_accept_on_held_out_prompts(real_target, held_out: list[list[int]]) -> None:
+    target = real_target
     eos = target.hf_config["eos_token_id"]
     outputs, means = {}, {}
     for alg, (name, _) in FLOORS.items():

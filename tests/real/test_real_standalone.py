@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spec_runtime.engine import SpecEngine
-from spec_runtime.models.loading import load_standalone, load_target
+from spec_runtime.models.loading import load_standalone
 from spec_runtime.runtime import Runtime
 
 NEW_TOKENS = 32
@@ -33,8 +33,9 @@ def hf_greedy(real_dir, real_prompts) -> list[list[int]]:
     return out
 
 
-def test_standalone_self_draft_accepts_everything_and_matches_transformers(real_dir, real_prompts, hf_greedy):
-    target = load_target(real_dir, torch.float32)
+def test_standalone_self_draft_accepts_everything_and_matches_transformers(real_dir, real_target, real_prompts,
+                                                                          hf_greedy):
+    target = real_target
     draft = load_standalone(real_dir, target, torch.float32)
     rt = Runtime.create(target, draft, "STANDALONE", num_steps=NUM_STEPS, topk=1, num_draft_tokens=NUM_STEPS + 1,
                         max_batch_size=len(real_prompts), max_context=256)

