@@ -258,11 +258,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     check_args(p, args)
     data = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.save_tuning is not None:
         from spec_kernels.tuning_file import save_decisions
 
+        args.save_tuning.parent.mkdir(parents=True, exist_ok=True)
         save_decisions(args.save_tuning)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_real.json").write_text(json.dumps(data, indent=2))
     (args.out / "bench_real.md").write_text(markdown(data))
     from real_profile import merge, plot

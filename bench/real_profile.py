@@ -33,11 +33,17 @@ def _is_device(e: Any) -> bool:
 
 
 def _site(e: Any) -> str:
-    """The innermost frame of the project's code in the event's Python stack (else its op name)."""
-    for frame in getattr(e, "stack", None) or ():
-        if any(own in frame for own in _OWN):
-            return frame.split("/src/")[-1].split("/bench/")[-1]
-    return "?"
+    """The op that issued a runtime call and the innermost frame of the project's code in its Python
+    stack ("op @ file(line): function"), found through the event's enclosing host events."""
+    op, parent = None, e.cpu_parent
+    while parent is not None:
+        op = op or parent.name
+        # with_stack records Python calls as host events ("spec_runtime/x.py(12): f"), else stacks on ops
+        for frame in [parent.name, *(parent.stack or ())]:
+            if any(own in frame for own in _OWN):
+                return f"{op} @ {frame.split('/src/')[-1].split('/bench/')[-1]}"
+        parent = parent.cpu_parent
+    return op or "?"
 
 
 def _busy_us(intervals: list[tuple[float, float]]) -> float:
