@@ -9,6 +9,9 @@ pools (the target slots of rejected nodes, the draft-extend slots past each coun
 one, plus the hidden-state gather. Slots go back onto each pool's free stack in the order
 `KVCache.free_slots` pushes them (the freed list, in flat order, reversed), so later allocations
 hand out the same slots on both paths.
+
+`stage_slots` is the other half, before verify's read (`executors.ahead.LaunchAhead.prepare_ahead`):
+both pools' allocations for the next launch and their staging rows, one launch instead of nine.
 """
 
 from typing import NamedTuple
@@ -19,7 +22,8 @@ import triton.language as tl
 
 from spec_kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
 
-__all__ = ["AheadOutput", "ahead_output", "reference_ahead_output", "reference_frees"]
+__all__ = ["AheadOutput", "ahead_output", "reference_ahead_output", "reference_frees", "reference_stage_slots",
+           "stage_slots"]
 
 
 class AheadOutput(NamedTuple):
@@ -177,3 +181,73 @@ def ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_co
         BB=next_pow2(bs), BW=next_pow2(width), BN=next_pow2(n), num_warps=4,
     )
     return out
+
+
+# ---- the next launch's slots, staged before the read --------------------------------------------
+
+
+@triton.jit
+def _stage_slots_kernel(
+    t_stack_ptr, t_used_ptr,  # target pool: free stack, in_use uint8 (output)
+    d_stack_ptr, d_used_ptr,  # draft pool: free stack, in_use uint8 (output)
+    slots_ptr,  # (bs*N,) int64 the next verify's target slots (output)
+    ext_ptr,  # (bs*W,) int64 the draft-extend's draft slots (output)
+    t_stage_ptr,  # (bucket*N,) int64 their staging rows, padding rows `pad_t` (output)
+    d_stage_ptr,  # (bucket*W,) int64 likewise, padding `pad_d` (output)
+    nlive_ptr,  # () int64 live requests (output)
+    t_base, d_base, bs, bucket, N, W, pad_t, pad_d,
+    BT: tl.constexpr, BD: tl.constexpr,
+):
+    i = tl.arange(0, BT)
+    live = i < bs * N
+    # as KVCache.alloc_slots: the top `bs*N` entries of the stack, top first
+    s = tl.load(t_stack_ptr + t_base + bs * N - 1 - i, mask=live, other=0)
+    tl.store(slots_ptr + i, s, mask=live)
+    tl.store(t_used_ptr + s, tl.full([BT], 1, tl.uint8), mask=live)
+    tl.store(t_stage_ptr + i, tl.where(live, s, pad_t), mask=i < bucket * N)
+    j = tl.arange(0, BD)
+    dlive = j < bs * W
+    e = tl.load(d_stack_ptr + d_base + bs * W - 1 - j, mask=dlive, other=0)
+    tl.store(ext_ptr + j, e, mask=dlive)
+    tl.store(d_used_ptr + e, tl.full([BD], 1, tl.uint8), mask=dlive)
+    tl.store(d_stage_ptr + j, tl.where(dlive, e, pad_d), mask=j < bucket * W)
+    tl.store(nlive_ptr, bs.to(tl.int64))
+
+
+def stage_slots(target_pool: tuple[torch.Tensor, torch.Tensor, int], draft_pool: tuple[torch.Tensor, torch.Tensor, int],
+                bs: int, bucket: int, n: int, width: int, t_stage: torch.Tensor, d_stage: torch.Tensor,
+                nlive: torch.Tensor, pads: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference_stage_slots` in one launch: allocate the next verify's `(bs, n)` target slots and the
+    draft-extend's `(bs, width)` draft slots (from each pool's `KVCache.alloc_on_device`), write them into
+    the staging buffers' first `bs` rows (`t_stage` `(>= bucket, n)`, `d_stage` `(>= bucket, width)`),
+    the padding rows up to `bucket` with `pads`, and `bs` into `nlive`. Returns `(slots, ext_slots)`."""
+    require(0 < bs <= bucket <= min(t_stage.shape[0], d_stage.shape[0]),
+            f"stage_slots: bs={bs}, bucket={bucket}, staging rows {t_stage.shape[0]} / {d_stage.shape[0]}")
+    dev = t_stage.device
+    check_tensor("t_stage", t_stage, (torch.int64,), (None, n), dev)
+    check_tensor("d_stage", d_stage, (torch.int64,), (None, width), dev)
+    check_tensor("nlive", nlive, (torch.int64,), (), dev)
+    require(t_stage.is_contiguous() and d_stage.is_contiguous(), "stage_slots: staging buffers must be contiguous")
+    slots = torch.empty(bs, n, dtype=torch.int64, device=dev)
+    ext = torch.empty(bs, width, dtype=torch.int64, device=dev)
+    (t_stack, t_used, t_base), (d_stack, d_used, d_base) = target_pool, draft_pool
+    _stage_slots_kernel[(1,)](
+        t_stack, t_used.view(torch.uint8), d_stack, d_used.view(torch.uint8), slots, ext, t_stage, d_stage, nlive,
+        t_base, d_base, bs, bucket, n, width, pads[0], pads[1],
+        BT=next_pow2(bucket * n), BD=next_pow2(bucket * width), num_warps=4,
+    )
+    return slots, ext
+
+
+def reference_stage_slots(target_cache, draft_cache, bs: int, bucket: int, n: int, width: int,  # noqa: ANN001
+                          t_stage: torch.Tensor, d_stage: torch.Tensor, nlive: torch.Tensor,
+                          pads: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of `stage_slots` through the pools' own `alloc_slots` (launch-ahead's
+    `prepare_ahead` on the torch path)."""
+    ext = draft_cache.alloc_slots(bs * width).view(bs, width)
+    slots = target_cache.alloc_slots(bs * n).view(bs, n)
+    for stage, src, pad in ((d_stage, ext, pads[1]), (t_stage, slots, pads[0])):
+        stage[:bs].copy_(src)
+        stage[bs:bucket].fill_(pad)
+    nlive.fill_(bs)
+    return slots, ext

@@ -98,6 +98,22 @@ class KVCache:
         self._num_free += n
         return self._free_stack, self.in_use, top
 
+    def alloc_on_device(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Count `n` free slots handed out that a kernel the caller launches next takes itself, as
+        `alloc_slots` would (`free_stack[base:base + n]`, top first) and marking their `in_use`
+        (`spec_kernels.verify_output.stage_slots`). Returns `(free stack, in_use, base)`; call
+        `note_op()` after the launch.
+
+        Raises:
+            KVCacheFull: fewer than `n` slots are free.
+        """
+        if n < 0:
+            raise ValueError(f"alloc_on_device(n) needs n >= 0, got {n}")
+        if n > self._num_free:
+            raise KVCacheFull(f"KV cache full: asked for {n} slots, {self._num_free} free of {self.num_slots}")
+        self._num_free -= n
+        return self._free_stack, self.in_use, self._num_free
+
     def note_op(self) -> None:
         """Record the pool's last device operation (for `track_order`), after a kernel changed it."""
         self._note_op()

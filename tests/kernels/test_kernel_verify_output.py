@@ -63,3 +63,50 @@ def test_ahead_output_refuses_a_wrong_total():
     with pytest.raises(ValueError, match="total"):
         ahead_output(acc, tokens, nc, torch.zeros(2, dtype=torch.int64), slots, ext, 0, 7,
                      kt.free_on_device(1), kd.free_on_device(0))
+
+
+def test_ahead_output_kernel_builds_for_hopper():
+    """The kernel builds for sm90 (the interpreter skips the compiler's type checks: the 3-D
+    comparison, the cumulative sums, the uint8 and int32 stores)."""
+    from kernel_helpers import hopper_build
+
+    names = ("acc_ptr", "tok_ptr", "nc_ptr", "seq_ptr", "slots_ptr", "ext_ptr", "o_acc_ptr", "o_tok_ptr", "o_seq_ptr",
+             "o_bonus_ptr", "o_ids_ptr", "o_pos_ptr", "o_rows_ptr", "t_stack_ptr", "d_stack_ptr")
+    types = {name: "*i64" for name in names}
+    types.update(o_na_ptr="*i32", o_nc_ptr="*i32", o_fin_ptr="*u8", t_used_ptr="*u8", d_used_ptr="*u8")
+    irs = hopper_build("spec_kernels.verify_output", "_ahead_output_kernel", types,
+                       [dict(BB=1, BW=8, BN=8), dict(BB=4, BW=8, BN=16)])
+    assert all("tt.store" in ir for ir in irs)
+
+
+@pytest.mark.parametrize("bs,bucket,n,width", [(1, 1, 8, 6), (3, 4, 8, 6), (2, 8, 5, 5), (4, 4, 16, 4)])
+def test_stage_slots_is_the_torch_path(bs, bucket, n, width):
+    """stage_slots == alloc_slots on both pools and the staging rows (padding past bs, rows past the
+    bucket untouched), nlive, and the pools afterwards (free counts, in_use, later allocations)."""
+    from spec_kernels.verify_output import reference_stage_slots, stage_slots
+
+    results = []
+    for kernel in (False, True):
+        (tc, dc), _, _ = _pools(bs, n, width)
+        t_stage = torch.full((8, n), 77, dtype=torch.int64, device=DEVICE)
+        d_stage = torch.full((8, width), 77, dtype=torch.int64, device=DEVICE)
+        nlive = torch.zeros((), dtype=torch.int64, device=DEVICE)
+        args = (bs, bucket, n, width, t_stage, d_stage, nlive, (901, 902))
+        if kernel:
+            got = stage_slots(tc.alloc_on_device(bs * n), dc.alloc_on_device(bs * width), *args)
+        else:
+            got = reference_stage_slots(tc, dc, *args)
+        results.append((*got, t_stage, d_stage, nlive, tc.in_use, dc.in_use, tc.num_free_slots, dc.num_free_slots,
+                        tc.alloc_slots(5), dc.alloc_slots(5)))
+    for i, (a, b) in enumerate(zip(*results)):
+        assert (a == b) if isinstance(a, int) else (a.dtype == b.dtype and torch.equal(a, b)), i
+
+
+def test_stage_slots_kernel_builds_for_hopper():
+    from kernel_helpers import hopper_build
+
+    types = {name: "*i64" for name in ("t_stack_ptr", "d_stack_ptr", "slots_ptr", "ext_ptr", "t_stage_ptr",
+                                       "d_stage_ptr", "nlive_ptr")}
+    types.update(t_used_ptr="*u8", d_used_ptr="*u8")
+    irs = hopper_build("spec_kernels.verify_output", "_stage_slots_kernel", types, [dict(BT=8, BD=8), dict(BT=64, BD=32)])
+    assert all("tt.store" in ir for ir in irs)

@@ -169,21 +169,28 @@ def copy_bytes(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def slice_rows(out: Any, bucket: int, bs: int) -> Any:
-    """The live rows of a core output (each tensor has rows_per_request * bucket rows), cloned: a
-    graph's outputs are overwritten by its next replay. The clones are one `copy_bytes`."""
-    values, pairs = {}, []
-    for f in dataclasses.fields(out):
-        v = getattr(out, f.name)
-        if isinstance(v, torch.Tensor):
-            per = v.shape[0] // bucket
-            src = v[: per * bs]
-            if not src.is_contiguous():
-                src = src.contiguous()
-            v = torch.empty_like(src)
-            pairs.append((v, src))
-        values[f.name] = v
+    """The live rows of a core output, or of each in a tuple of them (each tensor has
+    rows_per_request * bucket rows), cloned: a graph's outputs are overwritten by its next replay.
+    The clones are one `copy_bytes`."""
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def one(o: Any) -> Any:
+        values = {}
+        for f in dataclasses.fields(o):
+            v = getattr(o, f.name)
+            if isinstance(v, torch.Tensor):
+                per = v.shape[0] // bucket
+                src = v[: per * bs]
+                if not src.is_contiguous():
+                    src = src.contiguous()
+                v = torch.empty_like(src)
+                pairs.append((v, src))
+            values[f.name] = v
+        return type(o)(**values)
+
+    sliced = tuple(one(o) for o in out) if isinstance(out, tuple) else one(out)
     copy_bytes(pairs)
-    return type(out)(**values)
+    return sliced
 
 
 def head(t: Optional[torch.Tensor], bucket: int) -> Optional[torch.Tensor]:
