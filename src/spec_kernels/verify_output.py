@@ -211,7 +211,7 @@ def _stage_slots_kernel(
     tl.store(ext_ptr + j, e, mask=dlive)
     tl.store(d_used_ptr + e, tl.full([BD], 1, tl.uint8), mask=dlive)
     tl.store(d_stage_ptr + j, tl.where(dlive, e, pad_d), mask=j < bucket * W)
-    tl.store(nlive_ptr, bs.to(tl.int64))
+    tl.store(nlive_ptr + tl.arange(0, 1), tl.full([1], 0, tl.int64) + bs)  # (bs may be a constant 1)
 
 
 def stage_slots(target_pool: tuple[torch.Tensor, torch.Tensor, int], draft_pool: tuple[torch.Tensor, torch.Tensor, int],

@@ -2,8 +2,8 @@
 syncs counted with torch.profiler, never times.
 
 With launch-ahead (greedy, every request going on, no request joining), an iteration of the
-CUDA-graph executor is two graph replays (the draft-extend with the next draft, then the verify),
-the few eager launches of the host bookkeeping (the next launch's slots staged, the verify output
+CUDA-graph executor is three graph replays (the draft-extend, the next draft, the verify), the few
+eager launches of the host bookkeeping (the next launch's slots staged, the verify output
 built, the clones of the launched outputs, the hidden-state gather), no host-to-device copy, and one
 device-to-host copy of the accepted tokens and counts, read with one wait.
 """
@@ -36,6 +36,8 @@ def _count(events) -> collections.Counter:
               "memcpy other" if e.name.startswith(("Memcpy", "Memset")) else "kernels"] += 1
         elif e.name in _LAUNCH:
             c["eager launches"] += 1
+        elif e.name in ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemset"):
+            c["host copies"] += 1  # copies and memsets issued from the host (a graph's own copy nodes are not)
         elif e.name in ("cudaGraphLaunch", "cuGraphLaunch"):
             c["graph replays"] += 1
         elif e.name in _SYNC or e.name == "cudaMemcpy":
@@ -66,9 +68,9 @@ def test_steady_iteration_budget(gpu_models, algorithm: str, bs: int) -> None:
     print(algorithm, bs, {k: v / ITERATIONS for k, v in c.items()})
     assert rt.runner.ahead_stats["used"] - used == ITERATIONS, rt.runner.ahead_stats  # steady: every launch used
     assert all(len(r.output) < 200 for r in engine.requests.values())
-    assert c["graph replays"] == 2 * ITERATIONS, c
+    assert c["graph replays"] == 3 * ITERATIONS, c
     assert c["eager launches"] <= EAGER_LAUNCHES[algorithm] * ITERATIONS, c
     assert c["memcpy HtoD"] == 0, c
     assert c["memcpy DtoH"] == ITERATIONS, c
-    assert c["memcpy other"] == 0, c
-    assert c["host syncs"] <= ITERATIONS, c
+    assert c["host copies"] == ITERATIONS, c  # the device-to-host copy alone
+    assert c["host syncs"] <= ITERATIONS + 1, c  # (+1: the profiler's own at its exit)

@@ -58,10 +58,11 @@ def test_ahead_output_is_the_torch_path(bs, n, width, lead, dtype):
 
 
 def test_ahead_output_refuses_a_wrong_total():
-    acc, tokens, nc, total = _verify_out(torch.Generator().manual_seed(1), 2, 4, 3, torch.int64)
+    acc, tokens, nc, _ = _verify_out(torch.Generator().manual_seed(1), 2, 4, 3, torch.int64)
+    acc, tokens, nc = acc.to(DEVICE), tokens.to(DEVICE), nc.to(DEVICE)
     (kt, kd), slots, ext = _pools(2, 4, 3)
     with pytest.raises(ValueError, match="total"):
-        ahead_output(acc, tokens, nc, torch.zeros(2, dtype=torch.int64), slots, ext, 0, 7,
+        ahead_output(acc, tokens, nc, torch.zeros(2, dtype=torch.int64, device=DEVICE), slots, ext, 0, 7,
                      kt.free_on_device(1), kd.free_on_device(0))
 
 

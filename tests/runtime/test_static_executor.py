@@ -115,7 +115,7 @@ def test_static_greedy_matches_eager(request, load_pair, pair: str, first: int, 
     calls = engine.rt.runner.graphs.calls
     buckets = {key[-1] for key in calls}
     assert 8 in buckets and 4 in buckets if first == 3 else 8 in buckets, calls  # padded batches ran
-    assert {key[0] for key in calls} == {"draft", "verify", "extend", "ahead_extend_draft"}
+    assert {key[0] for key in calls} == {"draft", "verify", "extend", "ahead_extend", "ahead_draft"}
     ahead = engine.rt.runner.ahead_stats
     # every launch is used or discarded; most iterations (no request finishing) ran ahead
     assert ahead["launched"] == ahead["used"] + ahead["discarded"] and ahead["used"] >= 10, ahead

@@ -295,8 +295,7 @@ class LaunchAhead:
            and the staged slots -> the verify buffers;
         3. the next verify, on the target slots `prepare_ahead` allocated.
 
-        1 and 2 are one CUDA graph per bucket (`ahead_extend_draft`), 3 the verify's own: two
-        replays (captured on first use), or eager calls ("static"). The
+        Each is a CUDA graph per bucket (captured on first use) or an eager call ("static"). The
         results wait in `self.ahead` until the phase functions ask for them with the objects they
         belong to (`take_extend`, `take_draft`, `take_verify`); anything else discards them.
         Returns the `(bs, num_steps + 1)` draft slots allocated for this draft-extend (the caller
@@ -311,10 +310,11 @@ class LaunchAhead:
         self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
         tag = "simulated" if sim else "real"
-        # the draft-extend and the next draft in one graph: one replay, no launch between them
-        both = self.graphs.run(("ahead_extend_draft", tag, bucket),
-                               lambda: (self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)))
-        ext, dft = slice_rows(both, bucket, bs)
+        # (one graph for both is not idempotent: its capture's warm-up runs would commit the next
+        # verify's slots, which the draft stages into the verify buffers the draft-extend reads)
+        ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))
+        dft = self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket))
+        ext, dft = slice_rows((ext, dft), bucket, bs)
         if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
             self._after_draft = torch.cuda.Event()
             self._after_draft.record()
