@@ -12,7 +12,15 @@ prompts (`demo_real.PROMPTS`, chat template applied), every request decoding `--
 
 tokens/s counts decoded tokens over decode time (prefill timed apart); `same tokens` is the share of
 each algorithm's tokens equal to plain decode's at the same place (bf16 near-ties may differ: the
-re-scoring tests in tests/gpu say which). Writes bench_real.json and bench_real.md to --out.
+re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md and bench_real.png
+(tokens/s per configuration and batch size) to --out.
+
+`--profile` (CUDA) adds, per row, what one decode iteration costs in steady state, counted by
+torch.profiler over `--profile-iters` iterations after the timed run (`real_profile.py`): kernels,
+memcpys and memsets on the device, eager kernel launches, graph replays, host syncs, GPU busy time,
+and the wall time per iteration of the timed (unprofiled) run; the eager launches' and copies'
+call sites go to profile_sites.json. `--report RUN.json ...` merges runs of one or more source trees
+(each run's `--label`) into medians, a table and a plot, without running anything.
 """
 
 import argparse
@@ -40,8 +48,10 @@ def target_dir(gguf: Optional[str]) -> Path:
     return real_model.real_model_dir(gguf=gguf)
 
 
-def plain_decode(target: Any, prompts: list[list[int]], steps: int, device: str) -> tuple[list[list[int]], float]:
-    """Greedy target-only decode of `prompts` together: (tokens per request, decode seconds)."""
+def plain_decode(target: Any, prompts: list[list[int]], steps: int, device: str,
+                 profile: bool = False) -> tuple[list[list[int]], float, Optional[dict]]:
+    """Greedy target-only decode of `prompts` together: (tokens per request, decode seconds, and with
+    `profile` the profiler's counts per step instead of a timed run)."""
     from spec_runtime.attention import AttnBatch
     from spec_runtime.executors.decode import DecodeRunner
     from spec_runtime.kv_cache import KVCache
@@ -64,16 +74,29 @@ def plain_decode(target: Any, prompts: list[list[int]], steps: int, device: str)
         cache.req_to_token[rows.repeat_interleave(lens), positions] = slots
         first = fast.compute_logits(hidden[torch.cumsum(lens, 0) - 1]).argmax(-1)
     sync(device)
+    if profile:
+        from real_profile import profile_iterations
+
+        out: list = []
+        counts, sites = profile_iterations(lambda: out.append(runner.generate(rows, first, lens, steps - 1)), 1)
+        return out[0][:, :steps].tolist(), 0.0, per_step(counts, steps - 1, sites)
     start = time.perf_counter()
     tokens = runner.generate(rows, first, lens, steps - 1)
     sync(device)
     seconds = time.perf_counter() - start
-    return tokens[:, :steps].tolist(), seconds  # (bs, steps): the prefill's token first
+    return tokens[:, :steps].tolist(), seconds, None  # (bs, steps): the prefill's token first
+
+
+def per_step(counts: dict, steps: int, sites: dict) -> dict:
+    """Counts of one profiled call of `steps` decode steps, per step."""
+    return {**{k: v / steps for k, v in counts.items()}, "sites": {k: v / steps for k, v in sites.items()}}
 
 
 def spec_decode(target: Any, setup: Any, draft_dir: Path, prompts: list[list[int]], steps: int, dtype: torch.dtype,
-                device: str) -> tuple[list[list[int]], float, float]:
-    """The same prompts through SpecEngine with a draft: (tokens, decode seconds, accept length)."""
+                device: str, profile_iters: int = 0) -> tuple[list[list[int]], float, float, Optional[dict]]:
+    """The same prompts through SpecEngine with a draft: (tokens, decode seconds, accept length, and with
+    `profile_iters` the profiler's counts per iteration over that many steady-state iterations of a
+    third run, wall_ms and iterations from the timed run)."""
     from spec_runtime.engine import SpecEngine, resolve_executor
     from spec_runtime.models.loading import DRAFT_LOADERS
     from spec_runtime.runtime import Runtime
@@ -85,11 +108,18 @@ def spec_decode(target: Any, setup: Any, draft_dir: Path, prompts: list[list[int
                         num_draft_tokens=setup.num_draft_tokens, max_batch_size=len(prompts), max_context=ctx,
                         executor=resolve_executor("auto", device))
     engine = SpecEngine(rt)
-    for _attempt in ("warm-up", "timed"):
+    prof = None
+    for attempt in ("warm-up", "timed", "profile") if profile_iters else ("warm-up", "timed"):
         for p in prompts:
             engine.add_request(p, steps, ignore_eos=True)
         with torch.inference_mode():
             engine._admit([])  # prefill + draft-extend, timed apart
+        if attempt == "profile":
+            prof = profile_spec(engine, profile_iters)
+            while engine.has_work:
+                engine.step()
+            engine.requests.clear()
+            break
         sync(device)
         start = time.perf_counter()
         while engine.has_work:
@@ -99,7 +129,25 @@ def spec_decode(target: Any, setup: Any, draft_dir: Path, prompts: list[list[int
         reqs = sorted(engine.requests.values(), key=lambda r: r.rid)
         engine.requests.clear()
     lengths = [a for r in reqs for a in r.accept_lengths]
-    return [r.output[:steps] for r in reqs], seconds, sum(lengths) / max(1, len(lengths))
+    if prof is not None:
+        iterations = max(len(r.accept_lengths) for r in reqs)
+        prof.update(wall_ms=1e3 * seconds / iterations, iterations=iterations)
+    return [r.output[:steps] for r in reqs], seconds, sum(lengths) / max(1, len(lengths)), prof
+
+
+PROFILE_WARM = 3
+"""Iterations run before the profiled window (the first after an admission differ)."""
+
+
+def profile_spec(engine: Any, iters: int) -> dict:
+    """Profile `iters` steady-state iterations of `engine` (after PROFILE_WARM; `check_args` made sure
+    that no request can finish inside the window)."""
+    from real_profile import profile_iterations
+
+    for _ in range(PROFILE_WARM):
+        engine.step()
+    counts, sites = profile_iterations(engine.step, iters)
+    return {**counts, "sites": {k: v / iters for k, v in sites.items()}}
 
 
 def same_share(a: list[list[int]], b: list[list[int]]) -> float:
@@ -120,31 +168,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
             "python": platform.python_version(), "dtype": args.dtype, "new_tokens": args.new_tokens,
             "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.machine()})",
-            "time": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(all_prompts)}
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(all_prompts), "label": args.label}
     rows = []
     for bs in args.bs:
         prompts = (all_prompts * bs)[:bs]
-        plain, seconds = plain_decode(target, prompts, args.new_tokens, device)
-        plain, seconds = plain_decode(target, prompts, args.new_tokens, device)  # after the warm-up run
+        plain, seconds, _ = plain_decode(target, prompts, args.new_tokens, device)
+        plain, seconds, _ = plain_decode(target, prompts, args.new_tokens, device)  # after the warm-up run
         base = bs * (args.new_tokens - 1) / seconds
+        prof = None
+        if args.profile:
+            prof = plain_decode(target, prompts, args.new_tokens, device, profile=True)[2]
+            prof.update(wall_ms=1e3 * seconds / (args.new_tokens - 1), iterations=args.new_tokens - 1)
         rows.append({"config": "plain decode", "bs": bs, "tok_s": base, "accept_len": 1.0, "vs_plain": 1.0,
-                     "same_tokens": 1.0, "draft": None})
+                     "same_tokens": 1.0, "draft": None, "profile": prof})
         print(f"[bench_real] bs={bs} plain {base:.1f} tok/s", flush=True)
         for setup in SETUPS:
-            tokens, seconds, accept = spec_decode(target, setup, dirs[setup.algorithm], prompts, args.new_tokens,
-                                                  dtype, device)
+            tokens, seconds, accept, prof = spec_decode(target, setup, dirs[setup.algorithm], prompts,
+                                                        args.new_tokens, dtype, device,
+                                                        args.profile_iters if args.profile else 0)
             tok_s = sum(len(t) - 1 for t in tokens) / seconds
             rows.append({"config": f"{setup.algorithm} {setup.num_steps}/{setup.topk}/{setup.num_draft_tokens}",
                          "bs": bs, "tok_s": tok_s, "accept_len": accept, "vs_plain": tok_s / base,
                          "same_tokens": same_share(tokens, plain), "draft": str(dirs[setup.algorithm].relative_to(ROOT))
-                         if dirs[setup.algorithm].is_relative_to(ROOT) else str(dirs[setup.algorithm])})
+                         if dirs[setup.algorithm].is_relative_to(ROOT) else str(dirs[setup.algorithm]),
+                         "profile": prof})
             print(f"[bench_real] bs={bs} {rows[-1]['config']}: {tok_s:.1f} tok/s, accept {accept:.2f}", flush=True)
     return {"meta": meta, "rows": rows}
 
 
 def markdown(data: dict[str, Any]) -> str:
     m = data["meta"]
-    lines = [f"# SmolLM2-135M-Instruct: plain decode and the shipped drafts ({m['device']}, {m['dtype']})", "",
+    lines = [f"# {title(m)}", "",
              f"Command: `{m['command']}`; {m['new_tokens']} new tokens per request, greedy, the demo's "
              f"{m['prompts']} chat prompts; torch {m['torch']}; {m['time']}.", "",
              "| config | bs | tokens/s | accept length | vs plain | same tokens as plain |",
@@ -152,7 +206,34 @@ def markdown(data: dict[str, Any]) -> str:
     for r in data["rows"]:
         lines.append(f"| {r['config']} | {r['bs']} | {r['tok_s']:.1f} | {r['accept_len']:.2f} | "
                      f"{r['vs_plain']:.2f}x | {100 * r['same_tokens']:.1f} % |")
+    if any(r.get("profile") for r in data["rows"]):
+        from real_profile import merge, profile_markdown
+
+        lines.append(profile_markdown(merge([data])))
     return "\n".join(lines) + "\n"
+
+
+def title(meta: dict) -> str:
+    return f"SmolLM2-135M-Instruct: plain decode and the shipped drafts ({meta['device']}, {meta['dtype']})"
+
+
+def report(paths: list[Path], out: Path) -> None:
+    """Merge bench_real.json files (one per run and tree) into bench_real.md / .json / .png in `out`."""
+    from real_profile import merge, plot, report_markdown
+
+    runs = []
+    for path in paths:
+        try:
+            runs.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"bench_real.py --report: {path}: {err}") from None
+    rows = merge(runs)
+    head = title(runs[0]["meta"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_real.json").write_text(json.dumps({"runs": [r["meta"] for r in runs], "rows": rows}, indent=2))
+    (out / "bench_real.md").write_text(report_markdown(rows, head))
+    plot(rows, out / "bench_real.png", head)
+    print(report_markdown(rows, head))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -163,13 +244,50 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--bs", type=int, nargs="+", default=[1, 4])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--label", default="head", help="the source tree's name in the merged report")
+    p.add_argument("--profile", action="store_true", help="count each row's per-iteration device work (CUDA)")
+    p.add_argument("--profile-iters", type=int, default=12, help="steady-state iterations profiled per row")
+    p.add_argument("--save-tuning", type=Path, default=None, metavar="FILE",
+                   help="write the linears' setup decisions here (SPEC_TUNING_FILE=FILE loads them in a later run)")
+    p.add_argument("--report", type=Path, nargs="+", default=None, metavar="RUN.json",
+                   help="merge these bench_real.json files into --out (median per tree) and run nothing")
     args = p.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.report:
+        report(args.report, args.out)
+        return 0
+    check_args(p, args)
     data = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.save_tuning is not None:
+        from spec_kernels.tuning_file import save_decisions
+
+        args.save_tuning.parent.mkdir(parents=True, exist_ok=True)
+        save_decisions(args.save_tuning)
     (args.out / "bench_real.json").write_text(json.dumps(data, indent=2))
     (args.out / "bench_real.md").write_text(markdown(data))
+    from real_profile import merge, plot
+
+    plot(merge([data]), args.out / "bench_real.png", title(data["meta"]))
     print(markdown(data))
     return 0
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One-line errors for settings that would fail after the model loads."""
+    from spec_runtime.demo_real import SETUPS
+
+    if args.new_tokens < 2:
+        p.error(f"--new-tokens {args.new_tokens}: at least 2")
+    if any(bs < 1 for bs in args.bs):
+        p.error(f"--bs {args.bs}: batch sizes are at least 1")
+    if args.profile and not torch.cuda.is_available():
+        p.error("--profile counts CUDA work: no CUDA device here")
+    most = max(s.num_steps + 1 for s in SETUPS)  # tokens one iteration may emit
+    if args.profile and not (0 < args.profile_iters and (PROFILE_WARM + args.profile_iters) * most < args.new_tokens):
+        p.error(f"--profile-iters {args.profile_iters}: {PROFILE_WARM} warm-up + that many iterations of up to "
+                f"{most} tokens must stay under --new-tokens {args.new_tokens}, so no request finishes inside the "
+                "profiled window")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,37 @@ class KVCache:
         self._note_op()
         return slots
 
+    def free_on_device(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Count free `n` in-use slots that a kernel the caller launches next returns itself: it writes
+        them to `free_stack[top:top + n]` in the order `free_slots` pushes them and clears their
+        `in_use` (`spec_kernels.verify_output`). Returns `(free stack, in_use, top)`; call `note_op()`
+        after the launch."""
+        if not 0 <= n <= self.num_slots - self._num_free:
+            raise ValueError(f"free_on_device({n}): {self.num_slots - self._num_free} slots are in use")
+        top = self._num_free
+        self._num_free += n
+        return self._free_stack, self.in_use, top
+
+    def alloc_on_device(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Count `n` free slots handed out that a kernel the caller launches next takes itself, as
+        `alloc_slots` would (`free_stack[base:base + n]`, top first) and marking their `in_use`
+        (`spec_kernels.verify_output.stage_slots`). Returns `(free stack, in_use, base)`; call
+        `note_op()` after the launch.
+
+        Raises:
+            KVCacheFull: fewer than `n` slots are free.
+        """
+        if n < 0:
+            raise ValueError(f"alloc_on_device(n) needs n >= 0, got {n}")
+        if n > self._num_free:
+            raise KVCacheFull(f"KV cache full: asked for {n} slots, {self._num_free} free of {self.num_slots}")
+        self._num_free -= n
+        return self._free_stack, self.in_use, self._num_free
+
+    def note_op(self) -> None:
+        """Record the pool's last device operation (for `track_order`), after a kernel changed it."""
+        self._note_op()
+
     def _note_op(self) -> None:
         if self.track_order and self.device.type == "cuda":
             self.last_op = torch.cuda.Event()

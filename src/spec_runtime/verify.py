@@ -107,6 +107,8 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
     gathered with sizes the host knows, and unused slots are picked by a stable sort."""
     bs, width = out.accept_index.shape
     total = sum(counts_h)
+    if getattr(getattr(rt.runner, "backend", None), "bookkeeping", None) == "triton":
+        return _ahead_output_kernel(rt, inp, out, slots, ext_slots, counts_h)
     device = out.accept_index.device
     num_accept = out.num_correct.long() + 1
     accept_index = _cut(out.accept_index, num_accept)
@@ -140,6 +142,35 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
     rt.runner.note_output(extend)
     finished = torch.zeros(bs, dtype=torch.bool, device=device)
     return _output(accept_tokens, accept_index, num_accept, finished, extend)
+
+
+def _ahead_output_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
+                         ext_slots: torch.Tensor, counts_h: list[int]) -> VerifyOutput:
+    """`_ahead_output` in one Triton launch and the hidden-state gather (`spec_kernels.verify_output`;
+    `FastOptions.bookkeeping="triton"`): the same tensors, the same slots freed in the same order."""
+    from spec_kernels.verify_output import ahead_output
+
+    bs, width = out.accept_index.shape
+    total, flat = sum(counts_h), slots.reshape(-1)
+    tc, dc = rt.target_cache, rt.draft_cache
+    o = ahead_output(out.accept_index, out.accept_tokens, out.num_correct, inp.seq_lens, flat, ext_slots,
+                     rt.spec_config.traits.draft_kv_lead, total, tc.free_on_device(flat.shape[0] - total),
+                     dc.free_on_device(bs * width - total))
+    tc.note_op()
+    dc.note_op()
+    hidden = None
+    if out.captured is not None:
+        hidden = out.captured.index_select(0, o.hidden_rows)
+        rt.counters.add_hidden(hidden, copied=True)
+    extend = DraftExtendInput(
+        hidden_states=hidden, input_ids=o.input_ids, positions=o.positions, num_correct_drafts=o.num_correct,
+        num_accept_tokens=o.num_accept, seq_lens=o.seq_lens, bonus_tokens=o.bonus,
+        req_pool_indices=inp.req_pool_indices, num_accept_tokens_cpu=tuple(counts_h),
+    )
+    rt.runner.note_output(extend)
+    return VerifyOutput(accept_tokens=o.accept_tokens, accept_indices=o.accept_index,
+                        num_correct_drafts=o.num_correct, num_accept_tokens=o.num_accept, finished=o.finished,
+                        draft_extend_input=extend)
 
 
 def _prepare(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:

@@ -58,11 +58,13 @@ class HostRows:
     The copy (into pinned memory, with an event, on CUDA) is queued before the host bookkeeping's
     own kernels, so the host's read waits for the verify only, not for everything queued after it."""
 
-    def __init__(self, accept_tokens: torch.Tensor, num_correct: torch.Tensor, pinned: Optional[torch.Tensor]) -> None:
-        both = stacked_rows(accept_tokens, num_correct)
+    def __init__(self, accept_tokens: torch.Tensor, num_correct: torch.Tensor, pinned: Optional[torch.Tensor],
+                 stacked: Optional[torch.Tensor] = None) -> None:
+        # `stacked`: the rows already stacked on the device (inside the verify graph), else stacked here
+        both = stacked if stacked is not None else stacked_rows(accept_tokens, num_correct)
         self.event = None
         if pinned is None or not both.is_cuda:
-            self.host = both.cpu()
+            self.host = both.cpu() if both.is_cuda else both.clone()  # (`stacked` is overwritten by the next verify)
             return
         self.host = pinned[: both.numel()].view(both.shape)
         self.host.copy_(both, non_blocking=True)
@@ -152,16 +154,24 @@ class LaunchAhead:
                 and not self.rt.sampled_chain and not faults._ACTIVE):
             return False
         rt, bucket = self.rt, self.bucket_for(bs)
-        pad_t, pad_d = rt.reserved_slots["target"][0], rt.reserved_slots["draft"][0]
-        ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
-        slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
-        B.put_rows(self._ext_slots, ext_slots, bs, bucket, pad_d)
-        B.put_rows(self._next_slots, slots, bs, bucket, pad_t)
+        if self.backend.bookkeeping == "triton":  # both allocations and their staging in one launch
+            from spec_kernels.verify_output import stage_slots
+
+            slots, ext_slots = stage_slots(rt.target_cache.alloc_on_device(bs * n),
+                                           rt.draft_cache.alloc_on_device(bs * width), bs, bucket, n, width,
+                                           self._next_slots, self._ext_slots, self._nlive, self._pad_slots)
+            rt.target_cache.note_op()
+            rt.draft_cache.note_op()
+        else:  # (spec_kernels.verify_output.reference_stage_slots: the same steps)
+            ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
+            slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
+            B.put_rows(self._ext_slots, ext_slots, bs, bucket, self._pad_slots[1])
+            B.put_rows(self._next_slots, slots, bs, bucket, self._pad_slots[0])
+            self._nlive.fill_(bs)
         sim_state = None
         if sim:  # drawn now; a cancel rewinds the generator, so draws match the per-phase path's
             sim_state = rt.simulate_accept.get_state(rt.device)
             B.put_rows(self._next_sim, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
-        self._nlive.fill_(bs)
         self._prepared = Prepared(bs, sim, ext_slots, slots, sim_state)
         return True
 
@@ -268,10 +278,12 @@ class LaunchAhead:
             done.record(side)
             main.wait_event(done)
 
-    def host_rows(self, out: VerifyCoreOut) -> "HostRows":
-        """A verify's tokens and counts, copied to the host behind it (read with `.tolist()`)."""
+    def host_rows(self, out: VerifyCoreOut, stacked: Optional[torch.Tensor] = None) -> "HostRows":
+        """A verify's tokens and counts, copied to the host behind it (read with `.tolist()`);
+        `stacked`: the same rows already stacked on the device (`GraphRunner._stacked`)."""
         bs = out.accept_tokens.shape[0]
-        return HostRows(out.accept_tokens, out.num_correct, self._pinned_rows(bs, out.accept_tokens.shape[1] + 1))
+        return HostRows(out.accept_tokens, out.num_correct, self._pinned_rows(bs, out.accept_tokens.shape[1] + 1),
+                        stacked)
 
     def launch_ahead(self) -> torch.Tensor:
         """After the greedy verify of `bs` requests (all going on), queue without a host read:
@@ -298,16 +310,19 @@ class LaunchAhead:
         self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
         tag = "simulated" if sim else "real"
+        # (one graph for both is not idempotent: its capture's warm-up runs would commit the next
+        # verify's slots, which the draft stages into the verify buffers the draft-extend reads)
         ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))
-        ext = slice_rows(ext, bucket, bs)
-        dft = slice_rows(self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket)), bucket, bs)
+        dft = self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket))
+        ext, dft = slice_rows((ext, dft), bucket, bs)
         if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
             self._after_draft = torch.cuda.Event()
             self._after_draft.record()
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
         vout = slice_rows(full, bucket, bs)
-        self.ahead = Launched(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout))
+        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind it
+        self.ahead = Launched(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout, self._stacked[:bs]))
         self.ahead_stats["launched"] += 1
         return ext_slots
 

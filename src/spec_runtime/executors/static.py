@@ -50,7 +50,7 @@ from ..extend import draft_extend_core
 from ..gpu.models import FastOptions, build_fast_models
 from ..gpu.ops import build_tree_nosync, probs_nosync
 from ..state import RuntimeState
-from ..verify import verify_core
+from ..verify import stacked_rows, verify_core
 from .ahead import LaunchAhead, Launched, Prepared
 from .graphs import GraphSet, buckets_for, head, slice_rows
 
@@ -149,6 +149,8 @@ class GraphRunner(LaunchAhead):
         # verify buffers by the ahead_draft graph, once ahead_extend has read this verify's
         self._next_slots = torch.zeros(self.max_bs, config.num_draft_tokens, **i64)
         self._next_sim = torch.ones(self.max_bs, **i64)
+        # the verify graph's accepted tokens and counts, stacked for the host's one read (`verify.stacked_rows`)
+        self._stacked = torch.zeros(self.max_bs, config.num_steps + 2, **i64)
         # the reserved padding slots as host ints, for the bookkeeping kernels' arguments (read once here)
         self._pad_slots = (int(rt.reserved_slots["target"][0]), int(rt.reserved_slots["draft"][0]))
         self._hidden_expected = []  # (buffer, width-rule stand-in, what is copied into it), for launch-ahead
@@ -290,7 +292,9 @@ class GraphRunner(LaunchAhead):
             sim_accept=head(b.sim_accept, bucket) if sim else None,
             hidden_states=None if b.hidden_states is None else b.hidden_states[: bucket * n],
         )
-        return verify_core(self.ops, view)
+        out = verify_core(self.ops, view)
+        self._stacked[:bucket].copy_(stacked_rows(out.accept_tokens, out.num_correct))
+        return out
 
     def _extend_fn(self, bucket: int) -> ExtendCoreOut:
         b = self.bufs.extend

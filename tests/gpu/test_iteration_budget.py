@@ -1,0 +1,76 @@
+"""What one steady-state iteration asks of the GPU (skipped without CUDA): launches, copies and host
+syncs counted with torch.profiler, never times.
+
+With launch-ahead (greedy, every request going on, no request joining), an iteration of the
+CUDA-graph executor is three graph replays (the draft-extend, the next draft, the verify), the few
+eager launches of the host bookkeeping (the next launch's slots staged, the verify output
+built, the clones of the launched outputs, the hidden-state gather), no host-to-device copy, and one
+device-to-host copy of the accepted tokens and counts, read with one wait.
+"""
+
+import collections
+
+import pytest
+import torch
+
+from spec_runtime.engine import SpecEngine
+from spec_runtime.runtime import Runtime
+
+pytestmark = pytest.mark.gpu
+
+ITERATIONS = 6
+EAGER_LAUNCHES = {"EAGLE": 5, "EAGLE3": 5}
+"""Kernel launches outside the graphs per iteration: stage_slots, ahead_output, the hidden gather,
+and the two multi-tensor clones (the launched draft-extend and draft, the launched verify)."""
+
+_LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+_SYNC = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cuStreamSynchronize",
+         "cuEventSynchronize", "cuCtxSynchronize")
+
+
+def _count(events) -> collections.Counter:
+    c = collections.Counter()
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            c["memcpy HtoD" if "HtoD" in e.name else "memcpy DtoH" if "DtoH" in e.name else
+              "memcpy other" if e.name.startswith(("Memcpy", "Memset")) else "kernels"] += 1
+        elif e.name in _LAUNCH:
+            c["eager launches"] += 1
+        elif e.name in ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemset"):
+            c["host copies"] += 1  # copies and memsets issued from the host (a graph's own copy nodes are not)
+        elif e.name in ("cudaGraphLaunch", "cuGraphLaunch"):
+            c["graph replays"] += 1
+        elif e.name in _SYNC or e.name == "cudaMemcpy":
+            c["host syncs"] += 1
+    return c
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+@pytest.mark.parametrize("bs", [1, 4])
+def test_steady_iteration_budget(gpu_models, algorithm: str, bs: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    target, draft = gpu_models("small", algorithm, torch.bfloat16)
+    rt = Runtime.create(target, draft, algorithm, num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
+                        max_context=512, executor="cuda_graph", buckets=(1, 2, 4), seed=5,
+                        fast={"bookkeeping": "triton", "launch_before_read": 4})
+    engine = SpecEngine(rt)
+    for i in range(bs):
+        engine.add_request([3 + i, 17, 99, 5, 42][: 3 + i % 3], 200, ignore_eos=True)
+    for _ in range(4):  # admission, captures, the first launches
+        engine.step()
+    used = rt.runner.ahead_stats["used"]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(ITERATIONS):
+            engine.step()
+    c = _count(prof.events())
+    print(algorithm, bs, {k: v / ITERATIONS for k, v in c.items()})
+    assert rt.runner.ahead_stats["used"] - used == ITERATIONS, rt.runner.ahead_stats  # steady: every launch used
+    assert all(len(r.output) < 200 for r in engine.requests.values())
+    assert c["graph replays"] == 3 * ITERATIONS, c
+    assert c["eager launches"] <= EAGER_LAUNCHES[algorithm] * ITERATIONS, c
+    assert c["memcpy HtoD"] == 0, c
+    assert c["memcpy DtoH"] == ITERATIONS, c
+    assert c["host copies"] == ITERATIONS, c  # the device-to-host copy alone
+    assert c["host syncs"] <= ITERATIONS + 1, c  # (+1: the profiler's own at its exit)
