@@ -110,9 +110,6 @@ class Runtime(RuntimeState):
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         config = build_spec_config(algorithm, target, draft, num_steps, topk, num_draft_tokens)
         fast = FastOptions.of(fast)  # refused here, whatever the executor
-        if config.topk > config.draft_vocab:  # each tree node keeps the topk best of the draft's scores
-            raise SetupError("topk", f"topk {config.topk} exceeds the draft vocabulary of {config.draft_vocab} "
-                                     f"tokens: a draft node has at most {config.draft_vocab} candidates")
         device = next(target.parameters()).device
         t_slots = max_batch_size * (max_context + num_draft_tokens)
         d_slots = max_batch_size * (max_context + topk * num_steps)
