@@ -105,3 +105,23 @@ def test_shipped_mix_holds_out_unseen_sources() -> None:
         assert sum(r.kind == kind for r in held) >= 50
     assert all(isinstance(r, PromptRow) and r.template == (r.kind == "chat") for r in rows)
     assert MIX.stat().st_size < 2_000_000
+
+
+def test_train_cli_reports_held_out_acceptance_per_kind(toy_target, tmp_path: Path, capsys) -> None:
+    """`spec-runtime train --eval-max-new-tokens` on a file of two kinds: acceptance.json and the
+    printed line give each kind (token-id rows: no tokenizer needed)."""
+    from spec_runtime.cli import main
+    from spec_train.toy import toy_prompts
+
+    ids = toy_prompts(40, 128, seed=3)
+    path = _write(tmp_path / "p.jsonl", [{"ids": p, "kind": "xy"[i % 2]} for i, p in enumerate(ids)])
+    out = tmp_path / "draft"
+    code = main(["train", "--algorithm", "EAGLE", "--target", str(toy_target), "--output", str(out), "--prompts",
+                 str(path), "--steps", "1", "--max-new-tokens", "4", "--no-progress", "--eval-max-new-tokens", "4",
+                 "--eval-steps", "2", "--eval-topk", "1", "--eval-draft-tokens", "3"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads((out / "acceptance.json").read_text())
+    assert report["held_out_prompts"] == 4  # 2 of each kind: every 10th of 20
+    assert {k: len(v["per_request"]) for k, v in report["per_kind"].items()} == {"x": 2, "y": 2}
+    assert "; x " in printed and "; y " in printed
