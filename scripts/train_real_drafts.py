@@ -211,6 +211,11 @@ def main() -> int:
         args.init_from = {alg: Path(d) for alg, d in (item.split("=", 1) for item in args.init_from)}
     except ValueError:
         p.error(f"--init-from: expected ALG=DIR, got {args.init_from}")
+    if not args.prompts.is_file():
+        p.error(f"--prompts {args.prompts}: file not found")
+    missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
+    if missing:
+        p.error(f"--measure-drafts {args.measure_drafts}: no {', '.join(missing)} directory")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     target = args.target or convert(args.gguf, args.work / "target")
