@@ -12,6 +12,11 @@ drafts and, with `--pack`, the drafts as <= 15 MB tar chunks (the GPU machine re
 `--parallel` generates the shared data once, then trains the algorithms in one process each, side by
 side on the same GPU (each is launch-bound on a 135M target, so they overlap), and merges their
 `results.json`.
+
+`--prompts FILE` trains on another prompts file (e.g. `src/spec_train/prompts_mix.jsonl`: chat, plain
+text and code); the measurement takes the first `--eval-prompts` held-out prompts of each kind and
+reports each kind. `--measure-drafts DIR` trains nothing: it measures the drafts already in
+`DIR/{eagle3,eagle1,standalone}` (the shipped layout) on the held-out prompts the same way.
 """
 
 import argparse
@@ -24,9 +29,13 @@ from pathlib import Path
 import torch
 
 from spec_train import TrainConfig, train_draft
+from spec_train.config import DEFAULT_PROMPTS
+from spec_train.data import PromptRow, encode_prompts, first_per_kind, load_prompts, split_prompts
 from spec_train.evaluate import measure_acceptance
 
-EVALS = {"tree_5_4_8": (5, 4, 8), "chain_3_1_4": (3, 1, 4)}
+EVALS = {"tree_5_4_8": (5, 4, 8), "chain_3_1_4": (3, 1, 4), "chain_4_1_5": (4, 1, 5)}
+SHIPPED = {"EAGLE3": "eagle3", "EAGLE": "eagle1", "STANDALONE": "standalone"}
+"""Each algorithm's directory under `drafts/smollm2-135m` (`--measure-drafts`)."""
 
 
 def convert(gguf: Path, out: Path) -> Path:
@@ -51,6 +60,7 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
     """The run's options (shared data options; per-algorithm sizes)."""
     return TrainConfig(
         algorithm=alg, target=target, output=work / alg.lower(), data_cache=work / "data.pt", steps=steps,
+        prompts=args.prompts,
         batch_size=args.batch_size, lr=args.lr * (3 if alg == "STANDALONE" else 1), max_new_tokens=args.max_new_tokens,
         max_seq_len=args.max_seq_len, samples_per_prompt=args.samples_per_prompt, ttt_steps=args.ttt_steps,
         draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
@@ -81,20 +91,48 @@ def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log:
     return entry
 
 
-def evaluate(alg: str, target: Path, work: Path, args: argparse.Namespace, held: list, log: dict) -> None:
-    """Greedy acceptance of the trained draft on the first `--eval-prompts` held-out prompts."""
-    prompts = held[:args.eval_prompts]
+def held_out_sample(args: argparse.Namespace, held_ids: list | None = None,
+                    tokenizer_dir: Path | None = None) -> tuple[list, list[str]]:
+    """(ids, kinds) of the first `--eval-prompts` held-out prompts of each kind of `--prompts`: from
+    the trainer's held-out ids when given, else encoded here with the target's tokenizer."""
+    rows: list[PromptRow] = split_prompts(load_prompts(args.prompts)[:args.max_prompts], 10, 8)[1]
+    keep = first_per_kind(rows, args.eval_prompts)
+    if held_ids is None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
+        held_ids = encode_prompts([rows[i] for i in keep], tok, True, vocab, max(1, args.max_seq_len - args.max_new_tokens))
+        return held_ids, [rows[i].kind for i in keep]
+    return [held_ids[i] for i in keep], [rows[i].kind for i in keep]
+
+
+def evaluate(alg: str, target: Path, draft: Path, args: argparse.Namespace, sample: tuple, log: dict) -> None:
+    """Greedy acceptance of the draft on the held-out sample, in all and per kind."""
+    prompts, kinds = sample
     for name in args.evals:
         steps, topk, ndraft = EVALS[name]
         t0 = time.perf_counter()
         try:
-            acc = measure_acceptance(target, work / alg.lower(), alg, prompts, num_steps=steps, topk=topk,
+            acc = measure_acceptance(target, draft, alg, prompts, num_steps=steps, topk=topk,
                                      num_draft_tokens=ndraft, max_new_tokens=args.eval_max_new_tokens,
-                                     dtype=torch.float32, device=args.device, batch_size=8)
+                                     dtype=torch.float32, device=args.device, batch_size=8, kinds=kinds)
             log[alg][name] = {**acc.as_dict(), "seconds": round(time.perf_counter() - t0, 1)}
         except Exception as err:  # keep the trained drafts even when one measurement breaks
             log[alg][name] = {"error": f"{type(err).__name__}: {err}"}
-        print(alg, name, log[alg][name].get("tokens_per_iteration", log[alg][name].get("error")), flush=True)
+        res = log[alg][name]
+        per_kind = {k: a["tokens_per_iteration"] for k, a in res.get("per_kind", {}).items()}
+        print(alg, name, res.get("tokens_per_iteration", res.get("error")), per_kind, flush=True)
+
+
+def measure_drafts(target: Path, args: argparse.Namespace, log: dict) -> None:
+    """`--measure-drafts DIR`: the drafts in DIR's shipped layout, measured as a training run's."""
+    sample = held_out_sample(args, tokenizer_dir=target)
+    log["eval_kinds"] = {k: sample[1].count(k) for k in dict.fromkeys(sample[1])}
+    for alg in args.algorithms:
+        log[alg] = {}
+        evaluate(alg, target, args.measure_drafts / SHIPPED[alg], args, sample, log)
+        (args.out / "results.json").write_text(json.dumps(log, indent=2))
 
 
 def prepare_data(target: Path, args: argparse.Namespace) -> None:
@@ -163,6 +201,9 @@ def main() -> int:
     p.add_argument("--pack", action="store_true")
     p.add_argument("--evals", nargs="+", choices=sorted(EVALS), default=list(EVALS))
     p.add_argument("--parallel", action="store_true", help="one process per algorithm after shared data")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="prompts file (JSON lines)")
+    p.add_argument("--measure-drafts", type=Path, metavar="DIR",
+                   help="train nothing: measure DIR/{eagle3,eagle1,standalone} on the held-out prompts")
     p.add_argument("--init-from", nargs="+", default=[], metavar="ALG=DIR",
                    help="start ALG from a saved draft (fresh optimizer), e.g. EAGLE3=drafts/smollm2-135m/eagle3")
     args = p.parse_args()
@@ -170,10 +211,18 @@ def main() -> int:
         args.init_from = {alg: Path(d) for alg, d in (item.split("=", 1) for item in args.init_from)}
     except ValueError:
         p.error(f"--init-from: expected ALG=DIR, got {args.init_from}")
+    if not args.prompts.is_file():
+        p.error(f"--prompts {args.prompts}: file not found")
+    missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
+    if missing:
+        p.error(f"--measure-drafts {args.measure_drafts}: no {', '.join(missing)} directory")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     target = args.target or convert(args.gguf, args.work / "target")
     log: dict = {"convert_seconds": round(time.perf_counter() - t0, 1), "args": {k: str(v) for k, v in vars(args).items()}}
+    if args.measure_drafts:
+        measure_drafts(target, args, log)
+        return 0
     if args.parallel:
         run_parallel(target, args, log)
         (args.out / "results.json").write_text(json.dumps(log, indent=2))
@@ -182,7 +231,7 @@ def main() -> int:
     for alg in args.algorithms:
         entry = train_one(alg, target, args.work, args, log)
         print(alg, "trained", entry["steps"], "steps", entry["last20"], flush=True)
-        evaluate(alg, target, args.work, args, entry.pop("held_out"), log)
+        evaluate(alg, target, args.work / alg.lower(), args, held_out_sample(args, entry.pop("held_out")), log)
         (args.out / "results.json").write_text(json.dumps(log, indent=2))
         if args.pack:  # after each draft, so a run cut short still returns the finished ones
             name = alg.lower()

@@ -4,7 +4,9 @@
     spec-runtime train --algorithm EAGLE3 --target DIR --output DIR [--steps N] [--device cuda]
         [--eval-steps 5 --eval-topk 4 --eval-draft-tokens 8]
 
-Prompts default to the package's `prompts.jsonl`; every `--held-out-every`-th prompt is held out.
+Prompts default to the package's `prompts.jsonl` (`--prompts src/spec_train/prompts_mix.jsonl`: chat,
+plain text and code; the chat template applies per row); every `--held-out-every`-th prompt of each
+kind is held out, or where the row's `split` says. The measurement reports each prompt kind.
 A run resumes from `OUTPUT/trainer_state.pt` when present. After training, `--eval-max-new-tokens`
 > 0 measures greedy acceptance on the held-out prompts with the runtime and writes
 `OUTPUT/acceptance.json`.
@@ -91,16 +93,19 @@ def run_train(args: argparse.Namespace) -> int:
         return _fail(f"--eval-max-new-tokens: must be >= 0 (0: no measurement), got {args.eval_max_new_tokens}")
     from spec_train.trainer import prepare, train_draft
 
+    kinds: list[str] = []
     try:
         if args.eval_max_new_tokens > 0:  # settings the measurement would refuse after training: refused now
-            _check_eval(args, cfg, prepare(cfg)[0])
+            target_cfg, _, held_rows = prepare(cfg)
+            _check_eval(args, cfg, target_cfg)
+            kinds = [row.kind for row in held_rows]
         result = train_draft(cfg)
     except (TrainError, SetupError) as err:  # SetupError: the runtime's device check ("--device: ...")
         return _fail(describe_error(err, {"device": "--device"}))
     print(f"wrote {cfg.algorithm} draft to {cfg.output} ({result.steps_done} steps, resumed from {result.resumed_from})")
     if args.eval_max_new_tokens > 0:
         try:
-            _evaluate(args, cfg, result.held_out)
+            _evaluate(args, cfg, result.held_out, kinds)
         except ValueError as err:  # settings the runtime refuses (SetupError, SpecConfig's), a bad checkpoint
             return _fail(f"held-out acceptance: {describe_error(err, EVAL_FLAGS)}")
     return 0
@@ -127,7 +132,8 @@ def _check_eval(args: argparse.Namespace, cfg, target_cfg: dict) -> None:
                          f"of {vocab} tokens")
 
 
-def _evaluate(args: argparse.Namespace, cfg, held_out: list[list[int]]) -> None:
+def _evaluate(args: argparse.Namespace, cfg, held_out: list[list[int]], kinds: list[str]) -> None:
+    """Held-out acceptance, in all and per prompt kind (`OUTPUT/acceptance.json`)."""
     import torch
 
     from spec_train.evaluate import measure_acceptance
@@ -135,12 +141,13 @@ def _evaluate(args: argparse.Namespace, cfg, held_out: list[list[int]]) -> None:
     acc = measure_acceptance(cfg.target, cfg.output, cfg.algorithm, held_out, num_steps=args.eval_steps,
                              topk=args.eval_topk, num_draft_tokens=args.eval_draft_tokens,
                              max_new_tokens=args.eval_max_new_tokens, dtype=getattr(torch, args.eval_dtype),
-                             device=cfg.device)
+                             device=cfg.device, kinds=kinds)
     report = {"algorithm": cfg.algorithm, "num_steps": args.eval_steps, "topk": args.eval_topk,
               "num_draft_tokens": args.eval_draft_tokens, "held_out_prompts": len(held_out), **acc.as_dict()}
     (cfg.output / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"held-out acceptance: {acc.tokens_per_iteration:.3f} tokens per iteration "
-          f"({acc.tokens} tokens, {acc.iterations} iterations)")
+          f"({acc.tokens} tokens, {acc.iterations} iterations)"
+          + "".join(f"; {k} {a.tokens_per_iteration:.3f}" for k, a in (acc.per_kind or {}).items()))
 
 
 def _fail(message: str) -> int:

@@ -1,8 +1,11 @@
 """Self-distillation data: prompts, their held-out split, and the target's own continuations.
 
 A prompts file is JSON lines, one object per prompt: `{"prompt": "text"}` (tokenized with the
-target's tokenizer, through its chat template when it has one) or `{"ids": [1, 2, 3]}` (token ids,
-for targets without a tokenizer). Every `held_out_every`-th prompt is held out (`split_prompts`).
+target's tokenizer) or `{"ids": [1, 2, 3]}` (token ids, for targets without a tokenizer). Optional
+keys, per row: `"kind"` (a label such as `chat`, `text`, `code`; default `chat`, `ids` for id rows),
+`"template"` (encode through the target's chat template; default true for `chat` rows only) and
+`"split"` (`"train"` or `"held_out"`, fixed by the file). Rows without a split: every
+`held_out_every`-th row of each kind is held out (`split_prompts`).
 """
 
 import json
@@ -15,9 +18,22 @@ import torch
 
 from spec_train.config import TrainError
 
-__all__ = ["Prompt", "Sequences", "encode_prompts", "generate_continuations", "load_prompts", "split_prompts"]
+__all__ = ["Prompt", "PromptRow", "Sequences", "encode_prompts", "first_per_kind", "generate_continuations",
+           "load_prompts", "split_prompts"]
 
 Prompt = Union[str, list[int]]
+SPLITS = ("train", "held_out")
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One prompt of a prompts file: text or token ids, its kind, whether the chat template encodes
+    it, and its split when the file fixes one (None: every `held_out_every`-th of its kind)."""
+
+    content: Prompt
+    kind: str = "chat"
+    template: bool = True
+    split: Optional[str] = None
 
 
 @dataclass
@@ -44,11 +60,11 @@ class Sequences:
         return [t for ids, n in zip(self.ids, self.prompt_lens) for t in ids[n:]]
 
 
-def load_prompts(path: Path) -> list[Prompt]:
+def load_prompts(path: Path) -> list[PromptRow]:
     """Read a JSON-lines prompts file; raises `TrainError` naming the file and line."""
     if not path.is_file():
         raise TrainError(f"--prompts {path}: " + ("a directory, not a file" if path.is_dir() else "file not found"))
-    prompts: list[Prompt] = []
+    prompts: list[PromptRow] = []
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -57,8 +73,24 @@ def load_prompts(path: Path) -> list[Prompt]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 raise TrainError(f"--prompts {path} line {lineno}: not a JSON object") from None
-            prompts.append(_prompt_of(row, path, lineno))
+            prompts.append(_row_of(row, path, lineno))
     return prompts
+
+
+def _row_of(row: Any, path: Path, lineno: int) -> PromptRow:
+    """A `PromptRow` from one parsed line; its optional keys checked, each error naming the key."""
+    content = _prompt_of(row, path, lineno)
+    where = f"--prompts {path} line {lineno}"
+    kind = row.get("kind", "chat" if isinstance(content, str) else "ids")
+    if not isinstance(kind, str) or not kind.strip():
+        raise TrainError(f"{where}: \"kind\" must be a non-empty string, got {kind!r}")
+    template = row.get("template", kind == "chat")
+    if not isinstance(template, bool):
+        raise TrainError(f"{where}: \"template\" must be true or false, got {template!r}")
+    split = row.get("split")
+    if split is not None and split not in SPLITS:
+        raise TrainError(f"{where}: \"split\" must be one of {list(SPLITS)}, got {split!r}")
+    return PromptRow(content, kind, template, split)
 
 
 def _prompt_of(row: Any, path: Path, lineno: int) -> Prompt:
@@ -70,13 +102,20 @@ def _prompt_of(row: Any, path: Path, lineno: int) -> Prompt:
     raise TrainError(f"--prompts {path} line {lineno}: expected {{\"prompt\": text}} or {{\"ids\": [int, ...]}}")
 
 
-def split_prompts(prompts: Sequence[Prompt], held_out_every: int, min_train: int,
-                  source: str = "prompts") -> tuple[list[Prompt], list[Prompt]]:
-    """(train, held_out): prompt i is held out when `i % held_out_every == 0`.
+def split_prompts(prompts: Sequence[PromptRow], held_out_every: int, min_train: int,
+                  source: str = "prompts") -> tuple[list[PromptRow], list[PromptRow]]:
+    """(train, held_out), each in file order: a row with a `split` goes where it says; of the others,
+    the i-th row of its kind is held out when `i % held_out_every == 0` (a one-kind file: every
+    `held_out_every`-th row from the first).
 
     Raises `TrainError` when fewer than `min_train` training prompts or no held-out prompt remain."""
-    held = [p for i, p in enumerate(prompts) if i % held_out_every == 0]
-    train = [p for i, p in enumerate(prompts) if i % held_out_every != 0]
+    seen: dict[str, int] = {}
+    is_held = []
+    for row in prompts:
+        index = seen[row.kind] = seen.get(row.kind, -1) + (row.split is None)
+        is_held.append(row.split == "held_out" or (row.split is None and index % held_out_every == 0))
+    held = [p for p, h in zip(prompts, is_held) if h]
+    train = [p for p, h in zip(prompts, is_held) if not h]
     if len(train) < min_train or not held:
         raise TrainError(
             f"{source}: {len(prompts)} prompts give {len(train)} training and {len(held)} held-out prompts; "
@@ -85,16 +124,30 @@ def split_prompts(prompts: Sequence[Prompt], held_out_every: int, min_train: int
     return train, held
 
 
-def encode_prompts(prompts: Sequence[Prompt], tokenizer: Any, chat_template: bool, vocab_size: int,
-                   max_len: int) -> list[list[int]]:
-    """Token ids of each prompt (text through the chat template when asked and available)."""
+def first_per_kind(rows: Sequence[PromptRow], n: int) -> list[int]:
+    """Indices of the first `n` rows of each kind, in file order (a per-kind evaluation sample)."""
+    seen: dict[str, int] = {}
+    keep = []
+    for i, row in enumerate(rows):
+        seen[row.kind] = seen.get(row.kind, 0) + 1
+        if seen[row.kind] <= n:
+            keep.append(i)
+    return keep
+
+
+def encode_prompts(prompts: Sequence[Union[PromptRow, Prompt]], tokenizer: Any, chat_template: bool,
+                   vocab_size: int, max_len: int) -> list[list[int]]:
+    """Token ids of each prompt: a text row through the chat template when the row asks for it,
+    `chat_template` allows it and the tokenizer has one; plain `encode` otherwise."""
     out: list[list[int]] = []
-    use_chat = chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None)
-    for p in prompts:
+    has_chat = chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None)
+    for row in prompts:
+        row = row if isinstance(row, PromptRow) else PromptRow(row)
+        p = row.content
         if isinstance(p, str):
             if tokenizer is None:
                 raise TrainError("text prompts need the target's tokenizer; give token ids ({\"ids\": [...]})")
-            if use_chat:
+            if has_chat and row.template:
                 ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                     tokenize=True, return_dict=False)
                 ids = ids["input_ids"] if isinstance(ids, dict) else ids

@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -18,20 +18,35 @@ class Acceptance:
     tokens: int
     iterations: int
     per_request: tuple[float, ...]
+    per_kind: Optional[dict[str, "Acceptance"]] = None
+    """The same statistics over each kind's requests (when the prompts' kinds were given)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return {"tokens_per_iteration": round(self.tokens_per_iteration, 4), "tokens": self.tokens,
-                "iterations": self.iterations, "per_request": [round(x, 3) for x in self.per_request]}
+        out = {"tokens_per_iteration": round(self.tokens_per_iteration, 4), "tokens": self.tokens,
+               "iterations": self.iterations, "per_request": [round(x, 3) for x in self.per_request]}
+        if self.per_kind is not None:
+            out["per_kind"] = {k: a.as_dict() for k, a in self.per_kind.items()}
+        return out
+
+    @classmethod
+    def of(cls, accept_lengths: Sequence[Sequence[int]], per_request: Sequence[float]) -> "Acceptance":
+        """The statistics of requests' accept lengths (one list per request) and their means."""
+        lengths = [n for req in accept_lengths for n in req]
+        return cls(sum(lengths) / max(1, len(lengths)), sum(lengths), len(lengths), tuple(per_request))
 
 
 def measure_acceptance(target: Any, draft: Path | str, algorithm: str, prompts: Sequence[Sequence[int]], *,
                        num_steps: int, topk: int, num_draft_tokens: int, max_new_tokens: int = 128,
                        dtype: torch.dtype = torch.float32, device: str = "cpu", batch_size: int = 8,
-                       executor: str = "eager", ignore_eos: bool = False) -> Acceptance:
+                       executor: str = "eager", ignore_eos: bool = False,
+                       kinds: Optional[Sequence[str]] = None) -> Acceptance:
     """Greedy speculative decoding of `prompts` with the runtime; the decode iterations' accept lengths.
 
-    `target` is a directory or an already loaded `LlamaForCausal` (then `draft` loads against it)."""
+    `target` is a directory or an already loaded `LlamaForCausal` (then `draft` loads against it).
+    `kinds` (one label per prompt, e.g. the `PromptRow.kind`s) adds the statistics per kind."""
+    if kinds is not None and len(kinds) != len(prompts):
+        raise ValueError(f"kinds: {len(kinds)} labels for {len(prompts)} prompts")
     from spec_runtime.engine import SpecEngine
     from spec_runtime.models.loading import DRAFT_LOADERS, load_target
     from spec_runtime.runtime import Runtime
@@ -52,6 +67,10 @@ def measure_acceptance(target: Any, draft: Path | str, algorithm: str, prompts: 
                 for p in prompts[start:start + batch_size]]
         engine.run()
         reqs += [engine.requests[r] for r in rids]
-    lengths = [n for r in reqs for n in r.accept_lengths]
-    return Acceptance(sum(lengths) / max(1, len(lengths)), sum(lengths), len(lengths),
-                      tuple(r.mean_accept_length for r in reqs))
+    total = Acceptance.of([r.accept_lengths for r in reqs], [r.mean_accept_length for r in reqs])
+    if kinds is None:
+        return total
+    per_kind = {k: Acceptance.of([r.accept_lengths for r, rk in zip(reqs, kinds) if rk == k],
+                                 [r.mean_accept_length for r, rk in zip(reqs, kinds) if rk == k])
+                for k in dict.fromkeys(kinds)}
+    return Acceptance(total.tokens_per_iteration, total.tokens, total.iterations, total.per_request, per_kind)
