@@ -32,7 +32,7 @@ def _sig(attr: str, value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if attr == "seq_lens_cpu":  # host lengths: a FULL_MASK's length check may sum them (verify only)
             return tuple(value.tolist())
-        return value.dtype, value.shape, value.get_device()
+        return value.dtype, value.shape, value.device
     if isinstance(value, list):
         return tuple(value)
     return value if value is None or isinstance(value, (int, str, bool)) else type(value)
@@ -121,7 +121,7 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
         return
     mode = _mask_mode(obj) if name == "EagleVerifyInput" else None
     key = (id(config), mode, signature(name, obj, batch))
-    if _SEEN.get(key) is not config:
+    if _SEEN.get(key, _SEEN) is not config:  # (a config of None is remembered too)
         if _full_check(obj, batch, config, producer, consumer, mode) is None:
             return  # an unresolved overlap handle: nothing checked, nothing remembered
         _remember(_SEEN, key, config)
