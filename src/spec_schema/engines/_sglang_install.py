@@ -13,6 +13,7 @@ unset nothing is wrapped. Checks stand aside while a CUDA graph is captured or t
 like every spec_schema boundary.
 """
 
+import importlib
 import sys
 import warnings
 from typing import Any
@@ -48,6 +49,8 @@ def install(config: Any, tree_mask_mode: Any = None, *, draft_config: bool = Tru
         return False
     if not (isinstance(config, SpecConfig) or callable(config)):
         raise TypeError(f"install(config): a SpecConfig or a callable returning one, got {type(config).__name__}")
+    if not _SAVED:
+        _require_sglang()
     _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
     if _SAVED:
         return True
@@ -59,6 +62,14 @@ def install(config: Any, tree_mask_mode: Any = None, *, draft_config: bool = Tru
         warnings.warn("spec_schema.engines.sglang.install: this sglang lacks " + "; ".join(missing)
                       + ": those boundaries are not checked", stacklevel=2)
     return True
+
+
+def _require_sglang() -> None:
+    try:
+        importlib.import_module("sglang.srt.speculative.eagle_info")
+    except ImportError as err:
+        raise ImportError(f"spec_schema.engines.sglang.install: sglang is not importable ({err}); install "
+                          "sglang==0.5.23 in this environment, or use check() on objects you have") from None
 
 
 def uninstall() -> None:
