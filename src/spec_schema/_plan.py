@@ -138,7 +138,7 @@ def check_fields(
             raise ctx.fail(f.name, f"must be None ({want[1]})", value)
         if f.kind == "tensor":
             _check_tensor(f, value, ctx, bound, want)
-            dev = value.get_device()
+            dev = value.device  # type and index: a meta or CPU tensor both have get_device() == -1
             if device is None:
                 device = (dev, f.name)
             elif dev != device[0]:

@@ -211,3 +211,29 @@ def test_a_missing_engine_skips_locally_and_fails_under_ci(monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="is not importable.*CI=true"):
         with env.loaded():
             pass
+
+
+def test_a_field_on_another_device_type_is_refused_and_strided_views_pass(objects):
+    """#42: one field on the meta device, the rest on the CPU (both report get_device() == -1)."""
+    config = CONFIGS["EAGLE"]
+    obj, sb = next((o, b) for label, o, b in objects["EAGLE"] if label == "draft decode")
+    meta = copy.copy(obj)
+    meta.topk_p = torch.empty(obj.topk_p.shape, dtype=obj.topk_p.dtype, device="meta")
+    with pytest.raises(SpecContractError, match=r"is on cpu, expected the device of topk_p"):
+        adapter.check(meta, config, sb)
+    strided = copy.copy(obj)  # engines hand views: a transposed (non-contiguous) tensor is valid input
+    strided.topk_p = obj.topk_p.t().contiguous().t()
+    assert not strided.topk_p.is_contiguous()
+    assert adapter.check(strided, config, sb).topk_p.data_ptr() == strided.topk_p.data_ptr()
+
+
+def test_a_mapping_naming_no_field_is_one_line():
+    """#42: check(mapping=...) with a key that is no field of the class (it was ignored)."""
+    from spec_schema import check, check_merge
+
+    obj = SimpleNamespace(topk_p=None)
+    for call in (lambda: check(obj, DraftInput, mapping={"bogus": "topk_p"}),
+                 lambda: check_merge(obj, obj, DraftInput, mapping={"bogus": "topk_p"})):
+        with pytest.raises(ValueError, match=r"^mapping: DraftInput has no field 'bogus'; its fields: topk_p") as err:
+            call()
+        assert "\n" not in str(err.value)
