@@ -32,7 +32,8 @@ def _sig(attr: str, value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if attr == "seq_lens_cpu":  # host lengths: a FULL_MASK's length check may sum them (verify only)
             return tuple(value.tolist())
-        return value.dtype, value.shape, value.device
+        dev = value.get_device()  # as the field check compares devices: index, or type off accelerators
+        return value.dtype, value.shape, dev if dev >= 0 else value.device.type
     if isinstance(value, list):
         return tuple(value)
     return value if value is None or isinstance(value, (int, str, bool)) else type(value)
