@@ -237,3 +237,17 @@ def test_a_mapping_naming_no_field_is_one_line():
         with pytest.raises(ValueError, match=r"^mapping: DraftInput has no field 'bogus'; its fields: topk_p") as err:
             call()
         assert "\n" not in str(err.value)
+
+
+def test_a_full_mask_without_host_lengths_is_not_refused(objects):
+    """sglang's GPU-only seq_lens path (backends that opt out of the host copy) leaves seq_lens_sum and
+    seq_lens_cpu None: a FULL_MASK's length cannot be known, so it is not checked (no false positive)."""
+    config = CONFIGS["EAGLE"]
+    obj, sb = next((o, b) for label, o, b in objects["EAGLE"] if label == "verify full ragged")
+    gpu_only = SimpleNamespace(**{**vars(sb), "seq_lens_cpu": None, "seq_lens_sum": None})
+    bare = copy.copy(obj)
+    bare.seq_lens_sum, bare.seq_lens_cpu = None, None
+    assert adapter.check(bare, config, gpu_only).tree_mask is None
+    bare.custom_mask = obj.custom_mask[:-1]  # with the host lengths known, a short mask is still refused
+    with pytest.raises(SpecContractError, match="FULL_MASK length"):
+        adapter.check(bare, config, sb)
