@@ -120,6 +120,7 @@ CLASS_MAPS: tuple[ClassMap, ...] = (
 """sglang's classes mapped onto the phase classes; `check` builds its views from these."""
 
 _BY_NAME = {m.engine_cls: m for m in CLASS_MAPS}
+_WIDENING = {"bonus_tokens": (I32, I64)}  # EagleDraftInput index fields a merge may widen (the policy's pair)
 _REQUIRED_ATTRS = {
     "EagleDraftInput": ("topk_p", "topk_index", "hidden_states", "bonus_tokens", "draft_probs", "future_indices"),
     "EagleVerifyInput": ("draft_token", "custom_mask", "positions", "retrieve_index", "retrieve_next_token",
@@ -395,12 +396,22 @@ def _window_values(ctx: _Ctx, obj: Any) -> None:
         raise _fail(ctx, f, None, f"value invariant broken: outside [1, num_draft = {n}] (the window)")
 
 
-def check_merge_inputs(left: Any, right: Any) -> None:
-    """Refuse an `EagleDraftInput.merge_batch` whose sides differ in an index dtype (torch.cat would promote)."""
+def check_merge_inputs(left: Any, right: Any, *, widen: bool = False) -> None:
+    """Refuse an `EagleDraftInput.merge_batch` whose sides differ in an index dtype (torch.cat would promote).
+
+    `widen=True` (what `install` uses): a field whose index policy declares several dtypes
+    (`bonus_tokens`: int32 from verify, int64 from prefill) may merge across them, as sglang does for
+    every request that joins a decoding batch (torch.cat widens to int64 losslessly, and the merged
+    object is checked after); any other difference is still refused."""
     if len(left.topk_index) == 0 or len(right.topk_index) == 0:
         return  # sglang short-circuits an idle side: nothing is concatenated
     try:
         views = [_view(DraftInput, _build("EagleDraftInput", side, None, None)[1]) for side in (left, right)]
+        if widen:
+            for view in views:
+                for f in _WIDENING:
+                    if getattr(view, f) is not None and getattr(view, f).dtype in _WIDENING[f]:
+                        view.__dict__[f] = None  # within the policy's dtypes: not compared
         check_merge(views[0], views[1], DraftInput)
     except SpecContractError as err:
         raise _rename(err, "EagleDraftInput") from err

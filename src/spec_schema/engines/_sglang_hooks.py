@@ -52,7 +52,7 @@ def _merge(fn: Any, get: Bound, label: str) -> Any:
         self, other = get(args, kwargs)
         handle = self.future_indices is not None  # the overlap scheduler merges future_indices only
         if _active() and not handle:
-            adapter.check_merge_inputs(self, other)
+            adapter.check_merge_inputs(self, other, widen=True)  # a joining prefill request: int64 bonus
         fn(*args, **kwargs)
         if _active() and not handle:
             _check(self, producer=label)
