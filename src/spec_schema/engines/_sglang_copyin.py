@@ -41,12 +41,19 @@ def _resolve(fn: Any, get: Bound, label: str) -> Any:
         fn(*args, **kwargs)
         _, batch = get(args, kwargs)
         spec = getattr(batch, "spec_info", None)
-        if spec is None or getattr(spec, "future_indices", None) is None or not hasattr(spec, "topk_p"):
-            return
+        if getattr(spec, "future_indices", None) is None or not _eagle_draft_input(spec):
+            return  # nothing relayed, or another algorithm's input (ngram, DFLASH): not the contract's
         adapter.mark_resolved(spec)
         if _active() and spec.future_indices.shape[0]:
             _check(spec, producer=label)  # the batch's own fields are compared at draft's entry
     return _resolve_spec_extras
+
+
+def _eagle_draft_input(obj: Any) -> bool:
+    try:
+        return adapter._engine_class(obj) == "EagleDraftInput"
+    except TypeError:
+        return False
 
 
 def _stash(fn: Any, get: Bound, label: str) -> Any:
