@@ -108,7 +108,7 @@ BOUNDARIES: tuple[Boundary, ...] = (
 )
 """What `install()` wraps, in order."""
 
-NOT_WRAPPED: tuple[tuple[str, str], ...] = (
+_NOT_WRAPPED: tuple[tuple[str, str], ...] = (
     (_V2 + "EAGLEWorkerV2.forward_batch_generation", "the orchestrator: every object it passes on crosses a "
      "wrapped boundary above"),
     (_V2 + "EAGLEWorkerV2.apply_runtime_state", "followed, not wrapped: the plugin's config is rebuilt from the "
@@ -128,6 +128,32 @@ NOT_WRAPPED: tuple[tuple[str, str], ...] = (
      "output_tokens_buf (an index widening)"),
     ("sglang.srt.managers.scheduler.Scheduler._relay_forward_payload", "builds the RelayPayload that stash "
      "checks"),
+    (_V2 + "EagleDraftWorker._draft_forward_idle", "inside draft, on an idle batch: its idle inputs come from "
+     "the checked create_idle_input"),
+    (_V2 + "EAGLEWorkerV2._forward_dp_spec_prefill_coordination", "an orchestrator (DP ranks in different modes): "
+     "its objects cross draft, verify and _draft_extend_for_decode, which are checked"),
+    (_SPEC + "spec_utils.select_top_k_tokens", "an intermediate of draft_forward (per-step top-k, no phase "
+     "object)"),
+    ("sglang.srt.managers.overlap_utils.resolve_forward_inputs", "the scheduler's entry to the relay: it calls "
+     "_resolve_spec_extras, which is checked"),
+    ("sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu", "sequence lengths of the ScheduleBatch, "
+     "which the next checked boundary compares with the spec input"),
+    ("sglang.srt.managers.overlap_utils.FutureMap.publish", "sequence lengths only, into the int64 "
+     "new_seq_lens_buf"),
+    ("sglang.srt.managers.overlap_utils.FutureMap.resolve_mixed_spec_tails", "sequence lengths and cache "
+     "locations of a mixed batch's decode tails, no phase object"),
+    (_SPEC + "ragged_verify", "layout of the target's verify forward (token counts for CUDA-graph grids), no "
+     "phase object"),
+    (_SPEC + "spec_tp_sync", "tensor-parallel synchronisation of tensors the checked boundaries carry"),
+    (_SPEC + "dp_spec_prefill_coordination", "token-count plans across data-parallel ranks"),
+    (_SPEC + "adaptive_spec_params", "the adaptive controller's policy; the shape it picks is followed through "
+     "apply_runtime_state"),
+    (_SPEC + "multi_layer_eagle_utils", "cache locations and positions of the multi-layer draft-extend"),
+    (_SPEC + "frozen_kv_mtp_utils", "KV views and positions of the frozen-KV draft"),
+    (_SPEC + "draft_checkpoint", "mamba track-index buffers of the CUDA-graph runners"),
+    (_SPEC + "decoupled_spec_io", "messages of the decoupled draft mesh (another process layout)"),
+    (_SPEC + "pp_draft_embedding", "the draft's embedding under pipeline parallelism, no phase object"),
+    (_SPEC + "spec_sampling_mask", "request validation of sampling masks, no phase object"),
     (_SPEC + "eagle_disaggregation", "prefill/decode disaggregation hand-over: stashes through FutureMap.stash"),
     (_SPEC + "pp_spec_relay", "pipeline-parallel relay of draft chains between stages; not in the contract's "
      "phases"),
@@ -136,7 +162,12 @@ NOT_WRAPPED: tuple[tuple[str, str], ...] = (
     (_SPEC + "dflash_worker_v2", "DFLASH: block diffusion drafts, another phase layout (DFlashDraftInput)"),
     (_SPEC + "uno_worker_v2", "UNO: its own draft objects (uno_info), not EAGLE's"),
     (_SPEC + "dspark_components", "DSPARK: its own draft objects"),
+    (_SPEC + "domino_utils", "DOMINO rollouts of the DFLASH family, not EAGLE's objects"),
+    (_SPEC + "lilicorr_utils", "LiLiCorr configuration of DFLASH drafts"),
+    (_SPEC + "external_corpus_manager", "NGRAM's external corpora"),
 )
+NOT_WRAPPED: tuple[tuple[str, str], ...] = tuple((t if t.startswith("sglang.") else _SPEC + t, why)
+                                                 for t, why in _NOT_WRAPPED)
 """Speculative boundaries of sglang 0.5.23 that `install()` leaves, and why."""
 
 
