@@ -251,3 +251,19 @@ def test_a_full_mask_without_host_lengths_is_not_refused(objects):
     bare.custom_mask = obj.custom_mask[:-1]  # with the host lengths known, a short mask is still refused
     with pytest.raises(SpecContractError, match="FULL_MASK length"):
         adapter.check(bare, config, sb)
+
+
+def test_the_zero_step_decode_window_is_not_read_as_a_prefill(sg):
+    """Helper B: at speculative_num_steps == 0 the decode window has one row per request
+    (num_tokens_per_req 1, as a prefill's), while the batch's extend_num_tokens is still the prefill's."""
+    gen = torch.Generator().manual_seed(9)
+    config = CONFIGS["EAGLE"]
+    window = sg.eagle_info.EagleDraftExtendInput(
+        hidden_states=env.extend_hidden(config, 2, gen), num_correct_drafts=torch.zeros(2, dtype=torch.int32),
+        num_accept_tokens=torch.ones(2, dtype=torch.int32), num_tokens_per_req=1)
+    sb = env.batch([5, 9], extend_num_tokens=5, input_ids=torch.zeros(2, dtype=torch.int64))
+    assert adapter.check(window, None, sb).hidden_states.shape[0] == 2
+    window.hidden_states = env.extend_hidden(config, 3, gen)
+    with pytest.raises(SpecContractError, match=r"hidden_states -> DraftExtendInput\.hidden_states: 3 rows, expected "
+                                                r"the decode window bs\*num_draft = 2\*1 = 2"):
+        adapter.check(window, None, sb)

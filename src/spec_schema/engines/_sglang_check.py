@@ -224,10 +224,12 @@ def _left_out(name: str, ctx: _Ctx, fields: dict[str, Any]) -> set[str]:
 
 
 def _extend_path(obj: Any, config: Optional[SpecConfig]) -> str:
-    """"idle" (create_idle_input leaves num_tokens_per_req at -1), "prefill" (_draft_extend_for_prefill
-    sets 1) or "decode" (_draft_extend_for_decode: the fixed window of num_draft rows per request)."""
-    per_req = obj.num_tokens_per_req
-    return "idle" if per_req < 0 else "prefill" if per_req == 1 else "decode"
+    """"idle" (create_idle_input leaves num_tokens_per_req at -1), "decode" (_draft_extend_for_decode
+    sets the accept counts: the fixed window of num_draft rows per request, one row at zero steps) or
+    "prefill" (_draft_extend_for_prefill: no accept counts, one row per extend token)."""
+    if obj.num_tokens_per_req < 0:
+        return "idle"
+    return "prefill" if obj.num_accept_tokens is None else "decode"
 
 
 def _view(cls: type, fields: dict[str, Any]) -> Any:
