@@ -9,6 +9,7 @@ check: cold (every object's signature new: each checked once, later boundaries f
 steady (only the verify input is new: its FULL_MASK grows with the sequence every iteration).
 """
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,141 @@ def markdown(result: dict[str, Any]) -> list[str]:
               "", "A check at SPEC_STRICT=1 reads dtypes, shapes, devices and host ints only, so `install()` checks "
               "each signature once (`_sglang_install._check`); an unchanged batch's next objects are found checked."]
     return lines
+
+
+# --- the real serving path (tests/engines/sglang_worker.py): µs per iteration, checks on minus off ---------
+
+REAL_REQUESTS = [("a", 30, 0), ("b", 12, 0), ("c", 20, 6), ("d", 25, 15), ("a", 10, 30), ("b", 16, 40)]
+"""(prompt, max_new, arriving at iteration): six greedy requests joining and finishing over ~55 iterations."""
+
+
+class _CheckClock:
+    """Thread CPU time inside spec_schema's wrappers minus inside the sglang functions they wrap: each hook
+    factory of `install()` gets a timed original and its wrapper is timed too, so nested boundaries count
+    once (sum outer - sum inner = the wrappers' own work, checks and memo lookups)."""
+
+    def __init__(self) -> None:
+        self.outer = self.inner = self.calls = 0
+        self.by_label: dict[str, list[int]] = {}
+
+    def timed(self, fn: Any, attr: str, label: str = "") -> Any:
+        import functools
+        import time
+
+        clock = time.thread_time_ns
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = clock() - start
+                setattr(self, attr, getattr(self, attr) + spent)
+                self.calls += attr == "outer"
+                row = self.by_label.setdefault(label, [0, 0])
+                row[0] += spent if attr == "outer" else -spent
+                row[1] += attr == "outer"
+        return timed
+
+    def factory(self, make: Any) -> Any:
+        return lambda fn, get, label: self.timed(make(self.timed(fn, "inner", label), get, label), "outer", label)
+
+
+def real_path(root: Path) -> dict[str, Any]:
+    """Serve REAL_REQUESTS through sglang's own scheduler (EAGLE-3, overlap on) with the plugin loaded by
+    sglang's `load_plugins()`; at SPEC_STRICT=1 the checks' thread CPU time per iteration, unset the
+    number of sglang functions replaced (0)."""
+    import pytest
+
+    sys.path.insert(0, str(ROOT))
+    from tests.engines import sglang_env as env
+    from tests.engines import sglang_worker as worker  # sets TRITON_INTERPRET before Triton is imported
+
+    from spec_schema import STRICT_LEVEL
+    from spec_schema.engines import _sglang_install
+
+    models = worker.build_models(root / "models")
+    clock, mp = _CheckClock(), pytest.MonkeyPatch()
+    if STRICT_LEVEL:
+        for name, make in list(_sglang_install.HOOKS.items()):
+            mp.setitem(_sglang_install.HOOKS, name, clock.factory(make))
+    reqs = [worker.Request(f"{p}{i}", tuple(range(3 * i, 3 * i + 5 + i)), new, at)
+            for i, (p, new, at) in enumerate(REAL_REQUESTS)]
+    try:
+        with env.loaded() as mods, worker.cpu_patches(mods), worker.plugin_loaded(root / "plugin"):
+            with worker.Engine(worker.Setup("EAGLE3", overlap=True), models) as engine:
+                replaced = len(_sglang_install._SAVED)
+                engine.run(reqs[:1])  # warm-up (first Triton launches)
+                clock.outer = clock.inner = clock.calls = 0
+                clock.by_label.clear()
+                from spec_schema._contract import BOUNDARY_CALLS
+                full_before = sum(BOUNDARY_CALLS.values())
+                out = engine.run(reqs)
+                iterations = engine.iterations
+                full_checks = sum(BOUNDARY_CALLS.values()) - full_before
+    finally:
+        mp.undo()
+    us = (clock.outer - clock.inner) / 1000 / iterations
+    return {"strict_level": STRICT_LEVEL, "sglang_functions_replaced": replaced, "iterations": iterations,
+            "tokens": sum(len(v) for v in out.values()), "full_checks_per_iteration": full_checks / iterations, "wrapped_calls_per_iteration": clock.calls / iterations,
+            "check_us_per_iteration": us, "percent_of_5ms": 100.0 * us / 5000.0,
+            "by_boundary_us_per_iteration": {k: v[0] / 1000 / iterations for k, v in sorted(
+                clock.by_label.items(), key=lambda kv: -kv[1][0]) if v[1]},
+            "by_boundary_calls": {k: v[1] for k, v in clock.by_label.items() if v[1]}}
+
+
+def real_markdown(runs: dict[str, dict[str, Any]], command: str) -> list[str]:
+    """The real-path section of schema_cost_sglang.md."""
+    on, off = runs["1"], runs["unset"]
+    return ["# spec_schema's sglang plugin on sglang's own serving loop", "",
+            "sglang 0.5.23's scheduler, model runners and EAGLEWorkerV2 on CPU (tests/engines/sglang_worker.py: "
+            "tiny 3-layer Llama target, EAGLE-3 head, topk 2, 3 steps, 4 draft tokens, overlap scheduling on), "
+            "six greedy requests joining and finishing; spec_schema loaded by sglang's `load_plugins()`. "
+            "Checks on minus off: thread CPU time inside spec_schema's wrappers minus inside the sglang "
+            "functions they wrap (the wrappers' own work: checks, memo lookups, timer calls included).", "",
+            "| SPEC_STRICT | sglang functions replaced | iterations | wrapped calls / iteration | "
+            "µs / iteration (checks on - off) | % of a 5 ms iteration |", "|---|---:|---:|---:|---:|---:|",
+            f"| unset | {off['sglang_functions_replaced']} | {off['iterations']} | 0 | 0 | 0 % |",
+            f"| 1 | {on['sglang_functions_replaced']} | {on['iterations']} | {on['wrapped_calls_per_iteration']:.1f}"
+            f" | {on['check_us_per_iteration']:.1f} | {on['percent_of_5ms']:.2f} % |", "",
+            f"Command: `{command}`."]
+
+
+def _real_worker(root: Path) -> None:
+    print(json.dumps(real_path(root)))
+
+
+def main() -> None:
+    """Run `real_path` in one interpreter per SPEC_STRICT value (unset, 1); write schema_cost_sglang.md/json."""
+    import argparse
+    import os
+    import subprocess
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return _real_worker(args.worker)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for level in ("unset", "1"):
+            env = {k: v for k, v in os.environ.items() if k != "SPEC_STRICT"}
+            env.update({} if level == "unset" else {"SPEC_STRICT": level}, OMP_NUM_THREADS="1")
+            proc = subprocess.run([sys.executable, __file__, "--worker", str(Path(tmp) / level)], env=env,
+                                  capture_output=True, text=True, timeout=900)
+            if proc.returncode:
+                raise SystemExit(f"worker failed (SPEC_STRICT={level}):\n{proc.stderr[-3000:]}")
+            runs[level] = json.loads(proc.stdout.strip().splitlines()[-1])
+    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/schema_cost_sglang.py --out bench/results"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "schema_cost_sglang.json").write_text(json.dumps({"command": command, "runs": runs}, indent=2) + "\n")
+    text = "\n".join(real_markdown(runs, command)) + "\n"
+    (args.out / "schema_cost_sglang.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

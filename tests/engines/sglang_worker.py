@@ -14,6 +14,8 @@ is replaced, and why (everything else is sglang's code):
   only the softmax(QK^T)V over it is torch's (under the Triton interpreter they cost ~3 s an iteration);
   sglang registers no CPU multi-step draft backend but `intel_amx` (needs sgl_kernel) and its
   `torch_native` backend has no tree mask;
+- the draft's multi-step kv-index builder (`generate_draft_decode_kv_indices`, half of an iteration's
+  time under the interpreter) is a torch function of the same arguments (`_DraftDecodeKvIndices`);
 - the Triton interpreter's `__index__` reads a one-element block (numpy 2 refuses `int()` of a 1-d
   array; sglang's kv-index kernel loops over a loaded length);
 - sglang's CPU fallbacks that exist only for NPU (`cache_locs`) take the Triton path, as
@@ -149,6 +151,39 @@ def _extend_attention(q_extend: Any, k_extend: Any, v_extend: Any, o_extend: Any
         o_extend[qs:qe] = _attend(q_extend[qs:qe], k, v, allowed, scale).to(o_extend.dtype)
 
 
+class _DraftDecodeKvIndices:
+    """sglang's `generate_draft_decode_kv_indices[(num_steps, bs, topk)](...)` in torch (token-granular
+    pool, no window): for draft step i, request b, branch k, the prefix's token slots then the branch's
+    i + 1 draft slots (`seq_len + k * num_steps + [0, i]`); kv_indptr[j] = sum(positions[:j]) + j * (i + 1)."""
+
+    def __getitem__(self, grid: tuple[int, int, int]) -> Any:
+        return lambda *args, **kwargs: self.run(grid, *args, **kwargs)
+
+    @staticmethod
+    def run(grid: tuple[int, int, int], req_pool_indices: Any, req_to_token: Any, seq_lens: Any, kv_indices: Any,
+            kv_indptr: Any, positions: Any, row_stride: int, kv_indices_stride: int, kv_indptr_stride: int,
+            bs_upper: int, iter_upper: int, num_tokens_upper: int, page_size: int, window_size: int = 0,
+            sink_size: int = 0, ENTRY_PAGE_SIZE: int = 1, v2p: Any = None, TRANSLATE: bool = False) -> None:
+        _unsupported(page_size=page_size != 1, window=window_size > 0, paged_entries=ENTRY_PAGE_SIZE != 1,
+                     translate=TRANSLATE)
+        steps, bs, topk = grid
+        lens = [int(n) for n in seq_lens[:bs]]
+        rows = req_to_token.view(-1)
+        pos = positions[:bs * topk].long()
+        for i in range(steps):
+            out = kv_indices.view(-1)[i * kv_indices_stride:]
+            offset = 0
+            for b in range(bs):
+                row = rows[int(req_pool_indices[b]) * row_stride:]
+                for k in range(topk):
+                    draft = torch.arange(i + 1) + lens[b] + k * steps
+                    out[offset:offset + lens[b] + i + 1] = torch.cat([row[:lens[b]], row[draft]])
+                    offset += lens[b] + i + 1
+            indptr = kv_indptr.view(-1)[i * kv_indptr_stride:]
+            j = torch.arange(1, bs * topk + 1)
+            indptr[1:bs * topk + 1] = (pos.cumsum(0) + j * (i + 1)).to(indptr.dtype)
+
+
 # --- the CPU patches ---------------------------------------------------------------------------------
 
 
@@ -185,6 +220,7 @@ def cpu_patches(mods: SimpleNamespace) -> Iterator[None]:
             self.decode_attention_fwd, self.extend_attention_fwd = _decode_attention, _extend_attention
 
         mp.setattr(triton_backend.TritonAttnBackend, "__init__", backend_init)
+        mp.setattr(triton_backend, "generate_draft_decode_kv_indices", _DraftDecodeKvIndices())
         yield
     finally:
         mp.undo()
