@@ -54,9 +54,10 @@ def install(config: Any, tree_mask_mode: Any = None, *, draft_config: bool = Tru
     _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
     if _SAVED:
         return True
-    missing = [why for why in map(probe, BOUNDARIES) if why is not None]
-    for b in BOUNDARIES:
-        if probe(b) is None:
+    probes = [(b, probe(b)) for b in BOUNDARIES]
+    missing = [why for _, why in probes if why is not None]
+    for b, why in probes:
+        if why is None:
             _wrap(b)
     if missing:
         warnings.warn("spec_schema.engines.sglang.install: this sglang lacks " + "; ".join(missing)
