@@ -61,15 +61,17 @@ target's last layer is never captured (and repeated ids count once): ids stay be
 
 
 def build_models(root: Path, aux_layer_ids: Optional[list[int]] = None) -> dict[str, Path]:
-    """A tiny 3-layer Llama target, an EAGLE-3 head (2 aux layers: hidden_extend 128) and a STANDALONE
-    draft (hidden 32) in HF layout under `root`."""
-    from spec_runtime.tiny import build_tiny_eagle3, build_tiny_standalone, build_tiny_target
+    """A tiny 3-layer Llama target (hidden 64, vocab 256), the STANDALONE draft it was widened from
+    (hidden 32, 1 layer: it agrees with the target on most greedy tokens, so verify accepts drafts and
+    a wrong tree mask would show in the output) and a random EAGLE-3 head (2 aux layers: hidden_extend
+    128), in HF layout under `root`."""
+    from spec_runtime.tiny import build_tiny_aligned_pair, build_tiny_eagle3
 
-    target = build_tiny_target(root / "target", hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
-                               intermediate_size=96, vocab_size=256)
+    target, draft = build_tiny_aligned_pair(root / "target", root / "standalone", hidden_size=32, num_layers=1,
+                                            num_heads=2, num_kv_heads=1, intermediate_size=48, vocab_size=256,
+                                            extra_layers=2)
     head = build_tiny_eagle3(root / "eagle3", target, hidden_size=64, aux_layer_ids=aux_layer_ids or AUX_LAYER_IDS)
-    return {"target": target, "EAGLE3": head,
-            "STANDALONE": build_tiny_standalone(root / "standalone", target, hidden_size=32)}
+    return {"target": target, "EAGLE3": head, "STANDALONE": draft}
 
 
 def spec_config(setup: Setup, models: dict[str, Path]) -> Any:
