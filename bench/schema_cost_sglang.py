@@ -110,7 +110,10 @@ def markdown(result: dict[str, Any]) -> list[str]:
               f"| steady: only the verify input's (its FULL_MASK grows) | {it['boundaries']} | 1 | {st['us']:.1f} | "
               f"{st['percent_of_5ms']:.3f} % |",
               "", "A check at SPEC_STRICT=1 reads dtypes, shapes, devices and host ints only, so `install()` checks "
-              "each signature once (`_sglang_install._check`); an unchanged batch's next objects are found checked."]
+              "each signature once (`_sglang_install._check`); an unchanged batch's next objects are found checked.",
+              "", "These are the objects replayed hot. On sglang's own serving loop (its scheduler, model runner and "
+              "worker on CPU, the wrappers' calls between sglang's own work) see schema_cost_sglang.md "
+              "(`bench/schema_cost_sglang.py --out bench/results`)."]
     return lines
 
 
