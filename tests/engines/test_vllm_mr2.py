@@ -137,6 +137,12 @@ def test_value_level_corruptions_need_level_two(vllm_env):
     too_many = dataclasses.replace(out, num_sampled=torch.full((3,), 3, dtype=torch.int32))  # request 1 has 0 drafts
     with pytest.raises(SpecContractError, match=r"num_sampled exceeds num_drafts_cpu \+ 1"):
         adapter.check(too_many, CONFIG, batch, values=True)
+    tokens = out.sampled_token_ids.clone()
+    tokens[2, 0] = CONFIG.vocab  # a written entry (every row has num_sampled >= 1)
+    adapter.check(dataclasses.replace(out, sampled_token_ids=tokens), CONFIG, batch, values=False)
+    with pytest.raises(SpecContractError, match=r"sampled_token_ids -> ChainVerifyOutput.output_tokens: value "
+                       r"invariant broken: a sampled token id outside \[0, vocab = 32\)"):
+        adapter.check(dataclasses.replace(out, sampled_token_ids=tokens), CONFIG, batch, values=True)
 
 
 # --- the drafters' propose: target hidden states against the width rule's extend width ----------------

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from spec_schema import SpecContractError, _strict
+from spec_schema.engines import _vllm_install
 from spec_schema.engines import vllm as adapter
 from spec_schema.engines._vllm_install import TARGETS, _checked, _config, _find
 from spec_schema.widths import hidden_width
@@ -48,9 +49,11 @@ def test_vllm_loads_the_plugin_and_it_wraps_every_target(vllm_loads_the_plugin):
 
 def test_without_spec_strict_the_plugin_wraps_nothing(vllm_loads_the_plugin, monkeypatch):
     monkeypatch.setattr(_strict, "LEVEL", 0)
+    calls = []
+    monkeypatch.setattr(_vllm_install, "install", lambda *a: calls.append(a))  # not even asked
     before = _targets()
     vllm_loads_the_plugin()
-    assert not adapter.installed() and all(v is before[k] for k, v in _targets().items())
+    assert not calls and not adapter.installed() and all(v is before[k] for k, v in _targets().items())
 
 
 def test_this_vllm_offers_everything_the_checks_read(vllm_env):
@@ -125,7 +128,7 @@ def test_the_model_runner_gives_its_config_before_its_own_set_up(vllm_env, vllm_
     assert captured.algorithm.value == "EAGLE3" and captured.num_aux == 3
     assert "vllm_config" in inspect.signature(runner.__init__).parameters  # functools.wraps keeps it
     batch = adaptive_batch(vllm_env, 128, 3)
-    with pytest.raises(SpecContractError, match="logits_index: axis num_logits .* 5 \+ 3 = 8"):
+    with pytest.raises(SpecContractError, match=r"logits_index: axis num_logits .* 5 \+ 3 = 8"):
         _checked(batch, consumer="MRv2 RejectionSampler.__call__")
     adaptive = _vllm_config()
     adaptive.speculative_config.enable_adaptive_verification = True
