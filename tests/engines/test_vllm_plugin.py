@@ -1,6 +1,7 @@
 """spec_schema's vLLM plugin: installed by vLLM's `load_general_plugins`, nothing wrapped without
 SPEC_STRICT, the config built from vLLM's own configs in the process, what vLLM offers probed."""
 
+import dataclasses
 import importlib
 import inspect
 import warnings
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from spec_schema import SpecContractError, _strict
+from spec_schema import BOUNDARY_CALLS, SpecContractError, _strict
 from spec_schema.engines import _vllm_install
 from spec_schema.engines import vllm as adapter
 from spec_schema.engines._vllm_install import TARGETS, _checked, _config, _find
@@ -135,3 +136,18 @@ def test_the_model_runner_gives_its_config_before_its_own_set_up(vllm_env, vllm_
     with pytest.raises(AttributeError):  # vLLM's own set-up, on the stand-in
         runner(adaptive, torch.device("cpu"))
     _checked(batch, consumer="MRv2 RejectionSampler.__call__")  # the device holds the counts now
+
+
+def test_installed_v1_sampler_checks_its_metadata_and_output(vllm_env, vllm_loads_the_plugin):
+    """V1's path under the plugin: a valid batch is checked in and out; counts that disagree with the
+    offsets (vLLM would write one request's tokens into the next row) are stopped before its kernel."""
+    vllm_loads_the_plugin()
+    md = env.runner_metadata(vllm_env, [[1, 2, 3], [4]], [0, 0], 32)
+    logits = torch.randn((md.logits_indices.shape[0], 32), generator=torch.Generator().manual_seed(0))
+    before = BOUNDARY_CALLS["vllm RejectionSampler.forward"]
+    env.greedy_verify(vllm_env, md, logits)
+    assert BOUNDARY_CALLS["vllm RejectionSampler.forward"] == before + 2
+    bad = dataclasses.replace(md, num_draft_tokens=[1, 1])
+    with pytest.raises(SpecContractError, match=r"vllm SpecDecodeMetadata.num_draft_tokens -> ChainVerifyInput."
+                       r"num_drafts_cpu: sums to 2 .* \[consumer: RejectionSampler.forward\]"):
+        env.greedy_verify(vllm_env, bad, logits)
