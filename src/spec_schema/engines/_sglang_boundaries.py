@@ -9,6 +9,7 @@ keeps it equal and checks that every row of `BOUNDARIES` is wrapped after `insta
 
 import importlib
 import inspect
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -213,9 +214,16 @@ class Bound:
         self.slots = tuple((n, by_name[n][0] if by_name[n][1].kind in _POSITIONAL else None,
                             None if by_name[n][1].default is inspect.Parameter.empty else by_name[n][1].default)
                            for n in names)
+        positions = [i for _, i, _ in self.slots]
+        self.reach = max(positions) + 1 if None not in positions else None  # all passed by position: fast
+        self.by_position = operator.itemgetter(*positions) if self.reach is not None else None
+        self.single = len(names) == 1
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         n = len(args)
+        if not kwargs and self.reach is not None and n >= self.reach:
+            got = self.by_position(args)
+            return (got,) if self.single else got
         return tuple(kwargs[name] if name in kwargs else args[i] if i is not None and i < n else default
                      for name, i, default in self.slots)
 

@@ -142,12 +142,13 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
 def _sample(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def eagle_sample(*args: Any, **kwargs: Any) -> Any:
+        if not _outermost():  # inside EAGLEWorkerV2.verify: verify's entry and exit check both objects
+            return fn(*args, **kwargs)
         verify_input, batch = get(args, kwargs)
         live = _live(batch)
-        if _outermost():  # inside EAGLEWorkerV2.verify, verify's entry checked it
-            _check(verify_input, live, consumer=label)
+        _check(verify_input, live, consumer=label)
         out = fn(*args, **kwargs)
-        if _outermost():  # inside EAGLEWorkerV2.verify its result is checked at verify's exit
+        if _outermost():
             from sglang.srt.managers.utils import GenerationBatchResult
 
             predict, accept_lens, accept_index = out
@@ -200,13 +201,13 @@ def _takes_and_makes(made: Callable[[Any], Any]) -> Hook:
     def make(fn: Any, get: Bound, label: str) -> Any:
         @functools.wraps(fn)
         def method(*args: Any, **kwargs: Any) -> Any:
+            if not _active():
+                return fn(*args, **kwargs)
             _, batch = get(args, kwargs)
             live = _live(batch)
-            if _active():
-                _check(batch.spec_info, live, consumer=label)
+            _check(batch.spec_info, live, consumer=label)
             out = _inside(fn, *args, **kwargs)
-            if _active():
-                _check(made(out), live, producer=label)
+            _check(made(out), live, producer=label)
             return out
         return method
     return make
@@ -238,13 +239,13 @@ def _extend_cls() -> type:
 def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def _draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
+        if not _active():
+            return fn(*args, **kwargs)
         _, batch, result = get(args, kwargs)
         live = _live(batch)
-        if _active():
-            _check(result, live, consumer=label)
+        _check(result, live, consumer=label)
         out = _inside(fn, *args, **kwargs)
-        if _active():
-            _check(result.next_draft_input, live, producer=label)
+        _check(result.next_draft_input, live, producer=label)
         return out
     return _draft_extend_for_decode
 

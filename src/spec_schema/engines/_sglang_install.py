@@ -22,9 +22,9 @@ from .. import _strict
 from ..config import SpecConfig
 from . import _sglang_copyin, _sglang_hooks
 from ._sglang_boundaries import BOUNDARIES, Bound, Boundary, probe, resolve
-from ._sglang_runtime import _SAME, _SAVED, _SEEN, _STATE, _active, _check, installed, read_values, signature
+from ._sglang_runtime import _SAVED, _SEEN, _active, _check, configure, installed, read_values, signature
 
-__all__ = ["install", "uninstall", "installed", "wrapped", "HOOKS", "read_values", "signature", "_SEEN", "_SAME",
+__all__ = ["install", "uninstall", "installed", "wrapped", "HOOKS", "read_values", "signature", "_SEEN",
            "_active", "_check"]
 
 HOOKS = {**_sglang_hooks.HOOKS, **_sglang_copyin.HOOKS}
@@ -51,7 +51,7 @@ def install(config: Any, tree_mask_mode: Any = None, *, draft_config: bool = Tru
         raise TypeError(f"install(config): a SpecConfig or a callable returning one, got {type(config).__name__}")
     if not _SAVED:
         _require_sglang()
-    _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
+    configure(config, tree_mask_mode, draft_config)
     if _SAVED:
         return True
     probes = [(b, probe(b)) for b in BOUNDARIES]

@@ -14,6 +14,7 @@ from .. import _strict
 from .._contract import BOUNDARY_CALLS, standing_aside
 from ..config import SpecConfig
 from . import _sglang_check as adapter
+from ._sglang_check import _CLASS_OF
 
 _BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
 _BATCH_SHAPES = ("seq_lens", "req_pool_indices", "input_ids", "extend_num_tokens")
@@ -28,19 +29,31 @@ _READ_NAMES = {m.engine_cls: tuple(sorted(
     | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
 
 
-def _sig(attr: str, value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        if attr == "seq_lens_cpu":  # host lengths: a FULL_MASK's length check may sum them (verify only)
-            return tuple(value.tolist())
-        dev = value.get_device()  # as the field check compares devices: index, or type off accelerators
-        return value.dtype, value.shape, dev if dev >= 0 else value.device.type
-    if isinstance(value, list):
-        return tuple(value)
-    return value if value is None or isinstance(value, (int, str, bool)) else type(value)
+_TENSOR, _PLAIN = torch.Tensor, (int, str, bool)
+
+
+def _sig(value: Any) -> Any:
+    """A value's part of a signature: a tensor's (dtype, shape, device); a list as a tuple; ints, strings,
+    bools and None as they are; anything else by its type."""
+    if isinstance(value, _TENSOR):
+        return value.dtype, value.shape, value.device
+    if value is None or isinstance(value, _PLAIN):
+        return value
+    return tuple(value) if isinstance(value, list) else type(value)
+
+
+def _lengths(value: Any) -> Any:
+    """Host lengths (`seq_lens_cpu`) by value: a FULL_MASK's length check may sum them (verify only)."""
+    return tuple(value.tolist()) if isinstance(value, _TENSOR) else _sig(value)
+
+
+_HOST = {name: names.index("seq_lens_cpu") if "seq_lens_cpu" in names else None for name, names in _READ_NAMES.items()}
+_BATCH_HOST = _BATCH_ATTRS.index("seq_lens_cpu")
+_READ_BATCH = {True: operator.attrgetter(*_BATCH_ATTRS), False: operator.attrgetter(*_BATCH_SHAPES)}
 
 
 def read_values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
-    """The values a check of `obj` reads (the object's attributes, the batch's), for identity memos."""
+    """The values a check of `obj` reads (the object's attributes, the batch's)."""
     own = _READ[name](obj)
     return own if batch is None else own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
 
@@ -49,17 +62,30 @@ def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
     """What a strict-level-1 check of `obj` depends on: each tensor's dtype, shape and device, the host
     lengths and counts, and the sizes held as ints (on the object and the batch). Two objects with one
     signature get one verdict, so `install` checks a signature once."""
-    own = _READ[name](obj)
-    sig = tuple(_sig(a, v) for a, v in zip(_READ_NAMES[name], own))
+    sig = [name, type(obj), *map(_sig, _READ[name](obj))]
+    host = _HOST[name]
+    if host is not None:
+        sig[2 + host] = _lengths(obj.seq_lens_cpu)
     if batch is None:
-        return (name, type(obj)) + sig
-    attrs = _BATCH_ATTRS if name == "EagleVerifyInput" else _BATCH_SHAPES  # only a mask reads host lengths
-    return (name, type(obj), *sig, *(_sig(a, getattr(batch, a, None)) for a in attrs))
-
+        return tuple(sig)
+    verify = name == "EagleVerifyInput"  # only a mask reads host lengths
+    try:
+        part = list(map(_sig, _READ_BATCH[verify](batch)))
+    except AttributeError:  # a batch lacking some attribute: read as None, as the check does
+        part = [_sig(getattr(batch, a, None)) for a in (_BATCH_ATTRS if verify else _BATCH_SHAPES)]
+    if verify:
+        part[_BATCH_HOST] = _lengths(getattr(batch, "seq_lens_cpu", None))
+    return (*sig, *part)
 
 
 _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wrapping order
-_STATE = SimpleNamespace(config=None, mask_mode=None, draft_config=True)
+_STATE = SimpleNamespace(config=None, provider=None, mask_mode=None, draft_config=True)
+
+
+def configure(config: Any, tree_mask_mode: Any, draft_config: bool) -> None:
+    """What the wrappers check against (`install()`'s arguments); a callable config is called at each check."""
+    _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
+    _STATE.provider = config if callable(config) and not isinstance(config, SpecConfig) else None
 
 
 def installed() -> bool:
@@ -68,8 +94,8 @@ def installed() -> bool:
 
 
 def _config() -> Optional[SpecConfig]:
-    c = _STATE.config
-    return c() if callable(c) and not isinstance(c, SpecConfig) else c
+    provider = _STATE.provider  # (no isinstance here: pydantic's ABC instance check is slow on every call)
+    return _STATE.config if provider is None else provider()
 
 
 MASK_MODE = "_spec_schema_tree_mask_mode"
@@ -90,43 +116,35 @@ class _Local(threading.local):
 
 
 _LOCAL = _Local()
-_SEEN: dict[tuple[Any, ...], Any] = {}  # signature -> the config it passed under
-_SAME: dict[tuple[int, int, int], tuple[Any, ...]] = {}  # (config, object, batch) ids -> the values that passed
-_SEEN_SIZE = 64
+_SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, signature) -> the config it passed under
+_SEEN_SIZE = 256
 
 
 def _remember(table: dict, key: Any, value: Any) -> None:
-    if len(table) >= _SEEN_SIZE:
-        del table[next(iter(table))]
+    if len(table) >= _SEEN_SIZE:  # a memo, not a history: start again (one check per signature after)
+        table.clear()
     table[key] = value
 
 
 def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "") -> None:
-    """Check `obj` unless it, or an object of the same signature, passed under this config.
+    """Check `obj` unless an object of the same signature passed under this config.
 
     At SPEC_STRICT=1 a check reads each tensor's dtype, shape and device and a few host ints
     (`signature`), so one verdict holds for every object with the same signature: each
-    iteration's new objects of an unchanged batch are not checked again. An object crossing its next
-    boundary with the very same values is recognised first, by identity (the memo holds those values,
-    so their ids are not reused while remembered). Level 2 reads values: every boundary checks.
+    iteration's new objects of an unchanged batch are not checked again, and each call reads the
+    signature afresh (nothing is trusted by identity). Level 2 reads values: every boundary checks.
     """
-    name = adapter._engine_class(obj)
+    name = _CLASS_OF.get(type(obj)) or adapter._engine_class(obj)
     config = _config() if _STATE.draft_config or name != "EagleDraftInput" else None
     if _strict.LEVEL >= 2:
         _full_check(obj, batch, config, producer, consumer)
         return
-    values = read_values(name, obj, batch)
-    same = (id(config), id(obj), id(batch))
-    known = _SAME.get(same)
-    if known is not None and known[0] is config and all(map(operator.is_, known[1], values)):
-        return
     mode = _mask_mode(obj) if name == "EagleVerifyInput" else None
-    key = (id(config), mode, signature(name, obj, batch))
+    key = (id(config), mode, *signature(name, obj, batch))
     if _SEEN.get(key, _SEEN) is not config:  # (a config of None is remembered too)
         if _full_check(obj, batch, config, producer, consumer, mode) is None:
             return  # an unresolved overlap handle: nothing checked, nothing remembered
         _remember(_SEEN, key, config)
-    _remember(_SAME, same, (config, values, obj, batch))
 
 
 def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any = None) -> Any:
@@ -149,6 +167,6 @@ def _inside(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _outermost() -> bool:
-    return _active() and _LOCAL.depth == 0
+    return _LOCAL.depth == 0 and _active()  # inside a wrapped producer: nothing more is read
 
 
