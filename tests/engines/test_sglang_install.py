@@ -175,3 +175,25 @@ def test_a_prefilled_request_joining_a_decoding_batch_merges(wrapped):
     other.topk_index = other.topk_index.int()
     with pytest.raises(SpecContractError, match=r"topk_index is torch\.int64 on the left and torch\.int32"):
         env.draft_input(sg, CONFIG, 2, gen, torch.int32).merge_batch(other)
+
+
+def test_the_memo_never_lets_a_changed_object_pass(wrapped):
+    """At SPEC_STRICT=1 one verdict holds per signature, read afresh at every check: the same object with
+    a tensor resized in place, or a batch whose field the check reads changed, is checked again."""
+    from spec_schema.engines import _sglang_install
+
+    sg, gen = wrapped, torch.Generator().manual_seed(4)
+    sb = env.batch([5, 9])
+    live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    BOUNDARY_CALLS.clear()
+    for _ in range(2):
+        _sglang_install._check(live, sb, consumer="memo")
+    assert BOUNDARY_CALLS["sglang memo"] == 1  # the second call: a known signature
+    live.topk_index.resize_(2, 1)  # the same tensor object, another shape
+    with pytest.raises(SpecContractError, match=r"topk_index -> DraftInput\.topk_index: axis topk"):
+        _sglang_install._check(live, sb, consumer="memo")
+    live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    _sglang_install._check(live, sb, consumer="memo")
+    sb.req_pool_indices.resize_(3)  # a batch field the draft input's check reads
+    with pytest.raises(SpecContractError, match=r"req_pool_indices"):
+        _sglang_install._check(live, sb, consumer="memo")
