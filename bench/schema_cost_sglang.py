@@ -78,7 +78,7 @@ def measure(clock: Any, config: Any, budget_us: float) -> dict[str, Any]:
                 if cold:  # every object of the iteration has a signature not seen before
                     seen.clear()
                 else:  # steady state: the verify input's FULL_MASK grows with seq_lens every iteration
-                    for key in [k for k in seen if k[2][0] == "EagleVerifyInput"]:
+                    for key in [k for k in seen if k[2] == "EagleVerifyInput"]:
                         del seen[key]
                 for obj, batch, producer, consumer in steps:
                     if _sglang_install._active():
