@@ -197,6 +197,8 @@ def check(
     """
     if index_dtypes is not None and index_dtypes.cls is not cls:
         raise TypeError(f"index_dtypes is a policy for {index_dtypes.cls.__name__}, not {cls.__name__}")
+    if mapping:
+        _known_fields(cls, mapping)
     getter = getattr if isinstance(obj, cls) else _foreign_getter(cls, mapping or {})
     ctx = Context(cls.__name__, producer, consumer)
     _check(obj, cls, config, ctx, getter, _strict.LEVEL >= 2 if values is None else values, index_dtypes)
@@ -209,6 +211,8 @@ def check_merge(left: Any, right: Any, cls: type, *, mapping: Optional[Mapping[s
     calls this first. A field absent or None on either side is skipped (presence is the field
     check's business). Runs whatever SPEC_STRICT says; raises `SpecContractError`.
     """
+    if mapping:
+        _known_fields(cls, mapping)
     lget = getattr if isinstance(left, cls) else _foreign_getter(cls, mapping or {})
     rget = getattr if isinstance(right, cls) else _foreign_getter(cls, mapping or {})
     for f in plan_for(cls).fields:
@@ -221,6 +225,14 @@ def check_merge(left: Any, right: Any, cls: type, *, mapping: Optional[Mapping[s
                 "one dtype per field across a merge (torch.cat would promote silently)",
                 cls_name=cls.__name__, field=f.name,
             )
+
+
+def _known_fields(cls: type, mapping: Mapping[str, str]) -> None:
+    """A mapping names fields of `cls` only (a misspelt key would silently leave its field unmapped)."""
+    unknown = sorted(set(mapping) - {f.name for f in plan_for(cls).fields})
+    if unknown:
+        raise ValueError(f"mapping: {cls.__name__} has no field {', '.join(map(repr, unknown))}; its fields: "
+                         f"{', '.join(f.name for f in plan_for(cls).fields)}")
 
 
 def view_of(cls: type[T], fields: Mapping[str, Any]) -> T:

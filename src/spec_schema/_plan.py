@@ -138,7 +138,9 @@ def check_fields(
             raise ctx.fail(f.name, f"must be None ({want[1]})", value)
         if f.kind == "tensor":
             _check_tensor(f, value, ctx, bound, want)
-            dev = value.get_device()
+            dev = value.get_device()  # an accelerator's index (the hot path: an int) ...
+            if dev < 0:  # ... or, off accelerators, the device type: meta and CPU both report -1
+                dev = value.device.type
             if device is None:
                 device = (dev, f.name)
             elif dev != device[0]:

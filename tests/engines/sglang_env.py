@@ -319,3 +319,33 @@ def all_objects(mods: SimpleNamespace, config: Any, seed: int = 0) -> list[tuple
         ("extend idle", info.EagleDraftExtendInput.create_idle_input(
             "cpu", DraftExtendInput.hidden_size_for(config), DraftExtendInput.dtype_for(config)), None),
     ]
+
+
+# --- a speculative worker as the plugin finds it (helper A) --------------------------------------------
+
+
+def hf_config(dims: Any) -> dict[str, Any]:
+    """A model's config.json as sglang's ModelConfig.hf_config holds it, from the contract's ModelDims."""
+    return {k: v for k, v in dims.model_dump().items() if v is not None and k != "dtype"}
+
+
+def worker(mods: SimpleNamespace, config: Any, cls: Any = None, **attrs: Any) -> Any:
+    """An sglang speculative worker (EAGLEWorkerV2 unless `cls`) holding what a started one holds for
+    the plugin: the algorithm, steps / topk / draft tokens, both models' configs and dtypes, the draft
+    worker's tree-mask mode, the server args; built without running its constructor (no models)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    def runner(dims: Any) -> SimpleNamespace:
+        mc = SimpleNamespace(hf_config=hf_config(dims), dtype=dims.torch_dtype)
+        return SimpleNamespace(model_config=mc, attn_backend=SimpleNamespace(verify_mask=None, max_context_len=64))
+
+    w = object.__new__(cls or mods.eagle_worker_v2.EAGLEWorkerV2)
+    w.__dict__.update(
+        speculative_algorithm=SpeculativeAlgorithm[config.algorithm.value], speculative_num_steps=config.num_steps,
+        topk=config.topk, speculative_num_draft_tokens=config.num_draft_tokens, device="cpu",
+        server_args=SimpleNamespace(model_path="target-dir", speculative_draft_model_path="draft-dir"),
+        _target_worker=SimpleNamespace(model_runner=runner(config.target)),
+        _draft_worker=SimpleNamespace(draft_runner=runner(config.draft), _rebuild_topk1_chain_buffers=lambda: None,
+                                      tree_mask_mode=mods.spec_tree.TreeMaskMode.QLEN_ONLY))
+    w.__dict__.update(attrs)
+    return w

@@ -211,3 +211,59 @@ def test_a_missing_engine_skips_locally_and_fails_under_ci(monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="is not importable.*CI=true"):
         with env.loaded():
             pass
+
+
+def test_a_field_on_another_device_type_is_refused_and_strided_views_pass(objects):
+    """#42: one field on the meta device, the rest on the CPU (both report get_device() == -1)."""
+    config = CONFIGS["EAGLE"]
+    obj, sb = next((o, b) for label, o, b in objects["EAGLE"] if label == "draft decode")
+    meta = copy.copy(obj)
+    meta.topk_p = torch.empty(obj.topk_p.shape, dtype=obj.topk_p.dtype, device="meta")
+    with pytest.raises(SpecContractError, match=r"is on cpu, expected the device of topk_p"):
+        adapter.check(meta, config, sb)
+    strided = copy.copy(obj)  # engines hand views: a transposed (non-contiguous) tensor is valid input
+    strided.topk_p = obj.topk_p.t().contiguous().t()
+    assert not strided.topk_p.is_contiguous()
+    assert adapter.check(strided, config, sb).topk_p.data_ptr() == strided.topk_p.data_ptr()
+
+
+def test_a_mapping_naming_no_field_is_one_line():
+    """#42: check(mapping=...) with a key that is no field of the class (it was ignored)."""
+    from spec_schema import check, check_merge
+
+    obj = SimpleNamespace(topk_p=None)
+    for call in (lambda: check(obj, DraftInput, mapping={"bogus": "topk_p"}),
+                 lambda: check_merge(obj, obj, DraftInput, mapping={"bogus": "topk_p"})):
+        with pytest.raises(ValueError, match=r"^mapping: DraftInput has no field 'bogus'; its fields: topk_p") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_a_full_mask_without_host_lengths_is_not_refused(objects):
+    """sglang's GPU-only seq_lens path (backends that opt out of the host copy) leaves seq_lens_sum and
+    seq_lens_cpu None: a FULL_MASK's length cannot be known, so it is not checked (no false positive)."""
+    config = CONFIGS["EAGLE"]
+    obj, sb = next((o, b) for label, o, b in objects["EAGLE"] if label == "verify full ragged")
+    gpu_only = SimpleNamespace(**{**vars(sb), "seq_lens_cpu": None, "seq_lens_sum": None})
+    bare = copy.copy(obj)
+    bare.seq_lens_sum, bare.seq_lens_cpu = None, None
+    assert adapter.check(bare, config, gpu_only).tree_mask is None
+    bare.custom_mask = obj.custom_mask[:-1]  # with the host lengths known, a short mask is still refused
+    with pytest.raises(SpecContractError, match="FULL_MASK length"):
+        adapter.check(bare, config, sb)
+
+
+def test_the_zero_step_decode_window_is_not_read_as_a_prefill(sg):
+    """Helper B: at speculative_num_steps == 0 the decode window has one row per request
+    (num_tokens_per_req 1, as a prefill's), while the batch's extend_num_tokens is still the prefill's."""
+    gen = torch.Generator().manual_seed(9)
+    config = CONFIGS["EAGLE"]
+    window = sg.eagle_info.EagleDraftExtendInput(
+        hidden_states=env.extend_hidden(config, 2, gen), num_correct_drafts=torch.zeros(2, dtype=torch.int32),
+        num_accept_tokens=torch.ones(2, dtype=torch.int32), num_tokens_per_req=1)
+    sb = env.batch([5, 9], extend_num_tokens=5, input_ids=torch.zeros(2, dtype=torch.int64))
+    assert adapter.check(window, None, sb).hidden_states.shape[0] == 2
+    window.hidden_states = env.extend_hidden(config, 3, gen)
+    with pytest.raises(SpecContractError, match=r"hidden_states -> DraftExtendInput\.hidden_states: 3 rows, expected "
+                                                r"the decode window bs\*num_draft = 2\*1 = 2"):
+        adapter.check(window, None, sb)

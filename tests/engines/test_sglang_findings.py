@@ -79,7 +79,8 @@ def test_merge_of_other_widths_crashes_in_torch_cat(sg):
 
 def test_zero_step_verify_input_has_int32_draft_tokens(sg):
     """With speculative_num_steps == 0 the worker's trivial verify input takes the bonus tokens (int32)
-    as draft_token, where the tree path's draft_token is int64."""
+    as draft_token, where the tree path's draft_token is int64: the adapter's zero-step index policy
+    declares it, the tree path's does not."""
     gen = torch.Generator().manual_seed(4)
     sb = env.batch([5, 9])
     sb.spec_info = env.draft_input(sg, EAGLE, 2, gen, torch.int32)
@@ -90,8 +91,10 @@ def test_zero_step_verify_input_has_int32_draft_tokens(sg):
     trivial = sg.eagle_worker_v2.EAGLEWorkerV2._build_trivial_verify_input(worker, sb)
     tree = env.verify_input(sg, EAGLE, sb, sb.spec_info.bonus_tokens, gen)
     assert (trivial.draft_token.dtype, tree.draft_token.dtype) == (torch.int32, torch.int64)
+    adapter.check(trivial, None, sb)  # the zero-step path's own index policy (a working server must not raise)
+    tree.draft_token = tree.draft_token.int()  # the tree path keeps int64
     with pytest.raises(SpecContractError, match=r"draft_token -> VerifyInput\.draft_token: dtype torch\.int32"):
-        adapter.check(trivial, None, sb)
+        adapter.check(tree, EAGLE, sb)
 
 
 def test_accepted_path_compaction_crashes_on_small_trees(sg):

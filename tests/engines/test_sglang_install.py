@@ -154,3 +154,46 @@ def test_worker_methods_check_their_inputs_before_sglang_runs(wrapped):
     with pytest.raises(SpecContractError, match=r"hidden_states -> DraftExtendInput\.hidden_states: 11 rows"):
         sg.eagle_worker_common.prepare_for_draft_extend(window, sb, torch.zeros(12, dtype=torch.int64), 6, None,
                                                         None, return_hidden_states_before_norm=False)
+
+
+def test_a_prefilled_request_joining_a_decoding_batch_merges(wrapped):
+    """sglang's path for every request that joins mid-flight: its bonus tokens are int64 (prefill), the
+    running batch's int32 (verify). Under install the merge passes (both are the policy's; torch.cat
+    widens losslessly), the merged object is checked; a dtype outside the policy is still refused."""
+    sg, gen = wrapped, torch.Generator().manual_seed(21)
+    running = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    running.merge_batch(env.draft_input(sg, CONFIG, 1, gen, torch.int64))
+    assert running.bonus_tokens.dtype == torch.int64 and running.topk_p.shape[0] == 3
+    with pytest.raises(SpecContractError, match=r"bonus_tokens is torch\.int32 on the left and torch\.int64"):
+        adapter.check_merge_inputs(env.draft_input(sg, CONFIG, 1, gen, torch.int32),
+                                   env.draft_input(sg, CONFIG, 1, gen, torch.int64))  # the finding, by hand
+    floats = env.draft_input(sg, CONFIG, 1, gen, torch.int32)
+    floats.bonus_tokens = floats.bonus_tokens.float()
+    with pytest.raises(SpecContractError, match=r"bonus_tokens"):
+        env.draft_input(sg, CONFIG, 2, gen, torch.int64).merge_batch(floats)
+    other = env.draft_input(sg, CONFIG, 1, gen, torch.int32)
+    other.topk_index = other.topk_index.int()
+    with pytest.raises(SpecContractError, match=r"topk_index is torch\.int64 on the left and torch\.int32"):
+        env.draft_input(sg, CONFIG, 2, gen, torch.int32).merge_batch(other)
+
+
+def test_the_memo_never_lets_a_changed_object_pass(wrapped):
+    """At SPEC_STRICT=1 one verdict holds per signature, read afresh at every check: the same object with
+    a tensor resized in place, or a batch whose field the check reads changed, is checked again."""
+    from spec_schema.engines import _sglang_install
+
+    sg, gen = wrapped, torch.Generator().manual_seed(4)
+    sb = env.batch([5, 9])
+    live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    BOUNDARY_CALLS.clear()
+    for _ in range(2):
+        _sglang_install._check(live, sb, consumer="memo")
+    assert BOUNDARY_CALLS["sglang memo"] == 1  # the second call: a known signature
+    live.topk_index.resize_(2, 1)  # the same tensor object, another shape
+    with pytest.raises(SpecContractError, match=r"topk_index -> DraftInput\.topk_index: axis topk"):
+        _sglang_install._check(live, sb, consumer="memo")
+    live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    _sglang_install._check(live, sb, consumer="memo")
+    sb.req_pool_indices.resize_(3)  # a batch field the draft input's check reads
+    with pytest.raises(SpecContractError, match=r"req_pool_indices"):
+        _sglang_install._check(live, sb, consumer="memo")

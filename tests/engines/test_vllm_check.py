@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spec_schema import ChainVerifyInput, ChainVerifyOutput, SpecContractError
+from spec_schema._contract import check as contract_check
 from spec_schema.engines import mapping_table
 from spec_schema.engines import vllm as adapter
 from spec_schema.policy import IndexPolicy
@@ -19,7 +20,7 @@ from . import vllm_env as env
 
 vllm_env = env.vllm_env
 CONFIG = example_config("EAGLE", vocab=32, num_steps=4, topk=1, num_draft_tokens=5)
-META, OUT = adapter.CLASS_MAPS
+META, OUT = adapter.CLASS_MAPS[:2]  # V1's; Model Runner V2's are test_vllm_mr2.py's
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -99,18 +100,29 @@ def test_a_real_object_passes_and_one_wrong_count_fails(vllm_env):
 
 def test_unsupported_object_names_the_supported_classes():
     with pytest.raises(TypeError, match=r"unsupported object builtins.dict; supported vllm classes: "
-                       r"SpecDecodeMetadata \(-> ChainVerifyInput\), SamplerOutput \(-> ChainVerifyOutput\)"):
+                       r"vllm.v1.spec_decode.metadata.SpecDecodeMetadata \(-> ChainVerifyInput\), "
+                       r"vllm.v1.outputs.SamplerOutput \(-> ChainVerifyOutput\), "
+                       r"vllm.v1.worker.gpu.input_batch.InputBatch \(-> ChainVerifyInput\), "
+                       r"vllm.v1.worker.gpu.sample.output.SamplerOutput \(-> ChainVerifyOutput\)"):
         adapter.check({}, CONFIG)
 
 
-def test_a_version_with_other_attributes_names_the_attribute_and_the_versions():
+def test_a_class_of_the_same_name_elsewhere_is_refused():
+    """Recognised by module and name: a SamplerOutput from another package is not vLLM's."""
+    other = type("SamplerOutput", (), {"__module__": "vllm.v1.other"})()
+    other.sampled_token_ids = torch.zeros((1, 2), dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"unsupported object vllm.v1.other.SamplerOutput"):
+        adapter.check(other, CONFIG)
+
+
+def test_a_version_with_other_attributes_names_the_attribute():
     older = type("SpecDecodeMetadata", (), {"__module__": "vllm.v1.spec_decode.metadata"})()
     for f in META.fields:
         setattr(older, f.engine, None)
     del older.cu_num_sampled_tokens  # as if a release had not added it yet
     older.__dict__.pop("cu_num_sampled_tokens", None)
-    with pytest.raises(AttributeError, match=r"vllm SpecDecodeMetadata has no attribute 'cu_num_sampled_tokens'.*"
-                       r"versions spec_schema.engines.vllm supports: 0.33.0"):
+    with pytest.raises(AttributeError, match=r"vllm SpecDecodeMetadata has no attribute 'cu_num_sampled_tokens': "
+                       r"this vllm \(.*\) lacks an attribute spec_schema.engines.vllm reads"):
         adapter.check(older, CONFIG)
 
 
@@ -121,6 +133,7 @@ def test_the_mapping_is_data_the_docs_are_generated_from():
         for f in cmap.fields:
             assert f"| `{f.contract}` | `{f.engine}` |" in table
     assert adapter.CLASS_MAPS[0].policy.dtypes()["logits_index"] == ("int32", "int64")
+    assert adapter.CLASS_MAPS[2].policy.dtypes()["logits_index"] == ("int64",)
 
 
 def test_make_dummy_passes_level_one_but_not_the_layout(vllm_env):
@@ -143,7 +156,7 @@ def test_vllm_logits_indices_dtype_depends_on_the_path(vllm_env):
     assert dummy.logits_indices.dtype == torch.int32
     strict = IndexPolicy(ChainVerifyInput, {f.contract: torch.int32 for f in META.fields if f.dtype})
     with pytest.raises(SpecContractError, match="logits_index: dtype torch.int64 is not int32"):
-        adapter.contract_check(adapter.view(real), ChainVerifyInput, CONFIG, index_dtypes=strict)
+        contract_check(adapter.view(real), ChainVerifyInput, CONFIG, index_dtypes=strict)
 
 
 @pytest.mark.engine_bug

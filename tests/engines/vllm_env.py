@@ -1,7 +1,8 @@
 """vLLM 0.33.0 on CPU for the engine tests: fakes for its heavy imports, its own builders, its kernels.
 
 `vllm_env` (a session fixture) imports vLLM's `SpecDecodeMetadata`, the model runner's
-`_calc_spec_decode_metadata` and the rejection sampler (`RejectionSampler` with its `Sampler`) with
+`_calc_spec_decode_metadata` and the rejection sampler (`RejectionSampler` with its `Sampler`), and
+Model Runner V2's `InputBatch` builders and rejection sampler (`vllm_mr2.py` drives them), with
 fake `xgrammar`, `llguidance` and `vllm.tool_parsers` modules (grammar backends and tool parsers that the import chain touches and these
 tests never run), `CUDA_VISIBLE_DEVICES=""` (so vLLM keeps the real Triton, see
 vllm/triton_utils/importing.py) and `TRITON_INTERPRET=1`, so its Triton kernels run on CPU tensors.
@@ -111,6 +112,12 @@ def _import_vllm(session: pytest.MonkeyPatch) -> Any:
             from vllm.v1.sample.metadata import SamplingMetadata
             from vllm.v1.sample.sampler import Sampler
             from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+            from vllm.v1.worker.gpu import input_batch as mr2_batch
+            from vllm.v1.worker.gpu.sample import sampler as mr2_sampler
+            from vllm.v1.worker.gpu.sample.output import SamplerOutput as MR2SamplerOutput
+            from vllm.v1.worker.gpu.sample.states import NO_LOGPROBS
+            from vllm.v1.worker.gpu.spec_decode import rejection_sampler as mr2_rejection
+            from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as mr2_speculator
             from vllm.v1.worker.gpu_model_runner import GPUModelRunner
         finally:
             for name in [n for n in sys.modules if any(n == f or n.startswith(f + ".") for f in FAKED)]:
@@ -120,6 +127,8 @@ def _import_vllm(session: pytest.MonkeyPatch) -> Any:
         SpecDecodeMetadata=SpecDecodeMetadata, SamplerOutput=SamplerOutput, SamplingMetadata=SamplingMetadata,
         LogitsProcessors=LogitsProcessors, rejection_sampler=rejection_sampler, GPUModelRunner=GPUModelRunner,
         rejection_sampler_module=rejection_sampler.RejectionSampler(Sampler()),
+        mr2_batch=mr2_batch, mr2_sampler=mr2_sampler, MR2SamplerOutput=MR2SamplerOutput, NO_LOGPROBS=NO_LOGPROBS,
+        mr2_rejection=mr2_rejection, mr2_speculator=mr2_speculator,
     )
 
 

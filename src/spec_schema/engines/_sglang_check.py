@@ -31,12 +31,16 @@ from ._sglang_views import (
     _parts_of,
 )
 
-__all__ = ["SUPPORTED_VERSIONS", "CLASS_MAPS", "POLICIES", "check", "check_merge_inputs"]
+__all__ = ["SUPPORTED_VERSIONS", "CLASS_MAPS", "POLICIES", "check", "check_merge_inputs", "mark_resolved", "resolved"]
 
 SUPPORTED_VERSIONS: tuple[str, ...] = ("0.5.23",)
 """sglang releases whose attributes this adapter reads."""
 
 I32, I64 = torch.int32, torch.int64
+
+ZERO_STEPS = "EagleVerifyInput, speculative_num_steps 0"
+RESOLVED = "_spec_schema_resolved"
+"""The attribute under which `mark_resolved` records the future_indices an overlap input was filled for."""
 
 # Index policies, from what sglang 0.5.23 produces (file and function of each dtype):
 POLICIES: dict[str, IndexPolicy] = {
@@ -51,6 +55,10 @@ POLICIES: dict[str, IndexPolicy] = {
     "EagleDraftExtendInput": IndexPolicy(DraftExtendInput, {}, "sglang EagleDraftExtendInput"),
     # accept_index: torch.full(..., dtype=int32) in eagle_sample; accept_lens int32.
     "GenerationBatchResult": IndexPolicy(VerifyOutput, {"accept_indices": I32}, "sglang verify result"),
+    # speculative_num_steps == 0: EAGLEWorkerV2._build_trivial_verify_input's one-node tree takes the
+    # bonus tokens as they are (int32 from verify, int64 from prefill); the tree path stays int64.
+    ZERO_STEPS: IndexPolicy(VerifyInput, {"draft_token": (I32, I64)},
+                            "sglang EagleVerifyInput (speculative_num_steps 0)"),
 }
 
 def _fm(contract: str, engine: str, layout: str = AS_IS, dtype: str = "") -> FieldMap:
@@ -68,7 +76,8 @@ CLASS_MAPS: tuple[ClassMap, ...] = (
         _fm("draft_probs", "draft_probs", RANK2_ONLY),
     ), POLICIES["EagleDraftInput"],
         "idle (create_idle_input), live, after merge_batch / filter_batch; without `batch` the batch fields "
-        "are left out. The V2 overlap handle (future_indices set) holds no tensors and is not checked."),
+        "are left out. The overlap scheduler's input (future_indices set) is checked once FutureMap has filled "
+        "it for those indices (`mark_resolved`); before that it is a handle with stale or no tensors."),
     ClassMap("EagleVerifyInput", VerifyInput, (
         _fm("draft_token", "draft_token", FLAT_BS_N),
         _fm("positions", "positions", FLAT_BS_N),
@@ -111,10 +120,11 @@ CLASS_MAPS: tuple[ClassMap, ...] = (
 """sglang's classes mapped onto the phase classes; `check` builds its views from these."""
 
 _BY_NAME = {m.engine_cls: m for m in CLASS_MAPS}
+_WIDENING = {"bonus_tokens": (I32, I64)}  # EagleDraftInput index fields a merge may widen (the policy's pair)
 _REQUIRED_ATTRS = {
     "EagleDraftInput": ("topk_p", "topk_index", "hidden_states", "bonus_tokens", "draft_probs", "future_indices"),
     "EagleVerifyInput": ("draft_token", "custom_mask", "positions", "retrieve_index", "retrieve_next_token",
-                         "retrieve_next_sibling", "draft_token_num", "seq_lens_cpu", "seq_lens_sum"),
+                         "retrieve_next_sibling", "draft_token_num", "seq_lens_cpu", "seq_lens_sum", "spec_steps"),
     "EagleDraftExtendInput": ("hidden_states", "num_correct_drafts", "num_accept_tokens", "num_accept_tokens_cpu",
                               "input_ids", "seq_lens", "req_pool_indices", "positions", "bonus_tokens",
                               "num_tokens_per_req"),
@@ -214,10 +224,12 @@ def _left_out(name: str, ctx: _Ctx, fields: dict[str, Any]) -> set[str]:
 
 
 def _extend_path(obj: Any, config: Optional[SpecConfig]) -> str:
-    """"idle" (create_idle_input leaves num_tokens_per_req at -1), "prefill" (_draft_extend_for_prefill
-    sets 1) or "decode" (_draft_extend_for_decode: the fixed window of num_draft rows per request)."""
-    per_req = obj.num_tokens_per_req
-    return "idle" if per_req < 0 else "prefill" if per_req == 1 else "decode"
+    """"idle" (create_idle_input leaves num_tokens_per_req at -1), "decode" (_draft_extend_for_decode
+    sets the accept counts: the fixed window of num_draft rows per request, one row at zero steps) or
+    "prefill" (_draft_extend_for_prefill: no accept counts, one row per extend token)."""
+    if obj.num_tokens_per_req < 0:
+        return "idle"
+    return "prefill" if obj.num_accept_tokens is None else "decode"
 
 
 def _view(cls: type, fields: dict[str, Any]) -> Any:
@@ -300,19 +312,20 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
     `req_pool_indices`, `input_ids`, `seq_lens_cpu`, `seq_lens_sum`); without it the fields sglang
     keeps there are left out. `values`: also the value invariants (default: at SPEC_STRICT=2; they
     read tensor data). Returns a `DraftInput` / `VerifyInput` / `DraftExtendInput` / `VerifyOutput`
-    over views of sglang's tensors (fields sglang does not carry are None), or None for the V2
-    overlap handle (`future_indices` set). `tree_mask_mode` (sglang's `TreeMaskMode` or its name) says
-    how to read `EagleVerifyInput.custom_mask`; by default a bool mask of exactly bs*num_draft^2 is
+    over views of sglang's tensors (fields sglang does not carry are None), or None for an
+    unresolved overlap handle (`future_indices` set, not filled for them: `mark_resolved`).
+    `tree_mask_mode` (sglang's `TreeMaskMode` or its name) says how to read `EagleVerifyInput.custom_mask`; by default a bool mask of exactly bs*num_draft^2 is
     QLEN_ONLY, a longer one FULL_MASK, an integer one bit-packed (a preallocated QLEN_ONLY buffer
     longer than the batch needs the mode). Raises `SpecContractError` naming sglang's attribute and
     the contract's field; `TypeError` for an unsupported object; `AttributeError` for an sglang
     whose classes lack an attribute this adapter reads.
     """
     name = _engine_class(obj)
-    if name == "EagleDraftInput" and obj.future_indices is not None:
+    if name == "EagleDraftInput" and obj.future_indices is not None and not resolved(obj):
         return None
     cmap = _BY_NAME[name]
     cls = cmap.contract_cls
+    policy = POLICIES[ZERO_STEPS] if name == "EagleVerifyInput" and obj.spec_steps == 0 else cmap.policy
     values = _strict.LEVEL >= 2 if values is None else values
     try:
         if name == "EagleVerifyInput" and config is not None and obj.draft_token_num != config.num_draft_tokens:
@@ -326,7 +339,7 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
         if window:
             _check_window(ctx, obj, fields)
         keep = _ALL[name] - left_out
-        _check_fields(view, cls, ctx, keep, cmap.policy, producer, consumer)
+        _check_fields(view, cls, ctx, keep, policy, producer, consumer)
         host = getattr(cls, "_host_problem", None)
         if host is not None and not window and "num_accept_tokens" in keep and "input_ids" in keep:
             problem = host(view)
@@ -334,7 +347,7 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
                 raise Context(cls.__name__, producer, consumer).fail(problem[0], problem[1])
         if values and not left_out:
             contract_check(view, cls, config, values=True, producer=producer, consumer=consumer,
-                           index_dtypes=cmap.policy)
+                           index_dtypes=policy)
     except SpecContractError as err:
         if str(err).startswith("sglang "):
             raise
@@ -342,6 +355,17 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
     if values and window:
         _window_values(ctx, obj)
     return view
+
+
+def mark_resolved(obj: Any) -> None:
+    """Record that sglang's overlap scheduler filled this `EagleDraftInput`'s tensors for its current
+    `future_indices` (`FutureMap._resolve_spec_extras`): `check` then checks it like any input."""
+    obj.__dict__[RESOLVED] = obj.future_indices
+
+
+def resolved(obj: Any) -> bool:
+    """Whether `obj`'s tensors were filled for its current `future_indices` (see `mark_resolved`)."""
+    return obj.__dict__.get(RESOLVED) is obj.future_indices
 
 
 def _check_window(ctx: _Ctx, obj: Any, fields: dict[str, Any]) -> None:
@@ -374,12 +398,22 @@ def _window_values(ctx: _Ctx, obj: Any) -> None:
         raise _fail(ctx, f, None, f"value invariant broken: outside [1, num_draft = {n}] (the window)")
 
 
-def check_merge_inputs(left: Any, right: Any) -> None:
-    """Refuse an `EagleDraftInput.merge_batch` whose sides differ in an index dtype (torch.cat would promote)."""
+def check_merge_inputs(left: Any, right: Any, *, widen: bool = False) -> None:
+    """Refuse an `EagleDraftInput.merge_batch` whose sides differ in an index dtype (torch.cat would promote).
+
+    `widen=True` (what `install` uses): a field whose index policy declares several dtypes
+    (`bonus_tokens`: int32 from verify, int64 from prefill) may merge across them, as sglang does for
+    every request that joins a decoding batch (torch.cat widens to int64 losslessly, and the merged
+    object is checked after); any other difference is still refused."""
     if len(left.topk_index) == 0 or len(right.topk_index) == 0:
         return  # sglang short-circuits an idle side: nothing is concatenated
     try:
         views = [_view(DraftInput, _build("EagleDraftInput", side, None, None)[1]) for side in (left, right)]
+        if widen:
+            for view in views:
+                for f in _WIDENING:
+                    if getattr(view, f) is not None and getattr(view, f).dtype in _WIDENING[f]:
+                        view.__dict__[f] = None  # within the policy's dtypes: not compared
         check_merge(views[0], views[1], DraftInput)
     except SpecContractError as err:
         raise _rename(err, "EagleDraftInput") from err

@@ -17,7 +17,7 @@ FLAT_BS_N = "view (bs, num_draft) of the flat (bs*num_draft,)"
 TREE_MASK = (
     "QLEN_ONLY: view (bs, num_draft, num_draft) of the first bs*num_draft^2; FULL_MASK: strided view of "
     "the tree columns when every seq_len is equal (host seq_lens_cpu), else not viewable (length checked "
-    ">= seq_lens_sum*num_draft + bs*num_draft^2, view holds None); QLEN_ONLY_BITPACKING: one "
+    ">= seq_lens_sum*num_draft + bs*num_draft^2 when the host lengths are known, view holds None); QLEN_ONLY_BITPACKING: one "
     "uint8/16/32 per row (by num_draft), length checked >= bs*num_draft, view holds None"
 )
 RANK2_ONLY = "as is when (bs, vocab); the multi-layer (bs, num_steps, vocab) form is not mapped (None)"
@@ -128,9 +128,8 @@ def _full_mask(ctx: _Ctx, f: FieldMap, mask: Any, bs: int, n: int) -> Any:
     if total is None or bs > 1:
         lens = _host_seq_lens(ctx)
         total = sum(lens) if total is None and lens is not None else total
-    if total is None:
-        raise _fail(ctx, f, "num_draft", f"length {mask.shape[0]} is not QLEN_ONLY's bs*num_draft^2 = {bs * n * n}, "
-                    "and no seq_lens_sum is known to check a FULL_MASK", mask)
+    if total is None:  # no host lengths (sglang's GPU-only seq_lens path): a FULL_MASK length is unknowable
+        return None
     need = total * n + bs * n * n
     if mask.shape[0] < need:
         raise _fail(ctx, f, "num_draft", f"FULL_MASK length {mask.shape[0]} < seq_lens_sum*num_draft + "

@@ -6,6 +6,9 @@ view = spec_sglang.check(obj, config, batch)   # a phase object over sglang's ow
 spec_sglang.install(config)                    # under SPEC_STRICT: check every sglang boundary
 ```
 
+In a server, sglang's plugin mechanism calls `install` in every engine process with a config built
+from the engine's own models (`spec_schema.engines.sglang_plugin`).
+
 `check` takes sglang's `EagleDraftInput`, `EagleVerifyInput`, `EagleDraftExtendInput` and the verify
 result (`GenerationBatchResult`), reads the fields sglang keeps on its `ScheduleBatch` from `batch`
 (the real one or any object with `seq_lens`, `req_pool_indices`, `input_ids`, `seq_lens_cpu`,
@@ -18,11 +21,14 @@ are built from and docs/engines.md's tables are generated from.
 
 Fields sglang does not carry on a path (the decode path's draft-extend positions, the verify
 result's accept tokens) are listed as "not carried" and left out of that check; the check of the
-fields present is not loosened. sglang is imported only by `install()`, never by `check`.
+fields present is not loosened. sglang is imported only by `install()`, never by `check`. What
+`install` wraps is the table `BOUNDARIES` (probed on the installed sglang; `NOT_WRAPPED` lists the
+boundaries left and why).
 """
 
-from ._sglang_check import CLASS_MAPS, POLICIES, SUPPORTED_VERSIONS, check, check_merge_inputs
+from ._sglang_boundaries import BOUNDARIES, NOT_WRAPPED
+from ._sglang_check import CLASS_MAPS, POLICIES, SUPPORTED_VERSIONS, check, check_merge_inputs, mark_resolved
 from ._sglang_install import install, installed, uninstall
 
-__all__ = ["SUPPORTED_VERSIONS", "CLASS_MAPS", "POLICIES", "check", "check_merge_inputs", "install",
-           "uninstall", "installed"]
+__all__ = ["SUPPORTED_VERSIONS", "CLASS_MAPS", "POLICIES", "BOUNDARIES", "NOT_WRAPPED", "check", "check_merge_inputs",
+           "mark_resolved", "install", "uninstall", "installed"]

@@ -1,0 +1,273 @@
+"""The wrappers `install()` puts around sglang's boundaries, one factory per kind (`HOOKS`; the boundary
+table `_sglang_boundaries.BOUNDARIES` names one per row).
+
+A factory takes the original function, a `Bound` that reads the parameters the row names (by name,
+from the signature) and the boundary's label (`Class.method`, named as producer or consumer in
+errors), and returns the wrapper. Wrappers check only while `_active()` (installed, no CUDA graph
+capture, no torch.compile trace)."""
+
+import functools
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ..errors import SpecContractError
+from . import _sglang_check as adapter
+from ._sglang_boundaries import Bound
+from ._sglang_runtime import MASK_MODE, _active, _check, _config, _inside, _outermost
+
+Hook = Callable[[Any, Bound, str], Any]
+
+
+def _live(batch: Any) -> Any:
+    """The batch, or None on an idle batch (whose objects have no rows to compare with it)."""
+    return None if batch.forward_mode.is_idle() else batch
+
+
+def _idle(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def create_idle_input(*args: Any, **kwargs: Any) -> Any:
+        out = _inside(fn, *args, **kwargs)
+        if _active():
+            _check(out, producer=label)
+        return out
+    return create_idle_input
+
+
+def _post_init(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def __post_init__(*args: Any, **kwargs: Any) -> None:
+        fn(*args, **kwargs)
+        if _outermost():  # inside build_eagle_verify_input / draft the producer's exit checks it
+            (self,) = get(args, kwargs)
+            _check(self, producer=label.replace("__post_init__", "__init__"))
+    return __post_init__
+
+
+def _merge(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def merge_batch(*args: Any, **kwargs: Any) -> None:
+        self, other = get(args, kwargs)
+        handle = self.future_indices is not None  # the overlap scheduler merges future_indices only
+        if _active() and not handle:
+            adapter.check_merge_inputs(self, other, widen=True)  # a joining prefill request: int64 bonus
+        fn(*args, **kwargs)
+        if _active() and not handle:
+            _check(self, producer=label)
+    return merge_batch
+
+
+def _filter(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def filter_batch(*args: Any, **kwargs: Any) -> None:
+        fn(*args, **kwargs)
+        (self,) = get(args, kwargs)
+        if _active() and self.future_indices is None:
+            _check(self, producer=label)
+    return filter_batch
+
+
+_PADDED = ("draft_probs", "num_correct_drafts", "num_accept_tokens")
+
+
+def _pad(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def pad_batch(*args: Any, **kwargs: Any) -> None:
+        self, size = get(args, kwargs)
+        before = {f: getattr(self, f).dtype for f in _PADDED if isinstance(getattr(self, f, None), torch.Tensor)}
+        fn(*args, **kwargs)
+        if _active():
+            for f, dtype in before.items():
+                t = getattr(self, f)
+                if t.dtype != dtype or t.shape[0] != size:
+                    raise SpecContractError(
+                        f"sglang {label}: {f} is {tuple(t.shape)} {t.dtype} after padding, expected {size} rows "
+                        f"of its {dtype} [producer: {label}]", field=f, axis="bs", producer=label)
+    return pad_batch
+
+
+def _tree(fn: Any, get: Bound, label: str) -> Any:
+    verify_cls = _verify_cls()
+
+    @functools.wraps(fn)
+    def build_tree_kernel_efficient(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        if _outermost():  # the outputs as the EagleVerifyInput sglang assembles from them
+            seq_lens, seq_lens_sum, n, mode = get(args, kwargs)
+            tree_mask, positions, r_index, r_next, r_sibling, tokens = out
+            view = object.__new__(verify_cls)
+            view.__dict__.update(draft_token=tokens, custom_mask=tree_mask, positions=positions,
+                                 retrieve_index=r_index, retrieve_next_token=r_next, retrieve_next_sibling=r_sibling,
+                                 draft_token_num=n, seq_lens_cpu=None, seq_lens_sum=seq_lens_sum, draft_probs=None,
+                                 spec_steps=None)
+            view.__dict__[MASK_MODE] = mode
+            batch = SimpleNamespace(seq_lens=seq_lens, seq_lens_sum=seq_lens_sum,
+                                    req_pool_indices=seq_lens.new_zeros(seq_lens.shape, dtype=torch.int64))
+            adapter.check(view, _config(), batch, producer=label, tree_mask_mode=mode)
+        return out
+    return build_tree_kernel_efficient
+
+
+def _verify_cls() -> type:
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    return EagleVerifyInput
+
+
+def _build_verify(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
+        out = _inside(fn, *args, **kwargs)
+        batch, mode = get(args, kwargs)
+        out.__dict__[MASK_MODE] = mode  # the mode its custom_mask was built in, for every later check
+        if _outermost():  # inside EagleDraftWorker.draft, draft's exit checks it
+            _check(out, _live(batch), producer=label)
+        return out
+    return build_eagle_verify_input
+
+
+def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
+    """eagle_prepare_for_verify: the verify input before the target runs on it."""
+    @functools.wraps(fn)
+    def consumer(*args: Any, **kwargs: Any) -> Any:
+        if _outermost():  # inside the wrapped verify methods, verify's entry checked it
+            verify_input, batch = get(args, kwargs)
+            _check(verify_input, _live(batch), consumer=label)
+        return fn(*args, **kwargs)
+    return consumer
+
+
+def _sample(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def eagle_sample(*args: Any, **kwargs: Any) -> Any:
+        if not _outermost():  # inside EAGLEWorkerV2.verify: verify's entry and exit check both objects
+            return fn(*args, **kwargs)
+        verify_input, batch = get(args, kwargs)
+        live = _live(batch)
+        _check(verify_input, live, consumer=label)
+        out = fn(*args, **kwargs)
+        if _outermost():
+            from sglang.srt.managers.utils import GenerationBatchResult
+
+            predict, accept_lens, accept_index = out
+            _check(GenerationBatchResult(next_token_ids=predict, accept_lens=accept_lens, accept_index=accept_index),
+                   live, producer=label)
+        return out
+    return eagle_sample
+
+
+def _compact(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def _compact_accept_to_front(*args: Any, **kwargs: Any) -> Any:
+        if _active():
+            x, accept_index, bs, n = get(args, kwargs)
+            width = accept_index.shape[-1] if accept_index.dim() == 2 else None
+            if x.shape[0] != bs * n or accept_index.shape[0] != bs or width is None or width > n:
+                raise SpecContractError(
+                    f"sglang {label}: accept_index {tuple(accept_index.shape)} over {x.shape[0]} rows: expected "
+                    f"(bs, num_steps + 1) = ({bs}, <= num_draft_tokens {n}) over bs*num_draft_tokens = {bs * n} rows "
+                    f"(a request's accepted path must fit its block of num_draft_tokens) [consumer: {label}]",
+                    cls_name="VerifyOutput", field="accept_indices", axis="accept_width", consumer=label)
+        return fn(*args, **kwargs)
+    return _compact_accept_to_front
+
+
+class _WithInputIds:
+    """The batch as prepare_for_draft_extend will leave it: its input ids are the predict window."""
+
+    def __init__(self, batch: Any, input_ids: Any) -> None:
+        self._batch, self.input_ids = batch, input_ids
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+
+def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def prepare_for_draft_extend(*args: Any, **kwargs: Any) -> Any:
+        if _active():
+            extend_input, batch, predict = get(args, kwargs)
+            if not batch.forward_mode.is_idle():
+                _check(extend_input, _WithInputIds(batch, predict), consumer=label)
+        return fn(*args, **kwargs)
+    return prepare_for_draft_extend
+
+
+def _takes_and_makes(made: Callable[[Any], Any]) -> Hook:
+    """A worker method that consumes `batch.spec_info` and produces the next phase's object (`made(out)`)."""
+
+    def make(fn: Any, get: Bound, label: str) -> Any:
+        @functools.wraps(fn)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            if not _active():
+                return fn(*args, **kwargs)
+            _, batch = get(args, kwargs)
+            live = _live(batch)
+            _check(batch.spec_info, live, consumer=label)
+            out = _inside(fn, *args, **kwargs)
+            _check(made(out), live, producer=label)
+            return out
+        return method
+    return make
+
+
+def _extend_prefill(fn: Any, get: Bound, label: str) -> Any:
+    extend_cls = _extend_cls()
+
+    @functools.wraps(fn)
+    def _draft_extend_for_prefill(*args: Any, **kwargs: Any) -> Any:
+        _, batch, hidden = get(args, kwargs)
+        live = _live(batch)
+        if _active() and live is not None:  # the EagleDraftExtendInput it builds, before the draft runs on it
+            _check(extend_cls(hidden_states=hidden, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1), live,
+                   consumer=label)
+        out = _inside(fn, *args, **kwargs)
+        if _active():
+            _check(out, live, producer=label)
+        return out
+    return _draft_extend_for_prefill
+
+
+def _extend_cls() -> type:
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+    return EagleDraftExtendInput
+
+
+def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def _draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
+        if not _active():
+            return fn(*args, **kwargs)
+        _, batch, result = get(args, kwargs)
+        live = _live(batch)
+        _check(result, live, consumer=label)
+        out = _inside(fn, *args, **kwargs)
+        _check(result.next_draft_input, live, producer=label)
+        return out
+    return _draft_extend_for_decode
+
+
+def _trivial(fn: Any, get: Bound, label: str) -> Any:
+    @functools.wraps(fn)
+    def _build_trivial_verify_input(*args: Any, **kwargs: Any) -> Any:
+        out = _inside(fn, *args, **kwargs)
+        if _active():
+            _, batch = get(args, kwargs)
+            _check(out, _live(batch), producer=label)
+        return out
+    return _build_trivial_verify_input
+
+
+HOOKS: dict[str, Hook] = {
+    "idle": _idle, "post_init": _post_init, "merge": _merge, "filter": _filter, "pad": _pad, "tree": _tree,
+    "build_verify": _build_verify, "prepare_verify": _consume_verify, "sample": _sample, "compact": _compact,
+    "prepare_extend": _prepare_extend,
+    "draft": _takes_and_makes(lambda out: out[0] if isinstance(out, tuple) else out),
+    "verify": _takes_and_makes(lambda out: out),
+    "extend_prefill": _extend_prefill, "extend_decode": _extend_decode, "trivial": _trivial,
+}
+"""Hook name (the boundary table's `hook`) -> wrapper factory; the overlap and CUDA-graph ones are in
+`_sglang_copyin.HOOKS`."""
