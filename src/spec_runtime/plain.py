@@ -13,8 +13,17 @@ from typing import Any, Optional
 
 import torch
 
-from .attention import AttnBatch
-from .engine import GREEDY, Request, RequestError, TokenEvent, check_device, rejected_request
+from .baseline import _step
+from .engine import (
+    GREEDY,
+    Request,
+    RequestError,
+    TokenEvent,
+    _count,
+    _token_ids,
+    check_device,
+    rejected_request,
+)
 from .kv_cache import KVCache
 from .sampling import SamplingParams, probs_from_logits, sample_from_probs
 
@@ -53,6 +62,7 @@ class TargetOnlyEngine:
         for prompt in prompts:
             try:
                 ids = self._checked(prompt)
+                _count(max_new_tokens, "max_new_tokens")
             except RequestError as err:
                 reqs.append(rejected_request(prompt, max_new_tokens, sampling, err))
                 continue
@@ -66,12 +76,9 @@ class TargetOnlyEngine:
         return reqs
 
     def _checked(self, prompt: Sequence[int]) -> list[int]:
-        ids = [int(t) for t in prompt]
+        ids = _token_ids(prompt, "prompt", self.vocab)
         if not ids:
             raise RequestError("empty prompt: a request needs at least one token")
-        bad = [t for t in ids if not 0 <= t < self.vocab]
-        if bad:
-            raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab})")
         if len(ids) >= self.max_context:
             raise RequestError(f"prompt of {len(ids)} tokens does not fit the context of {self.max_context} tokens")
         return ids
@@ -104,16 +111,14 @@ class TargetOnlyEngine:
     def _forward(self, cache: KVCache, live: list[Request], ids: torch.Tensor) -> torch.Tensor:
         """The logits after each live request's new tokens (its whole prompt first, then one token)."""
         dev = self.device
-        rows = torch.tensor([r.row for r in live], device=dev)
-        prefix = torch.tensor([r.seq_len for r in live], device=dev)
-        extend = torch.tensor([len(r.prompt) if r.seq_len == 0 else 1 for r in live], device=dev)
-        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix.tolist(), extend.tolist())]).to(dev)
-        slots = cache.alloc_slots(int(extend.sum()))
-        hidden, _ = self.target.forward(ids.to(dev), positions, AttnBatch.extend(rows, prefix, extend, slots), cache)
-        cache.req_to_token[rows.repeat_interleave(extend), positions] = slots
-        for r, n in zip(live, extend.tolist()):
+        pre = [r.seq_len for r in live]
+        ext = [len(r.prompt) if r.seq_len == 0 else 1 for r in live]  # host lists: no device read per step
+        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(pre, ext)]).to(dev)
+        rows, prefix, extend = (torch.tensor(v, device=dev) for v in ([r.row for r in live], pre, ext))
+        logits = _step(self.target, cache, rows, prefix, extend, ids.to(dev), positions)
+        for r, n in zip(live, ext):
             r.seq_len += n
-        return self.target.compute_logits(hidden[torch.cumsum(extend, 0) - 1])
+        return logits
 
     def _pick(self, logits: torch.Tensor, live: list[Request]) -> list[int]:
         out = logits.argmax(-1).tolist()

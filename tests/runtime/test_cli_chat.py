@@ -105,6 +105,19 @@ def test_the_target_alone_stops_at_a_stop_token_and_the_bar_ends_full(chat_targe
     assert stopped["tokens"] == cut and stopped["finish_reason"] == "stop"
 
 
+def test_the_target_alone_rejects_requests_as_the_spec_engine_does(chat_target) -> None:
+    """A bad request comes back rejected, naming the field, and the others decode (as `SpecEngine.queue`)."""
+    from spec_runtime.plain import TargetOnlyEngine
+
+    engine = TargetOnlyEngine.from_pretrained(str(chat_target), max_context=64)
+    bad_count, bad_float, good = engine.queue([[7, 8]], -1) + engine.queue([[7.5, 8]], 3) + engine.queue([[7, 8]], 3)
+    assert bad_count.error == "max_new_tokens must be >= 0, got -1", bad_count.error
+    assert "prompt" in bad_float.error, bad_float.error
+    engine.run()
+    expected = _greedy(chat_target, [7, 8], 3)
+    assert good.error is None and good.output and good.output == expected[: len(good.output)]
+
+
 def _bpe_target(src: Path, dst: Path) -> Path:
     """A copy of the tiny target whose tokenizer is a character BPE that asks for transformers'
     space clean-up: transformers warns about that on every decode."""
