@@ -8,6 +8,7 @@ SpecConfig from the worker's models and follows the worker's adaptive steps.
 
 import copy
 import importlib
+import sys
 
 import pytest
 import torch
@@ -74,6 +75,33 @@ def test_sglangs_loader_finds_the_entry_point_and_hooks_every_worker(plugins):
         assert len(_ours(plugins.HookRegistry, target)) == 1, target
         now = _raw(target)[2]
         assert now is not raw and now.__wrapped__ is raw, target  # sglang's apply_hooks patched it
+
+
+def test_a_worker_the_plugin_cannot_hook_is_named_in_a_warning(plugins, monkeypatch):
+    """Under SPEC_STRICT a worker left unhooked (renamed, or its module failing to import) is said."""
+    monkeypatch.setattr(_strict, "LEVEL", 1)
+    gone = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV3.__init__"
+    monkeypatch.setattr(sglang_plugin, "WORKER_INITS", (*sglang_plugin.WORKER_INITS, gone))
+    with pytest.warns(UserWarning, match=r"not checked: .*EAGLEWorkerV3\.__init__ \(not found"):
+        sglang_plugin.register()
+
+
+def test_an_import_failing_inside_a_module_is_reported_as_itself(monkeypatch):
+    """resolve() skips a dotted part that is no module, but not a module whose own imports fail."""
+    import types
+
+    broken = types.ModuleType("spec_schema_broken_probe")
+    monkeypatch.setitem(sys.modules, "spec_schema_broken_probe", broken)
+
+    def fail(name, *a, **k):
+        if name == "spec_schema_broken_probe.inner":
+            raise ImportError("inner needs a library that is missing")
+        return real(name, *a, **k)
+
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", fail)
+    with pytest.raises(ImportError, match="inner needs a library"):
+        resolve("spec_schema_broken_probe.inner.Worker.__init__")
 
 
 @pytest.mark.parametrize("switch", ["SPEC_STRICT unset", "SGLANG_PLUGINS without spec_schema"])

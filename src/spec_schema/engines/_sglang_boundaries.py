@@ -101,7 +101,8 @@ BOUNDARIES: tuple[Boundary, ...] = (
     _b("eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute", ("self", "forward_batch"), "graph_draft",
        "copy-in: topk_p, topk_index, hidden_states, draft_probs have their graph buffer's dtype and width"),
     _b("eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner.execute", ("self", "forward_batch"),
-       "graph_extend", "copy-in: hidden_states and input_ids have their graph buffer's dtype and width"),
+       "graph_extend", "copy-in: hidden_states has its graph buffer's dtype and width (input_ids, copied from the "
+       "ForwardBatch, is not checked)"),
     _b("frozen_kv_mtp_cuda_graph_runner.FrozenKVMTPCudaGraphRunner.execute", ("self", "forward_batch"),
        "graph_draft", "copy-in, as the draft runner"),
     _b("multi_layer_eagle_draft_extend_cuda_graph_runner.MultiLayerEagleMultiStepDraftExtendCudaGraphRunner"
@@ -176,9 +177,13 @@ def resolve(target: str) -> tuple[Any, str, Any]:
     """(holder, attribute, the function) of a dotted path; a class attribute must be the class's own."""
     parts = target.split(".")
     for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
         try:
-            holder: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
+            holder: Any = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            missing = err.name or ""
+            if module != missing and not module.startswith(missing + "."):
+                raise  # the module exists but one of its own imports failed: say that, not "no attribute"
             continue
         for name in parts[cut:-1]:
             holder = getattr(holder, name)

@@ -22,9 +22,9 @@ from .. import _strict
 from ..config import SpecConfig
 from . import _sglang_copyin, _sglang_hooks
 from ._sglang_boundaries import BOUNDARIES, Bound, Boundary, probe, resolve
-from ._sglang_runtime import _SAVED, _SEEN, _active, _check, configure, installed, read_values, signature
+from ._sglang_runtime import _SAVED, _SEEN, _active, _check, configure, installed, signature
 
-__all__ = ["install", "uninstall", "installed", "wrapped", "HOOKS", "read_values", "signature", "_SEEN",
+__all__ = ["install", "uninstall", "installed", "wrapped", "HOOKS", "signature", "_SEEN",
            "_active", "_check"]
 
 HOOKS = {**_sglang_hooks.HOOKS, **_sglang_copyin.HOOKS}

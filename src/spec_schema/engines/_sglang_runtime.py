@@ -18,15 +18,11 @@ from ._sglang_check import _CLASS_OF
 
 _BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
 _BATCH_SHAPES = ("seq_lens", "req_pool_indices", "input_ids", "extend_num_tokens")
-_SCALARS = ("draft_token_num", "seq_lens_sum", "num_tokens_per_req", "seq_lens_cpu", "future_indices")
-_READ = {m.engine_cls: operator.attrgetter(*sorted(
-    {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if not on_batch}
-    | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
-
-
+_SCALARS = ("draft_token_num", "seq_lens_sum", "num_tokens_per_req", "seq_lens_cpu", "future_indices", "spec_steps")
 _READ_NAMES = {m.engine_cls: tuple(sorted(
     {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if not on_batch}
     | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
+_READ = {name: operator.attrgetter(*names) for name, names in _READ_NAMES.items()}
 
 
 _TENSOR, _PLAIN = torch.Tensor, (int, str, bool)
@@ -50,12 +46,6 @@ def _lengths(value: Any) -> Any:
 _HOST = {name: names.index("seq_lens_cpu") if "seq_lens_cpu" in names else None for name, names in _READ_NAMES.items()}
 _BATCH_HOST = _BATCH_ATTRS.index("seq_lens_cpu")
 _READ_BATCH = {True: operator.attrgetter(*_BATCH_ATTRS), False: operator.attrgetter(*_BATCH_SHAPES)}
-
-
-def read_values(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
-    """The values a check of `obj` reads (the object's attributes, the batch's)."""
-    own = _READ[name](obj)
-    return own if batch is None else own + tuple(getattr(batch, a, None) for a in _BATCH_ATTRS)
 
 
 def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
