@@ -28,12 +28,6 @@ CONTRACT = {"EagleDraftInput": DraftInput, "EagleVerifyInput": VerifyInput,
 
 
 @pytest.fixture(scope="module")
-def sg():
-    with env.loaded() as mods:
-        yield mods
-
-
-@pytest.fixture(scope="module")
 def objects(sg):
     return {a: env.all_objects(sg, CONFIGS[a]) for a in ALGORITHMS}
 

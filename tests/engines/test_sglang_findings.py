@@ -18,12 +18,6 @@ pytestmark = pytest.mark.engine_bug
 EAGLE = example_config("EAGLE")
 
 
-@pytest.fixture(scope="module")
-def sg():
-    with env.loaded() as mods:
-        yield mods
-
-
 def test_idle_verify_result_has_another_rank(sg):
     """eagle_sample on an idle batch returns accept_index of shape (0,); live ones are (bs, num_steps + 1)."""
     gen = torch.Generator().manual_seed(0)

@@ -20,12 +20,6 @@ from . import sglang_env as env
 DTYPES = (torch.int32, torch.int64)
 
 
-@pytest.fixture(scope="module")
-def sg():
-    with env.loaded() as mods:
-        yield mods
-
-
 def _side(sg, config, bs, dtype, gen):
     return env.idle_draft_input(sg, config) if bs == 0 else env.draft_input(sg, config, bs, gen, dtype)
 

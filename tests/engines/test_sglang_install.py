@@ -23,19 +23,6 @@ CONFIG = example_config("EAGLE")
 pytestmark = pytest.mark.skipif(not _strict.LEVEL, reason="install() wraps only under SPEC_STRICT")
 
 
-@pytest.fixture(scope="module")
-def sg():
-    with env.loaded() as mods:
-        yield mods
-
-
-@pytest.fixture
-def wrapped(sg):
-    assert adapter.install(CONFIG)
-    yield sg
-    adapter.uninstall()
-
-
 def _originals(sg):
     info, utils, common, v2 = sg.eagle_info, sg.eagle_utils, sg.eagle_worker_common, sg.eagle_worker_v2
     return [info.EagleDraftInput.__dict__["merge_batch"], info.EagleDraftInput.__dict__["filter_batch"],

@@ -23,19 +23,6 @@ EAGLE3 = example_config("EAGLE3")
 pytestmark = pytest.mark.skipif(not _strict.LEVEL, reason="install() wraps only under SPEC_STRICT")
 
 
-@pytest.fixture(scope="module")
-def sg():
-    with env.loaded() as mods:
-        yield mods
-
-
-@pytest.fixture
-def wrapped(sg):
-    assert adapter.install(CONFIG)
-    yield sg
-    adapter.uninstall()
-
-
 def _future_map(monkeypatch):
     """sglang's FutureMap on the CPU, relaying hidden states (an EAGLE server's)."""
     from sglang.srt.managers.overlap_utils import FutureMap

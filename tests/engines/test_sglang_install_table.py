@@ -13,17 +13,9 @@ from spec_schema.engines._sglang_boundaries import BOUNDARIES, NOT_WRAPPED, boun
 from spec_schema.engines._sglang_install import wrapped
 from spec_schema.testing import example_config
 
-from . import sglang_env as env
-
 DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
 CONFIG = example_config("EAGLE")
 strict = pytest.mark.skipif(not _strict.LEVEL, reason="install() wraps only under SPEC_STRICT")
-
-
-@pytest.fixture(scope="module")
-def sg():
-    with env.loaded() as mods:
-        yield mods
 
 
 def test_the_docs_table_is_the_generated_one():

@@ -27,12 +27,6 @@ ENTRY = "spec_schema.engines.sglang_plugin:register"  # what pyproject.toml decl
 CONFIG = example_config("EAGLE")
 
 
-@pytest.fixture(scope="module")
-def sg():
-    with env.loaded() as mods:
-        yield mods
-
-
 def _raw(target):
     holder, name, _ = resolve(target)
     return holder, name, holder.__dict__[name]

@@ -14,21 +14,8 @@ from . import vllm_env as env
 vllm_env = env.vllm_env
 
 
-@st.composite
-def verify_cases(draw):
-    config = draw(chain_configs())
-    counts = draw(chain_counts(config, st.integers(1, 5)))
-    tok = st.integers(0, config.vocab - 1)
-    drafts = [draw(st.lists(tok, min_size=k, max_size=k)) for k in counts]
-    gaps = draw(st.lists(st.integers(0, 4), min_size=len(counts), max_size=len(counts)))
-    # the target's argmax per scored row: often the draft (long accepted prefixes), else anything
-    argmax = [[t if draw(st.integers(0, 3)) else draw(tok) for t in d] for d in drafts]
-    bonus = [draw(tok) for _ in counts]
-    return config, drafts, gaps, argmax, bonus
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-@given(verify_cases())
+@given(env.chain_cases())
 def test_vllm_greedy_verification_matches_the_rule_with_checks_at_every_boundary(vllm_env, case):
     config, drafts, gaps, argmax, bonus = case
     md = env.runner_metadata(vllm_env, drafts, gaps, config.vocab)

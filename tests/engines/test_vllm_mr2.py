@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from spec_schema import BOUNDARY_CALLS, SpecContractError
 from spec_schema.engines import vllm as adapter
 from spec_schema.testing import example_config
-from spec_schema.testing.chains import chain_configs, chain_counts, greedy_chain_reference
+from spec_schema.testing.chains import greedy_chain_reference
 
 from . import vllm_env as env
 from .vllm_mr2 import adaptive_batch, mr2_batch, mr2_rejection_sampler
@@ -34,17 +34,6 @@ def installed(vllm_env):
     adapter.uninstall()
 
 
-@st.composite
-def decode_cases(draw):
-    config = draw(chain_configs())
-    counts = draw(chain_counts(config, st.integers(1, 5)))
-    tok = st.integers(0, config.vocab - 1)
-    drafts = [draw(st.lists(tok, min_size=k, max_size=k)) for k in counts]
-    gaps = draw(st.lists(st.integers(0, 4), min_size=len(counts), max_size=len(counts)))
-    argmax = [[t if draw(st.integers(0, 3)) else draw(tok) for t in d] for d in drafts]
-    return config, drafts, gaps, argmax, [draw(tok) for _ in counts]
-
-
 def _logits(batch, drafts, argmax, bonus, vocab):
     """Target logits whose argmax at request r's row j is argmax[r][j], then the bonus."""
     logits = torch.zeros((batch.logits_indices.shape[0], vocab))
@@ -55,7 +44,7 @@ def _logits(batch, drafts, argmax, bonus, vocab):
 
 
 @FAST
-@given(decode_cases())
+@given(env.chain_cases())
 def test_mr2_rejection_sampling_with_the_checks_installed_passes_and_is_greedy(vllm_env, installed, case):
     config, drafts, gaps, argmax, bonus = case
     installed["config"] = config
@@ -100,7 +89,7 @@ def _one_corruption(draw, table, obj):
 
 
 @FAST
-@given(decode_cases(), st.data())
+@given(env.chain_cases(), st.data())
 def test_every_single_field_corruption_is_stopped_at_the_boundary(vllm_env, installed, case, data):
     config, drafts, gaps, argmax, bonus = case
     installed["config"] = config

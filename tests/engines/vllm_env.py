@@ -22,6 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import strategies as st
+
+from spec_schema.testing.chains import chain_configs, chain_counts
 
 from .engine_import import engine_missing
 
@@ -169,3 +172,17 @@ def greedy_verify(env: Any, metadata: Any, logits: torch.Tensor) -> Any:
     `logits` are the target's [num_logits, vocab] rows; returns its `SamplerOutput`."""
     bs = len(metadata.num_draft_tokens)
     return env.rejection_sampler_module(metadata, None, logits.clone(), greedy_sampling(env, bs))
+
+
+@st.composite
+def chain_cases(draw: Any) -> tuple[Any, list[list[int]], list[int], list[list[int]], list[int]]:
+    """(config, drafts, gaps, argmax, bonus): ragged draft chains of a generated chain config, the gap
+    before each request's rows, the target's argmax per scored row (often the draft: long accepted
+    prefixes) and each request's bonus token."""
+    config = draw(chain_configs())
+    counts = draw(chain_counts(config, st.integers(1, 5)))
+    tok = st.integers(0, config.vocab - 1)
+    drafts = [draw(st.lists(tok, min_size=k, max_size=k)) for k in counts]
+    gaps = draw(st.lists(st.integers(0, 4), min_size=len(counts), max_size=len(counts)))
+    argmax = [[t if draw(st.integers(0, 3)) else draw(tok) for t in d] for d in drafts]
+    return config, drafts, gaps, argmax, [draw(tok) for _ in counts]
