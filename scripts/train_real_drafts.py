@@ -65,20 +65,21 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         max_seq_len=args.max_seq_len, samples_per_prompt=args.samples_per_prompt, ttt_steps=args.ttt_steps,
         draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
-        progress=args.progress, init_from=args.init_from.get(alg),
+        progress=args.progress, init_from=args.init_from.get(alg), keep_draft_vocab=args.keep_draft_vocab,
     )
 
 
 def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log: dict) -> dict:
-    """Calibrate (time 50 steps net of the target's load), then train to the step count that fills
+    """Calibrate (time 50 steps net of the target's load; fewer under a smaller `--max-steps`), then train to the step count that fills
     the budget (a resumed run: the first steps are kept)."""
+    short, calib = (min(10, args.max_steps), min(60, args.max_steps)) if args.max_steps else (10, 60)
     t0 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, 10))  # includes data generation on the first run
+    train_draft(config_for(alg, target, work, args, short))  # includes data generation on the first run
     t1 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, 10))  # nothing to train: load time only
+    train_draft(config_for(alg, target, work, args, short))  # nothing to train: load time only
     t2 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, 60))
-    per_step = max(1e-3, (time.perf_counter() - t2 - (t2 - t1)) / 50)
+    train_draft(config_for(alg, target, work, args, calib))
+    per_step = max(1e-3, (time.perf_counter() - t2 - (t2 - t1)) / max(1, calib - short))
     steps = max(80, int(args.budget_s / per_step))
     if args.max_steps:
         steps = min(steps, args.max_steps)
@@ -206,6 +207,8 @@ def main() -> int:
                    help="train nothing: measure DIR/{eagle3,eagle1,standalone} on the held-out prompts")
     p.add_argument("--init-from", nargs="+", default=[], metavar="ALG=DIR",
                    help="start ALG from a saved draft (fresh optimizer), e.g. EAGLE3=drafts/smollm2-135m/eagle3")
+    p.add_argument("--keep-draft-vocab", action="store_true",
+                   help="EAGLE3 with --init-from: keep the saved draft vocabulary (default: counted on this run's data)")
     args = p.parse_args()
     try:
         args.init_from = {alg: Path(d) for alg, d in (item.split("=", 1) for item in args.init_from)}
