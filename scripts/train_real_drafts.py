@@ -214,6 +214,9 @@ def main() -> int:
         args.init_from = {alg: Path(d) for alg, d in (item.split("=", 1) for item in args.init_from)}
     except ValueError:
         p.error(f"--init-from: expected ALG=DIR, got {args.init_from}")
+    unknown = sorted(set(args.init_from) - set(SHIPPED))
+    if unknown:
+        p.error(f"--init-from: unknown algorithm {', '.join(unknown)} (one of {', '.join(SHIPPED)})")
     if not args.prompts.is_file():
         p.error(f"--prompts {args.prompts}: file not found")
     missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
