@@ -216,8 +216,9 @@ def _remap_draft_vocab(saved: dict[str, torch.Tensor], head: TrainHead, target_r
     vocabularies is the saved row, moved to the token's new draft index. A token new to the vocabulary
     starts from the target's output row (`target_rows`, what a fresh run starts from) carried through
     the saved head's drift: the linear map that best takes the target's rows of the saved vocabulary
-    to the saved rows (least squares). Unmapped target rows outscore the trained ones: on the shipped
-    SmolLM2 head they took the draft's top-1 agreement with the target from 0.85 to 0.10 before any step."""
+    to the saved rows (least squares). Unmapped target rows outscore the trained ones: with the shipped
+    SmolLM2 head on a 40-prompt cut of the mix (3775 of 8192 tokens new) they took the top-1 agreement
+    with the target before any step from 0.85 (saved vocabulary) to 0.10; mapped rows give 0.84."""
     rows, d2t = saved["lm_head.weight"], saved["d2t"].long()
     vocab = head.t2d.numel()
     old_ids = torch.arange(d2t.numel()) + d2t
