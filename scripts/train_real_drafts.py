@@ -65,20 +65,21 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         max_seq_len=args.max_seq_len, samples_per_prompt=args.samples_per_prompt, ttt_steps=args.ttt_steps,
         draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
-        progress=args.progress, init_from=args.init_from.get(alg),
+        progress=args.progress, init_from=args.init_from.get(alg), keep_draft_vocab=args.keep_draft_vocab,
     )
 
 
 def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log: dict) -> dict:
-    """Calibrate (time 50 steps net of the target's load), then train to the step count that fills
+    """Calibrate (time 50 steps net of the target's load; fewer under a smaller `--max-steps`), then train to the step count that fills
     the budget (a resumed run: the first steps are kept)."""
+    short, calib = (min(10, args.max_steps), min(60, args.max_steps)) if args.max_steps else (10, 60)
     t0 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, 10))  # includes data generation on the first run
+    train_draft(config_for(alg, target, work, args, short))  # includes data generation on the first run
     t1 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, 10))  # nothing to train: load time only
+    train_draft(config_for(alg, target, work, args, short))  # nothing to train: load time only
     t2 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, 60))
-    per_step = max(1e-3, (time.perf_counter() - t2 - (t2 - t1)) / 50)
+    train_draft(config_for(alg, target, work, args, calib))
+    per_step = max(1e-3, (time.perf_counter() - t2 - (t2 - t1)) / max(1, calib - short))
     steps = max(80, int(args.budget_s / per_step))
     if args.max_steps:
         steps = min(steps, args.max_steps)
@@ -107,6 +108,14 @@ def held_out_sample(args: argparse.Namespace, held_ids: list | None = None,
     return [held_ids[i] for i in keep], [rows[i].kind for i in keep]
 
 
+def pack(name: str, work: Path, out: Path) -> None:
+    """`work/name/{config.json,model.safetensors}` as `out/name.tar.00`, `.01`, ... (<= 15 MB each);
+    `cat name.tar.* | tar xf -` gives back the `name/` directory."""
+    tar = work / f"{name}.tar"
+    subprocess.run(["tar", "cf", str(tar), f"{name}/config.json", f"{name}/model.safetensors"], cwd=work, check=True)
+    subprocess.run(["split", "-b", "15M", "-d", str(tar), str(out / f"{name}.tar.")], check=True)
+
+
 def evaluate(alg: str, target: Path, draft: Path, args: argparse.Namespace, sample: tuple, log: dict) -> None:
     """Greedy acceptance of the draft on the held-out sample, in all and per kind."""
     prompts, kinds = sample
@@ -116,10 +125,11 @@ def evaluate(alg: str, target: Path, draft: Path, args: argparse.Namespace, samp
         try:
             acc = measure_acceptance(target, draft, alg, prompts, num_steps=steps, topk=topk,
                                      num_draft_tokens=ndraft, max_new_tokens=args.eval_max_new_tokens,
-                                     dtype=torch.float32, device=args.device, batch_size=8, kinds=kinds)
+                                     dtype=torch.float32, device=args.device, batch_size=args.eval_batch_size, kinds=kinds)
             log[alg][name] = {**acc.as_dict(), "seconds": round(time.perf_counter() - t0, 1)}
         except Exception as err:  # keep the trained drafts even when one measurement breaks
             log[alg][name] = {"error": f"{type(err).__name__}: {err}"}
+        (args.out / "results.json").write_text(json.dumps(log, indent=2))  # each measurement as it ends
         res = log[alg][name]
         per_kind = {k: a["tokens_per_iteration"] for k, a in res.get("per_kind", {}).items()}
         print(alg, name, res.get("tokens_per_iteration", res.get("error")), per_kind, flush=True)
@@ -196,6 +206,7 @@ def main() -> int:
     p.add_argument("--gen-batch-size", type=int, default=128)
     p.add_argument("--eval-prompts", type=int, default=40)
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
+    p.add_argument("--eval-batch-size", type=int, default=8, help="prompts measured together")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--pack", action="store_true")
@@ -206,11 +217,18 @@ def main() -> int:
                    help="train nothing: measure DIR/{eagle3,eagle1,standalone} on the held-out prompts")
     p.add_argument("--init-from", nargs="+", default=[], metavar="ALG=DIR",
                    help="start ALG from a saved draft (fresh optimizer), e.g. EAGLE3=drafts/smollm2-135m/eagle3")
+    p.add_argument("--keep-draft-vocab", action="store_true",
+                   help="EAGLE3 with --init-from: keep the saved draft vocabulary (default: counted on this run's data)")
     args = p.parse_args()
     try:
         args.init_from = {alg: Path(d) for alg, d in (item.split("=", 1) for item in args.init_from)}
     except ValueError:
         p.error(f"--init-from: expected ALG=DIR, got {args.init_from}")
+    unknown = sorted(set(args.init_from) - set(SHIPPED))
+    if unknown:
+        p.error(f"--init-from: unknown algorithm {', '.join(unknown)} (one of {', '.join(SHIPPED)})")
+    if args.eval_batch_size < 1:
+        p.error(f"--eval-batch-size: must be >= 1, got {args.eval_batch_size}")
     if not args.prompts.is_file():
         p.error(f"--prompts {args.prompts}: file not found")
     missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
@@ -231,14 +249,11 @@ def main() -> int:
     for alg in args.algorithms:
         entry = train_one(alg, target, args.work, args, log)
         print(alg, "trained", entry["steps"], "steps", entry["last20"], flush=True)
-        evaluate(alg, target, args.work / alg.lower(), args, held_out_sample(args, entry.pop("held_out")), log)
+        sample = held_out_sample(args, entry.pop("held_out"))
         (args.out / "results.json").write_text(json.dumps(log, indent=2))
-        if args.pack:  # after each draft, so a run cut short still returns the finished ones
-            name = alg.lower()
-            tar = args.work / f"{name}.tar"
-            subprocess.run(["tar", "cf", str(tar), f"{name}/config.json", f"{name}/model.safetensors"],
-                           cwd=args.work, check=True)
-            subprocess.run(["split", "-b", "15M", "-d", str(tar), str(args.out / f"{name}.tar.")], check=True)
+        if args.pack:  # after each draft and before its measurement, so a run cut short still returns it
+            pack(alg.lower(), args.work, args.out)
+        evaluate(alg, target, args.work / alg.lower(), args, sample, log)
     print(json.dumps({a: {k: v for k, v in log[a].items() if k != "held_out"} for a in args.algorithms}, indent=1))
     return 0
 

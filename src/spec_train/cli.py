@@ -44,6 +44,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3 aux layers, comma-separated (default 2,N/2,N-3)")
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None,
                    help=f"dtype of the saved draft (default {TrainConfig.model_fields['save_dtype'].default})")
+    p.add_argument("--keep-draft-vocab", action="store_true",
+                   help="EAGLE-3 with --init-from: keep the saved head's draft vocabulary (d2t/t2d) instead of "
+                        "counting it on this run's data")
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars, and no warnings or bars of transformers")
@@ -58,6 +61,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 _HELP = {
     "steps": "optimizer steps in all: a run already in --output resumes and continues to this count "
              "(fewer than it holds is an error)",
+    "init_from": "start from the saved draft in this directory (same algorithm and shape; fresh optimizer). "
+                 "EAGLE-3: the draft vocabulary is counted on this run's data as a fresh run's is, the saved "
+                 "lm_head rows moved to their tokens' new indices, new tokens' rows from the target's output "
+                 "rows (--keep-draft-vocab keeps the saved one)",
     "draft_heads": "STANDALONE: attention heads (divide --draft-hidden-size)",
 }
 """Help texts of the TrainConfig flags that need one."""
@@ -84,6 +91,8 @@ def run_train(args: argparse.Namespace) -> int:
             return _fail(f"--aux-layer-ids {args.aux_layer_ids!r}: expected comma-separated integers")
     if args.save_dtype:
         fields["save_dtype"] = args.save_dtype
+    if args.keep_draft_vocab:
+        fields["keep_draft_vocab"] = True
     try:
         cfg = TrainConfig(algorithm=args.algorithm, target=args.target, output=args.output,
                           chat_template=not args.no_chat_template, progress=not args.no_progress, **fields)

@@ -28,7 +28,9 @@ class TrainConfig(BaseModel):
     trained on. EAGLE heads are unrolled `ttt_steps` steps (training-time test); STANDALONE drafts are
     distilled (KL to the target's distribution) over whole sequences. `init_from`: a draft directory
     of the same algorithm and shape (e.g. a shipped draft) whose weights the run starts from, with a
-    fresh optimizer and schedule, instead of a fresh draft.
+    fresh optimizer and schedule, instead of a fresh draft. An EAGLE-3 head started so takes the draft
+    vocabulary a fresh run would count on this run's data (its `lm_head` rows moved by token; rows of
+    new tokens start as a fresh run's), unless `keep_draft_vocab` keeps the saved `d2t`/`t2d`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,6 +61,7 @@ class TrainConfig(BaseModel):
     draft_vocab_size: int = Field(8192, ge=2)
     aux_layer_ids: Optional[tuple[int, ...]] = None
     init_from: Optional[Path] = None
+    keep_draft_vocab: bool = False
     head_intermediate_size: Optional[int] = Field(None, ge=1)
     draft_hidden_size: int = Field(192, ge=8)
     draft_layers: int = Field(4, ge=1)
