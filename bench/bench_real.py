@@ -93,10 +93,11 @@ def per_step(counts: dict, steps: int, sites: dict) -> dict:
 
 
 def spec_decode(target: Any, setup: Any, draft_dir: Path, prompts: list[list[int]], steps: int, dtype: torch.dtype,
-                device: str, profile_iters: int = 0) -> tuple[list[list[int]], float, float, Optional[dict]]:
+                device: str, profile_iters: int = 0,
+                fast: Optional[dict] = None) -> tuple[list[list[int]], float, float, Optional[dict]]:
     """The same prompts through SpecEngine with a draft: (tokens, decode seconds, accept length, and with
     `profile_iters` the profiler's counts per iteration over that many steady-state iterations of a
-    third run, wall_ms and iterations from the timed run)."""
+    third run, wall_ms and iterations from the timed run). `fast`: FastOptions fields (None: defaults)."""
     from spec_runtime.engine import SpecEngine, resolve_executor
     from spec_runtime.models.loading import DRAFT_LOADERS
     from spec_runtime.runtime import Runtime
@@ -106,7 +107,7 @@ def spec_decode(target: Any, setup: Any, draft_dir: Path, prompts: list[list[int
     ctx = max(len(p) for p in prompts) + steps + setup.num_draft_tokens + 16
     rt = Runtime.create(target, draft, setup.algorithm, num_steps=setup.num_steps, topk=setup.topk,
                         num_draft_tokens=setup.num_draft_tokens, max_batch_size=len(prompts), max_context=ctx,
-                        executor=resolve_executor("auto", device))
+                        executor=resolve_executor("auto", device), fast=fast)
     engine = SpecEngine(rt)
     prof = None
     for attempt in ("warm-up", "timed", "profile") if profile_iters else ("warm-up", "timed"):
@@ -168,7 +169,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
             "python": platform.python_version(), "dtype": args.dtype, "new_tokens": args.new_tokens,
             "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.machine()})",
-            "time": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(all_prompts), "label": args.label}
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(all_prompts), "label": args.label,
+            "fast": args.fast}
     rows = []
     for bs in args.bs:
         prompts = (all_prompts * bs)[:bs]
@@ -182,10 +184,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append({"config": "plain decode", "bs": bs, "tok_s": base, "accept_len": 1.0, "vs_plain": 1.0,
                      "same_tokens": 1.0, "draft": None, "profile": prof})
         print(f"[bench_real] bs={bs} plain {base:.1f} tok/s", flush=True)
-        for setup in SETUPS:
+        for setup in (s for s in SETUPS if s.algorithm in args.algorithms):
             tokens, seconds, accept, prof = spec_decode(target, setup, dirs[setup.algorithm], prompts,
                                                         args.new_tokens, dtype, device,
-                                                        args.profile_iters if args.profile else 0)
+                                                        args.profile_iters if args.profile else 0, args.fast)
             tok_s = sum(len(t) - 1 for t in tokens) / seconds
             rows.append({"config": f"{setup.algorithm} {setup.num_steps}/{setup.topk}/{setup.num_draft_tokens}",
                          "bs": bs, "tok_s": tok_s, "accept_len": accept, "vs_plain": tok_s / base,
@@ -245,6 +247,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--bs", type=int, nargs="+", default=[1, 4])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--label", default="head", help="the source tree's name in the merged report")
+    p.add_argument("--algorithms", nargs="+", default=["EAGLE3", "EAGLE", "STANDALONE"],
+                   help="the spec rows to run (plain decode always runs)")
+    p.add_argument("--fast", type=json.loads, default=None, metavar="JSON",
+                   help='the spec rows\' FastOptions fields, e.g. \'{"launch_before_read": 4}\' (default: the defaults)')
     p.add_argument("--profile", action="store_true", help="count each row's per-iteration device work (CUDA)")
     p.add_argument("--profile-iters", type=int, default=12, help="steady-state iterations profiled per row")
     p.add_argument("--save-tuning", type=Path, default=None, metavar="FILE",
@@ -277,6 +283,16 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One-line errors for settings that would fail after the model loads."""
     from spec_runtime.demo_real import SETUPS
 
+    unknown = sorted(set(args.algorithms) - {s.algorithm for s in SETUPS})
+    if unknown:
+        p.error(f"--algorithms {' '.join(unknown)}: not one of {', '.join(s.algorithm for s in SETUPS)}")
+    if args.fast is not None:
+        from spec_runtime.options import FastOptions
+
+        try:
+            FastOptions.of(args.fast)
+        except (TypeError, ValueError) as err:
+            p.error(f"--fast {json.dumps(args.fast)}: {err}")
     if args.new_tokens < 2:
         p.error(f"--new-tokens {args.new_tokens}: at least 2")
     if any(bs < 1 for bs in args.bs):

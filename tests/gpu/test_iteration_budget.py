@@ -19,9 +19,13 @@ from spec_runtime.runtime import Runtime
 pytestmark = pytest.mark.gpu
 
 ITERATIONS = 6
-EAGER_LAUNCHES = {"EAGLE": 5, "EAGLE3": 5}
-"""Kernel launches outside the graphs per iteration: stage_slots, ahead_output, the hidden gather,
-and the two multi-tensor clones (the launched draft-extend and draft, the launched verify)."""
+EAGER_LAUNCHES = {"EAGLE": 5, "EAGLE3": 5, "STANDALONE": 5}
+"""Kernel launches outside the graphs per iteration: stage_slots, ahead_output, the hidden gather
+(none for STANDALONE), and the two multi-tensor clones (the launched draft-extend and draft, the
+launched verify)."""
+SHAPES = {"EAGLE": (3, 2, 5), "EAGLE3": (3, 2, 5), "STANDALONE": (3, 1, 4)}
+"""(steps, topk, draft tokens): STANDALONE as a chain, whose drafts are sampled (`sampled_chain`),
+greedy here."""
 
 _LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 _SYNC = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cuStreamSynchronize",
@@ -45,13 +49,14 @@ def _count(events) -> collections.Counter:
     return c
 
 
-@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
 @pytest.mark.parametrize("bs", [1, 4])
 def test_steady_iteration_budget(gpu_models, algorithm: str, bs: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     target, draft = gpu_models("small", algorithm, torch.bfloat16)
-    rt = Runtime.create(target, draft, algorithm, num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
+    steps, topk, n = SHAPES[algorithm]
+    rt = Runtime.create(target, draft, algorithm, num_steps=steps, topk=topk, num_draft_tokens=n, max_batch_size=4,
                         max_context=512, executor="cuda_graph", buckets=(1, 2, 4), seed=5,
                         fast={"bookkeeping": "triton", "launch_before_read": 4})
     engine = SpecEngine(rt)

@@ -112,3 +112,25 @@ def test_ab_variants_and_tuning_overrides() -> None:
     assert data["decisions"][1][-1] == cfg and base["decisions"][0][-1] == cfg  # other rows, the base: untouched
     with pytest.raises(ValueError, match="shape \\[64, 64\\] at 1 rows"):
         A.variant_file(base, [{"shape": [64, 64], "rows": 1, "config": {}}])
+
+
+def test_bench_real_refuses_bad_options_before_loading(capsys) -> None:
+    """`bench_real.py`'s `--fast` and `--algorithms` are one-line errors naming the flag, before the
+    model loads (no GGUF or converted model is touched)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import bench_real
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    for argv, said in ((["--fast", '{"launch_before_read": -1}'], "--fast {\"launch_before_read\": -1}: FastOptions"),
+                       (["--fast", '{"nope": 1}'], "--fast {\"nope\": 1}:"),
+                       (["--fast", "{bad"], "argument --fast"),
+                       (["--algorithms", "EAGLE4"], "--algorithms EAGLE4: not one of EAGLE3, EAGLE, STANDALONE")):
+        try:
+            bench_real.main(["--out", "/nonexistent/out", *argv])
+        except SystemExit as err:
+            assert err.code == 2
+        else:
+            raise AssertionError(f"{argv} was accepted")
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said in last, last

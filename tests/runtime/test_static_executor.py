@@ -24,6 +24,7 @@ import torch
 from tests.engine_harness import Job, drive
 from tests.helpers import drop_generated, first_seen_at
 
+import spec_runtime.engine as engine_module
 import spec_schema
 from spec_runtime import buffers as B
 from spec_runtime import faults
@@ -133,6 +134,49 @@ def test_static_sampling_matches_eager(request, load_pair, pair: str, steps: int
     engine = _compare(algorithm, target, draft, 3, 2, sampling, num_steps=steps, topk=topk, num_draft_tokens=n)
     keys = set(engine.rt.runner.graphs.calls)
     assert any(k[0] == "verify" and k[1] == "sample" for k in keys), keys
+
+
+@pytest.mark.parametrize("pair", ["standalone", "aligned"])
+def test_greedy_chain_runs_ahead(request, load_pair, monkeypatch, pair: str) -> None:
+    """A STANDALONE chain (topk 1) samples its drafts (`sampled_chain`), but a greedy batch runs ahead
+    through the same graphs: the same tokens, accept lengths and events as eager, most iterations
+    launched ahead, and no coin drawn (the generator where eager leaves it)."""
+    algorithm, target, draft = _models(request, load_pair, pair)
+    seen = []  # every verify's draft distributions (static engine last): launched ones must be the draft's too
+    real_verify = engine_module.verify
+    monkeypatch.setattr(engine_module, "verify",
+                        lambda rt, vin, *a: seen.append((rt.static, vin.draft_probs.clone())) or real_verify(rt, vin, *a))
+    engine = _compare(algorithm, target, draft, 3, 2, num_steps=4, topk=1, num_draft_tokens=5,
+                      budget=24 if pair == "aligned" else 6)
+    eager = [p for static, p in seen if not static]
+    static = [p for static, p in seen if static]
+    assert len(eager) == len(static) and all(torch.equal(a, b) for a, b in zip(eager, static))
+    rt = engine.rt
+    assert rt.sampled_chain
+    ahead = rt.runner.ahead_stats
+    assert ahead["launched"] == ahead["used"] + ahead["discarded"] and ahead["used"] >= 10, ahead
+    fresh = torch.Generator(device=rt.device).manual_seed(3)
+    assert torch.equal(rt.generator.get_state(), fresh.get_state()), "a greedy batch drew coins"
+
+
+def test_greedy_chain_ahead_after_sampled_rows(request, load_pair) -> None:
+    """A greedy chain batch launched ahead in buffer rows where sampled requests ran before (a
+    batch of 4 shrinks to 1 request, then two greedy ones join: bucket 4 again, its rows 1-3 last
+    written for sampled requests) samples nothing: the same tokens and accept lengths as eager."""
+    algorithm, target, draft = _models(request, load_pair, "aligned")  # drafts mostly accepted
+    hot = SamplingParams(temperature=1.0)
+    prompts = _prompts(6, seed=5)
+    jobs = [Job(tuple(p), 9, sampling=hot, ignore_eos=True) for p in prompts[:3]]
+    jobs += [Job(tuple(prompts[3]), 80, ignore_eos=True)]
+    jobs += [Job(tuple(p), 40, arrival=6, ignore_eos=True) for p in prompts[4:]]
+    runs = {}
+    for executor in ("eager", "static"):
+        engine = SpecEngine(_runtime(algorithm, target, draft, executor, num_steps=4, topk=1, num_draft_tokens=5))
+        run = drive(engine, jobs)
+        runs[executor] = (run.results(engine), run.log)
+    assert runs["eager"] == runs["static"]
+    ahead = engine.rt.runner.ahead_stats
+    assert ahead["used"] >= 5 and 4 in {k[-1] for k in engine.rt.runner.graphs.calls if k[0] == "ahead_extend"}, ahead
 
 
 @pytest.mark.parametrize("pair", ["eagle3", "aligned"])

@@ -137,8 +137,9 @@ class LaunchAhead:
 
     def prepare_ahead(self, greedy: bool, room: Optional[Sequence[int]], bs: int, sim: bool) -> bool:
         """Before verify's read: if the rest of the iteration may be launched ahead (launch-ahead on,
-        greedy, the engine knows every request's room, both KV pools hold what it allocates, no
-        sampled chains, no fault injected), allocate the draft-extend slots and the next verify's
+        greedy (a sampled chain's graphs then run with temperature 0: `_greedy_chain_params`), the
+        engine knows every request's room, both KV pools hold what it allocates, no fault
+        injected), allocate the draft-extend slots and the next verify's
         slots now and stage them on the device, so that after the read the three launches follow
         each other with no host work in between. `launch_ahead` uses them, `cancel_ahead` frees them."""
         from .. import faults
@@ -150,10 +151,10 @@ class LaunchAhead:
         # launch-ahead allocates before this verify's unused slots go back: both pools need room
         pools_fit = (self.rt.target_cache.num_free_slots >= bs * n
                      and self.rt.draft_cache.num_free_slots >= bs * width)
-        if not (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit
-                and not self.rt.sampled_chain and not faults._ACTIVE):
+        if not (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit and not faults._ACTIVE):
             return False
         rt, bucket = self.rt, self.bucket_for(bs)
+        self._greedy_chain_params(bucket)
         if self.backend.bookkeeping == "triton":  # both allocations and their staging in one launch
             from spec_kernels.verify_output import stage_slots
 
@@ -174,6 +175,17 @@ class LaunchAhead:
             B.put_rows(self._next_sim, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
         self._prepared = Prepared(bs, sim, ext_slots, slots, sim_state)
         return True
+
+    def _greedy_chain_params(self, bucket: int) -> None:
+        """Sampled chains (STANDALONE, topk 1) run ahead only for greedy batches, through the same
+        graphs: their draft and draft-extend buffers' temperatures must then be 0 for the launched
+        rows (one-hot distributions, coins ignored), whatever a sampled request left there. Zeroed
+        once after each host copy-in that may have written them (`_chain_params_greedy`)."""
+        if not self.rt.sampled_chain or self._chain_params_greedy >= bucket:
+            return
+        self.bufs.extend.temperature[:bucket].zero_()
+        self.bufs.draft.temperature[:bucket].zero_()
+        self._chain_params_greedy = bucket
 
     def prepared_tensors(self) -> tuple:
         """The slot tensors `prepare_ahead` allocated (empty when nothing is prepared)."""
@@ -419,10 +431,12 @@ class LaunchAhead:
             out = self._extend_fn(bucket)
             BK.ahead_extend_out(vo, vb, db, out, nlive, d_rt, self._ext_slots, self._scratch, self.pad_row, pad_d,
                                 eb.stride, lead)
-            return out
-        prev = ahead_extend_in_torch(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d, lead)
-        out = self._extend_fn(bucket)
-        ahead_extend_out_torch(vo, vb, db, out, nlive, d_rt, self._scratch, self.pad_row, pad_d, prev)
+        else:
+            prev = ahead_extend_in_torch(vo, vb, eb, self._ext_slots, nlive, t_rt, self.pad_row, pad_t, pad_d, lead)
+            out = self._extend_fn(bucket)
+            ahead_extend_out_torch(vo, vb, db, out, nlive, d_rt, self._scratch, self.pad_row, pad_d, prev)
+        if db.draft_probs is not None:  # sampled chains: the root's distribution, the next draft's first
+            db.draft_probs[:bucket].copy_(out.draft_probs)
         return out
 
     def _ahead_draft_fn(self, bucket: int) -> DraftCoreOut:
