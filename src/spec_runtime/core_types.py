@@ -86,6 +86,7 @@ class DraftCoreIn:
     top_p: Optional[torch.Tensor] = None
     draft_logits: Optional[torch.Tensor] = None
     pad_slot: Optional[torch.Tensor] = None
+    greedy: bool = False  # host flag: every request greedy (a sampled chain proposes its argmax)
 
 
 @dataclass
@@ -126,6 +127,7 @@ class ExtendCoreIn:
     top_p: Optional[torch.Tensor] = None
     draft_logits: Optional[torch.Tensor] = None
     pad_slot: Optional[torch.Tensor] = None
+    greedy: bool = False  # host flag: every request greedy (a sampled chain proposes its argmax)
 
 
 @dataclass

@@ -61,7 +61,7 @@ def _prepare(rt: RuntimeState, inp: DraftInput, sampling: BatchSampling) -> tupl
         uniforms = (rt.coins(steps - 1, bs * k) if sampling.all_greedy
                     else torch.stack([rt.uniform(bs * k) for _ in range(steps - 1)]))
     return DraftCoreIn(**fields_of(inp, DraftCoreIn), **fields_of(sampling, DraftCoreIn),
-                       temp_slots=temp_slots, uniforms=uniforms, pad_slot=pad), temp
+                       temp_slots=temp_slots, uniforms=uniforms, pad_slot=pad, greedy=sampling.all_greedy), temp
 
 
 def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
@@ -157,10 +157,16 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
              uniform: Optional[torch.Tensor]):
     """The draft's candidates after each row: top-k of its distribution (tree drafts), or, for
     sampled chains, one token drawn from its distribution with the request's sampling parameters
-    (`params.temperature`, `.top_k`, `.top_p`) and the pre-drawn coins `uniform` (rows,).
+    (`params.temperature`, `.top_k`, `.top_p`) and the pre-drawn coins `uniform` (rows,); when
+    `params.greedy` (every request greedy), the argmax and its one-hot distribution.
 
     Returns (probs (rows, k) float32, target ids (rows, k) int64, full distribution or None).
     """
+    if sampled and params.greedy:  # every request greedy: what `ops.probs` gives at temperature 0 (the
+        # one-hot at the argmax, ties to the lowest id) without its sort and softmax over the vocabulary
+        ids = logits.argmax(-1, keepdim=True)
+        full = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(1, ids, 1.0)
+        return torch.ones(ids.shape, dtype=torch.float32, device=ids.device), ids, full
     if sampled:
         full = ops.probs(logits, params.temperature, params.top_k, params.top_p)
         ids = sample_from_probs(full, uniform)[:, None]

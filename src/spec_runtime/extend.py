@@ -57,7 +57,7 @@ def _prepare(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSampling) -
     sampled = rt.sampled_chain
     return ExtendCoreIn(**fields_of(inp, ExtendCoreIn), **fields_of(sampling, ExtendCoreIn),
                         out_slots=rt.draft_cache.alloc_slots(inp.input_ids.shape[0]), sampled=sampled,
-                        uniform=_coins(rt, len(inp), sampling) if sampled else None,
+                        uniform=_coins(rt, len(inp), sampling) if sampled else None, greedy=sampling.all_greedy,
                         pad_slot=rt.reserved_slots["draft"][:1] if rt.static else None)
 
 

@@ -134,6 +134,8 @@ def test_static_sampling_matches_eager(request, load_pair, pair: str, steps: int
     engine = _compare(algorithm, target, draft, 3, 2, sampling, num_steps=steps, topk=topk, num_draft_tokens=n)
     keys = set(engine.rt.runner.graphs.calls)
     assert any(k[0] == "verify" and k[1] == "sample" for k in keys), keys
+    if topk == 1:  # a sampled chain: its drafts ran the sampling variant for mixed batches, the greedy one else
+        assert {k[1] for k in keys if k[0] in ("draft", "extend")} == {"sample", "greedy"}, keys
 
 
 @pytest.mark.parametrize("pair", ["standalone", "aligned"])
@@ -418,3 +420,29 @@ def test_decode_runner_refuses_before_it_starts(request, load_pair) -> None:
     assert cache.num_free_slots == free and torch.equal(cache.req_to_token, table)
     assert runner.generate(rows, first, lens, steps=0).tolist() == [[3], [4]]
     assert runner.generate(rows, first, lens, steps=5).shape == (2, 6)
+
+
+@pytest.mark.parametrize("probs", ["reference", "nosync"])
+def test_greedy_chain_proposal_is_the_temperature_zero_draw(probs: str) -> None:
+    """A sampled chain's greedy batch proposes with `params.greedy` (argmax and its one-hot, no sort
+    or softmax over the vocabulary): the same probabilities, tokens and distributions as a draw at
+    temperature 0 through the sampling ops (`sampling.probs_from_logits_batched` on the eager path,
+    `gpu.ops.probs_nosync` on the static one), ties to the lowest id, whatever the coins."""
+    from types import SimpleNamespace
+
+    from spec_runtime.draft import _propose
+    from spec_runtime.gpu.ops import probs_nosync
+    from spec_runtime.sampling import probs_from_logits_batched
+
+    ops = SimpleNamespace(probs={"reference": probs_from_logits_batched, "nosync": probs_nosync}[probs])
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(2))
+    logits[2, 31] = logits[2, 7] = logits[2].max() + 1.0  # a tie: id 7 wins
+    rows = logits.shape[0]
+    params = dict(temperature=torch.zeros(rows), top_k=torch.tensor([0, 3, 0, 1, 5, 0]),
+                  top_p=torch.tensor([1.0, 0.5, 1.0, 1.0, 0.9, 0.2]))
+    coins = torch.rand(rows, generator=torch.Generator().manual_seed(3))
+    drawn = _propose(ops, logits, 1, True, SimpleNamespace(**params, greedy=False), coins)
+    greedy = _propose(ops, logits, 1, True, SimpleNamespace(**params, greedy=True), coins)
+    for a, b in zip(drawn, greedy):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert int(greedy[1][2]) == 7

@@ -181,6 +181,9 @@ class GraphRunner(LaunchAhead):
                 self.graphs.capture(self._key("verify", bucket, False, sim),
                                     lambda b=bucket, s=sim: self._verify_fn(b, False, s))
             self.graphs.capture(self._key("extend", bucket), lambda b=bucket: self._extend_fn(b))
+            if self.capture_sampling and self.rt.sampled_chain:
+                self.graphs.capture(self._key("draft", bucket, False), lambda b=bucket: self._draft_fn(b, False))
+                self.graphs.capture(self._key("extend", bucket, False), lambda b=bucket: self._extend_fn(b, False))
 
     def _pad_all(self, bucket: int, pads: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Fill every buffer's first `bucket` requests with padding (copy-in of empty batches)."""
@@ -233,8 +236,14 @@ class GraphRunner(LaunchAhead):
         bucket = self.bucket_for(bs)
         self._chain_params_greedy = 0  # copy_in writes the requests' temperatures
         B.copy_in(self.bufs.draft, live, bucket, self.pad_row)
-        out = self.graphs.run(self._key("draft", bucket), lambda: self._draft_fn(bucket))
+        greedy = self._chain_greedy(live.greedy)
+        out = self.graphs.run(self._key("draft", bucket, greedy), lambda: self._draft_fn(bucket, greedy))
         return slice_rows(out, bucket, bs)
+
+    def _chain_greedy(self, greedy: bool) -> bool:
+        """The draft and draft-extend graphs' variant: a sampled chain has a greedy one (argmax
+        proposals) and a sampling one; every other draft proposes the same either way (one graph)."""
+        return greedy or not self.rt.sampled_chain
 
     def verify(self, live: VerifyCoreIn) -> VerifyCoreOut:
         """The verify core (target tree forward + acceptance) over the padded bucket."""
@@ -262,12 +271,13 @@ class GraphRunner(LaunchAhead):
         bucket = self.bucket_for(bs)
         self._chain_params_greedy = 0
         B.copy_in(self.bufs.extend, live, bucket, self.pad_row)
-        out = self.graphs.run(self._key("extend", bucket), lambda: self._extend_fn(bucket))
+        greedy = self._chain_greedy(live.greedy)
+        out = self.graphs.run(self._key("extend", bucket, greedy), lambda: self._extend_fn(bucket, greedy))
         return slice_rows(out, bucket, bs)
 
     # ---- bucket views: the cores' inputs over the buffers ---------------------------------------
 
-    def _draft_fn(self, bucket: int) -> DraftCoreOut:
+    def _draft_fn(self, bucket: int, greedy: bool = True) -> DraftCoreOut:
         b, k = self.bufs.draft, self.rt.spec_config.topk
         rows = bucket * k
         view = DraftCoreIn(
@@ -278,7 +288,7 @@ class GraphRunner(LaunchAhead):
             draft_probs=None if b.draft_probs is None else b.draft_probs[:bucket],
             uniforms=None if b.uniforms is None else b.uniforms[:, :rows],
             temperature=head(b.temperature, bucket), top_k=head(b.top_k, bucket), top_p=head(b.top_p, bucket),
-            draft_logits=b.draft_logits[:rows],
+            draft_logits=b.draft_logits[:rows], greedy=greedy,
         )
         return draft_core(self.ops, view)
 
@@ -299,7 +309,7 @@ class GraphRunner(LaunchAhead):
         self._stacked[:bucket].copy_(stacked_rows(out.accept_tokens, out.num_correct))
         return out
 
-    def _extend_fn(self, bucket: int) -> ExtendCoreOut:
+    def _extend_fn(self, bucket: int, greedy: bool = True) -> ExtendCoreOut:
         b = self.bufs.extend
         rows = bucket * b.stride
         view = ExtendCoreIn(
@@ -309,7 +319,7 @@ class GraphRunner(LaunchAhead):
             req_pool_indices=b.req_pool_indices[:bucket], out_slots=b.out_slots[:rows], stride=b.stride,
             sampled=self.rt.sampled_chain, uniform=head(b.uniform, bucket),
             temperature=head(b.temperature, bucket), top_k=head(b.top_k, bucket), top_p=head(b.top_p, bucket),
-            draft_logits=b.draft_logits[:bucket],
+            draft_logits=b.draft_logits[:bucket], greedy=greedy,
         )
         return draft_extend_core(self.ops, view)
 
