@@ -131,7 +131,7 @@ def reference_extend_after_decode(
     return input_ids, positions, bonus
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # the accepted tokens' count changes every iteration
 def _extend_after_decode_kernel(
     tokens_ptr,  # (bs, S1) int accepted tokens, -1 padded
     num_accept_ptr,  # (bs,) int accepted tokens per request (bonus included)

@@ -76,7 +76,9 @@ def reference_frees(slots: torch.Tensor, ext_slots: torch.Tensor, out: AheadOutp
     return slots[~used], ext_slots[dead]
 
 
-@triton.jit
+# The pools' stack tops and free counts change every iteration: specialized (Triton's == 1 and % 16
+# variants), each new combination would compile in the middle of decoding.
+@triton.jit(do_not_specialize=["t_top", "t_n", "d_top", "d_n"])
 def _ahead_output_kernel(
     acc_ptr,  # (bs, W) int accepted global rows (verify core), -1 padded
     tok_ptr,  # (bs, W) int accepted tokens
@@ -186,7 +188,7 @@ def ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_co
 # ---- the next launch's slots, staged before the read --------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t_base", "d_base"])  # the pools' stack tops (as `_ahead_output_kernel`'s)
 def _stage_slots_kernel(
     t_stack_ptr, t_used_ptr,  # target pool: free stack, in_use uint8 (output)
     d_stack_ptr, d_used_ptr,  # draft pool: free stack, in_use uint8 (output)

@@ -44,3 +44,28 @@ def test_kernels_available_follows_the_interpreter_switch(monkeypatch):
     assert not spec_kernels.kernels_available()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert spec_kernels.interpreting() and spec_kernels.kernels_available()
+
+
+def _unspecialized(kernel) -> set:
+    """The arguments a Triton kernel is told not to specialize on (compiled or interpreted)."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return {p.name for p in params if p.do_not_specialize}
+    return set(kernel.kwargs.get("do_not_specialize") or ())
+
+
+@pytest.mark.parametrize("kernel, varying", [
+    ("verify_output._ahead_output_kernel", {"t_top", "t_n", "d_top", "d_n"}),
+    ("verify_output._stage_slots_kernel", {"t_base", "d_base"}),
+    ("bookkeeping._extend_after_decode_kernel", {"T"}),
+])
+def test_per_iteration_integers_are_not_specialized(kernel: str, varying: set) -> None:
+    """Kernels launched outside the graphs every iteration take host integers that change every
+    iteration (the pools' stack tops, free counts, accepted tokens). Triton compiles a variant per
+    value class of a specialized integer (1, a multiple of 16, other), so each new combination would
+    compile in the middle of decoding; these arguments are left unspecialized."""
+    import importlib
+
+    module, name = kernel.split(".")
+    fn = getattr(importlib.import_module(f"spec_kernels.{module}"), name)
+    assert varying <= _unspecialized(fn), _unspecialized(fn)
