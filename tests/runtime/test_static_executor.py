@@ -126,6 +126,31 @@ def test_static_greedy_matches_eager(request, load_pair, pair: str, first: int, 
         assert (c.hidden_captured_bytes, c.hidden_copied_bytes, c.hidden_allocs) == (0, 0, 0)
 
 
+@pytest.mark.parametrize("pair", ["eagle3", "aligned"])
+def test_graph_functions_may_run_again(request, load_pair, monkeypatch, pair: str) -> None:
+    """A CUDA graph is captured after two warm-up runs of its function, on live buffers when it is
+    captured on first use (the launch-ahead graphs), and then replayed: every graph function must
+    leave the same state however often it runs. Here the static executor runs each one twice more
+    before the real call (`GraphSet.run`), greedy with launch-ahead, and sampled: still eager's
+    tokens, accept lengths and events, both pools whole."""
+    from spec_runtime.executors.graphs import GraphSet
+
+    real_run = GraphSet.run
+
+    def rehearsed(self, key, fn):
+        fn()
+        fn()
+        return real_run(self, key, fn)
+
+    monkeypatch.setattr(GraphSet, "run", rehearsed)
+    algorithm, target, draft = _models(request, load_pair, pair)
+    engine = _compare(algorithm, target, draft, 3, 2, budget=24 if pair == "aligned" else 6)
+    assert engine.rt.runner.ahead_stats["used"] >= 5, engine.rt.runner.ahead_stats
+    sampling = [SamplingParams(temperature=0.8, top_k=20), SamplingParams(temperature=0.0)]
+    _compare(algorithm, target, draft, 3, 1, sampling, num_steps=4, topk=1 if pair == "aligned" else 2,
+             num_draft_tokens=5)
+
+
 @pytest.mark.parametrize("pair,steps,topk,n", [("standalone", 3, 1, 4), ("eagle3", 3, 2, 6), ("aligned", 4, 1, 5)])
 def test_static_sampling_matches_eager(request, load_pair, pair: str, steps: int, topk: int, n: int) -> None:
     algorithm, target, draft = _models(request, load_pair, pair)
