@@ -184,3 +184,51 @@ def test_the_memo_never_lets_a_changed_object_pass(wrapped):
     sb.req_pool_indices.resize_(3)  # a batch field the draft input's check reads
     with pytest.raises(SpecContractError, match=r"req_pool_indices"):
         _sglang_install._check(live, sb, consumer="memo")
+
+
+def test_the_generated_key_reads_what_the_signature_reads(sg):
+    """`install()`'s memo key comes from one generated reader per sglang class; it must read every
+    attribute `signature` (plain Python) reads, the same way, on every kind of object and batch."""
+    from spec_schema.engines._sglang_check import _engine_class
+    from spec_schema.engines._sglang_memo import KEYS, signature
+
+    objects = env.all_objects(sg, CONFIG, seed=5)
+    odd = env.draft_input(sg, CONFIG, 2, torch.Generator().manual_seed(6), torch.int32)
+    odd.topk_p = torch.nn.Parameter(odd.topk_p, requires_grad=False)  # a tensor subclass: read through _sig
+    odd.draft_probs = [1, 2]  # neither a tensor, None nor an int
+    for label, obj, batch in [*objects, ("subclass and list", odd, env.batch([5, 9], extend_num_tokens=3))]:
+        name = _engine_class(obj)
+        for b in (batch, None):
+            assert KEYS[name](obj, b, "head") == ("head", *signature(name, obj, b)), label
+
+
+def test_the_memo_checks_a_swapped_field_and_a_config_change_again(wrapped):
+    """The memo's fast path on the same object: a field swapped between two calls for a tensor of another
+    dtype (same shape) or another width is checked again and refused; a config change between two calls
+    (adaptive speculation) is a new verdict, and an object valid under one config is refused under another."""
+    from spec_schema.engines import _sglang_install
+
+    sg, gen = wrapped, torch.Generator().manual_seed(7)
+    sb = env.batch([5, 9])
+    live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    BOUNDARY_CALLS.clear()
+    _sglang_install._check(live, sb, consumer="swap")
+    good = live.topk_p
+    live.topk_p = good.double()  # the same shape, another dtype
+    with pytest.raises(SpecContractError, match=r"topk_p -> DraftInput\.topk_p: dtype torch\.float64"):
+        _sglang_install._check(live, sb, consumer="swap")
+    live.topk_p = good
+    _sglang_install._check(live, sb, consumer="swap")  # known again
+    live.hidden_states = live.hidden_states[:, :-1]  # another width
+    with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states"):
+        _sglang_install._check(live, sb, consumer="swap")
+    assert BOUNDARY_CALLS["sglang swap"] == 3
+    current = {"config": CONFIG}
+    adapter.install(lambda: current["config"])  # a config that follows the worker, as the plugin's does
+    live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
+    _sglang_install._check(live, sb, consumer="config")
+    _sglang_install._check(live, sb, consumer="config")
+    current["config"] = example_config("EAGLE", topk=CONFIG.topk + 1)
+    with pytest.raises(SpecContractError, match=r"topk_p -> DraftInput\.topk_p: axis topk"):
+        _sglang_install._check(live, sb, consumer="config")
+    assert BOUNDARY_CALLS["sglang config"] == 2

@@ -9,7 +9,6 @@ keeps it equal and checks that every row of `BOUNDARIES` is wrapped after `insta
 
 import importlib
 import inspect
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -211,7 +210,9 @@ class Bound:
     """Reads named parameters of one call: `bound(args, kwargs)` -> their values, in `names`' order.
 
     The position of each name comes from the function's signature, once; a call passing it by
-    keyword is read by keyword; an omitted one is its default (None when it has none)."""
+    keyword is read by keyword; an omitted one is its default (None when it has none). The common
+    call (every positional name passed by position) runs one generated expression: `args[i]` for a
+    positional name, `kwargs.get(name, default)` for a keyword-only one, no signature binding."""
 
     def __init__(self, fn: Callable[..., Any], names: tuple[str, ...]) -> None:
         params = list(inspect.signature(fn).parameters.values())
@@ -219,18 +220,31 @@ class Bound:
         self.slots = tuple((n, by_name[n][0] if by_name[n][1].kind in _POSITIONAL else None,
                             None if by_name[n][1].default is inspect.Parameter.empty else by_name[n][1].default)
                            for n in names)
-        positions = [i for _, i, _ in self.slots]
-        self.reach = max(positions) + 1 if None not in positions else None  # all passed by position: fast
-        self.by_position = operator.itemgetter(*positions) if self.reach is not None else None
-        self.single = len(names) == 1
+        self.fast = _fast_binder(self.slots, self._slow)
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        return self.fast(args, kwargs)
+
+    def _slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         n = len(args)
-        if not kwargs and self.reach is not None and n >= self.reach:
-            got = self.by_position(args)
-            return (got,) if self.single else got
         return tuple(kwargs[name] if name in kwargs else args[i] if i is not None and i < n else default
                      for name, i, default in self.slots)
+
+
+def _fast_binder(slots: tuple[tuple[str, Optional[int], Any], ...],
+                 slow: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    """`(args, kwargs) -> values` as one generated function: a call holding every positional name by
+    position (a name also passed by keyword is Python's TypeError at the call itself) reads `args[i]`;
+    keyword-only names `kwargs.get(name, default)`; any other call goes to `slow`."""
+    reach = max((i + 1 for _, i, _ in slots if i is not None), default=0)
+    defaults = {f"_d{k}": default for k, (_, _, default) in enumerate(slots)}
+    parts = [f"args[{i}]" if i is not None else f"kwargs.get({name!r}, _d{k})" for k, (name, i, _) in
+             enumerate(slots)]
+    source = (f"def bind(args, kwargs):\n    if len(args) >= {reach}:\n        return ({', '.join(parts)},)\n"
+              "    return _slow(args, kwargs)\n")
+    namespace: dict[str, Any] = {"_slow": slow, **defaults}
+    exec(compile(source, "<spec_schema Bound>", "exec"), namespace)  # noqa: S102 - built from a signature
+    return namespace["bind"]
 
 
 def boundary_table() -> str:

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
+from .._contract import standing_aside
 from ..errors import SpecContractError
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
-from ._sglang_runtime import MASK_MODE, _active, _check, _config, _inside, _outermost
+from ._sglang_runtime import _LOCAL, _SAVED, MASK_MODE, _active, _check, _config, _inside, _outermost
 
 Hook = Callable[[Any, Bound, str], Any]
 
@@ -40,7 +41,8 @@ def _post_init(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def __post_init__(*args: Any, **kwargs: Any) -> None:
         fn(*args, **kwargs)
-        if _outermost():  # inside build_eagle_verify_input / draft the producer's exit checks it
+        # _outermost(), inline (a hot path); inside build_eagle_verify_input / draft the producer's exit checks it
+        if not _LOCAL.depth and _SAVED and not standing_aside():
             (self,) = get(args, kwargs)
             _check(self, producer=label.replace("__post_init__", "__init__"))
     return __post_init__
@@ -94,7 +96,8 @@ def _tree(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def build_tree_kernel_efficient(*args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)
-        if _outermost():  # the outputs as the EagleVerifyInput sglang assembles from them
+        if not _LOCAL.depth and _SAVED and not standing_aside():  # the outputs as the EagleVerifyInput sglang
+            # assembles from them (_outermost(), inline: inside EagleDraftWorker.draft this is the hot path)
             seq_lens, seq_lens_sum, n, mode = get(args, kwargs)
             tree_mask, positions, r_index, r_next, r_sibling, tokens = out
             view = object.__new__(verify_cls)
@@ -119,11 +122,16 @@ def _verify_cls() -> type:
 def _build_verify(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
-        out = _inside(fn, *args, **kwargs)
+        local = _LOCAL  # _inside(), inline (a hot path)
+        local.depth += 1
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            local.depth -= 1
         batch, mode = get(args, kwargs)
         out.__dict__[MASK_MODE] = mode  # the mode its custom_mask was built in, for every later check
-        if _outermost():  # inside EagleDraftWorker.draft, draft's exit checks it
-            _check(out, _live(batch), producer=label)
+        if not local.depth and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
+            _check(out, _live(batch), producer=label)  # checks it
         return out
     return build_eagle_verify_input
 
@@ -132,7 +140,8 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
     """eagle_prepare_for_verify: the verify input before the target runs on it."""
     @functools.wraps(fn)
     def consumer(*args: Any, **kwargs: Any) -> Any:
-        if _outermost():  # inside the wrapped verify methods, verify's entry checked it
+        if not _LOCAL.depth and _SAVED and not standing_aside():  # inside the wrapped verify methods (the hot
+            # path: _outermost() inline), verify's entry checked it
             verify_input, batch = get(args, kwargs)
             _check(verify_input, _live(batch), consumer=label)
         return fn(*args, **kwargs)
@@ -142,8 +151,8 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
 def _sample(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def eagle_sample(*args: Any, **kwargs: Any) -> Any:
-        if not _outermost():  # inside EAGLEWorkerV2.verify: verify's entry and exit check both objects
-            return fn(*args, **kwargs)
+        if _LOCAL.depth or not _SAVED or standing_aside():  # inside EAGLEWorkerV2.verify (the hot path:
+            return fn(*args, **kwargs)  # not _outermost(), inline), verify's entry and exit check both objects
         verify_input, batch = get(args, kwargs)
         live = _live(batch)
         _check(verify_input, live, consumer=label)
@@ -161,7 +170,7 @@ def _sample(fn: Any, get: Bound, label: str) -> Any:
 def _compact(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def _compact_accept_to_front(*args: Any, **kwargs: Any) -> Any:
-        if _active():
+        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
             x, accept_index, bs, n = get(args, kwargs)
             width = accept_index.shape[-1] if accept_index.dim() == 2 else None
             if x.shape[0] != bs * n or accept_index.shape[0] != bs or width is None or width > n:
@@ -187,7 +196,7 @@ class _WithInputIds:
 def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def prepare_for_draft_extend(*args: Any, **kwargs: Any) -> Any:
-        if _active():
+        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
             extend_input, batch, predict = get(args, kwargs)
             if not batch.forward_mode.is_idle():
                 _check(extend_input, _WithInputIds(batch, predict), consumer=label)
@@ -195,19 +204,25 @@ def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
     return prepare_for_draft_extend
 
 
-def _takes_and_makes(made: Callable[[Any], Any]) -> Hook:
-    """A worker method that consumes `batch.spec_info` and produces the next phase's object (`made(out)`)."""
+def _takes_and_makes(first: bool) -> Hook:
+    """A worker method that consumes `batch.spec_info` and produces the next phase's object: what it
+    returns, or (`first`) the first item of the tuple it returns."""
 
     def make(fn: Any, get: Bound, label: str) -> Any:
         @functools.wraps(fn)
         def method(*args: Any, **kwargs: Any) -> Any:
-            if not _active():
+            if not _SAVED or standing_aside():  # not _active(), inline: the hot path
                 return fn(*args, **kwargs)
             _, batch = get(args, kwargs)
-            live = _live(batch)
+            live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
             _check(batch.spec_info, live, consumer=label)
-            out = _inside(fn, *args, **kwargs)
-            _check(made(out), live, producer=label)
+            local = _LOCAL  # _inside(), inline
+            local.depth += 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                local.depth -= 1
+            _check(out[0] if first and isinstance(out, tuple) else out, live, producer=label)
             return out
         return method
     return make
@@ -239,12 +254,17 @@ def _extend_cls() -> type:
 def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def _draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
-        if not _active():
+        if not _SAVED or standing_aside():  # not _active(), inline: the hot path
             return fn(*args, **kwargs)
         _, batch, result = get(args, kwargs)
-        live = _live(batch)
+        live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
         _check(result, live, consumer=label)
-        out = _inside(fn, *args, **kwargs)
+        local = _LOCAL  # _inside(), inline
+        local.depth += 1
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            local.depth -= 1
         _check(result.next_draft_input, live, producer=label)
         return out
     return _draft_extend_for_decode
@@ -265,8 +285,7 @@ HOOKS: dict[str, Hook] = {
     "idle": _idle, "post_init": _post_init, "merge": _merge, "filter": _filter, "pad": _pad, "tree": _tree,
     "build_verify": _build_verify, "prepare_verify": _consume_verify, "sample": _sample, "compact": _compact,
     "prepare_extend": _prepare_extend,
-    "draft": _takes_and_makes(lambda out: out[0] if isinstance(out, tuple) else out),
-    "verify": _takes_and_makes(lambda out: out),
+    "draft": _takes_and_makes(True), "verify": _takes_and_makes(False),
     "extend_prefill": _extend_prefill, "extend_decode": _extend_decode, "trivial": _trivial,
 }
 """Hook name (the boundary table's `hook`) -> wrapper factory; the overlap and CUDA-graph ones are in
