@@ -141,6 +141,10 @@ def test_worker_methods_check_their_inputs_before_sglang_runs(wrapped):
     with pytest.raises(SpecContractError, match=r"hidden_states -> DraftExtendInput\.hidden_states: 11 rows"):
         sg.eagle_worker_common.prepare_for_draft_extend(window, sb, torch.zeros(12, dtype=torch.int64), 6, None,
                                                         None, return_hidden_states_before_norm=False)
+    window.hidden_states = env.extend_hidden(CONFIG, 12, gen)  # the window's rows; the predict ids one short
+    with pytest.raises(SpecContractError, match=r"input_ids -> DraftExtendInput\.input_ids: 11 rows"):
+        sg.eagle_worker_common.prepare_for_draft_extend(window, sb, torch.zeros(11, dtype=torch.int64), 6, None,
+                                                        None, return_hidden_states_before_norm=False)
 
 
 def test_a_prefilled_request_joining_a_decoding_batch_merges(wrapped):

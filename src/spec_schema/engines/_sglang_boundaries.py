@@ -9,6 +9,7 @@ keeps it equal and checks that every row of `BOUNDARIES` is wrapped after `insta
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -224,6 +225,12 @@ class Bound:
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         return self.fast(args, kwargs)
+
+    def position(self, name: str) -> int:
+        """`name`'s index in `args` when passed by position (a hot wrapper reads `args[i]` itself when
+        `len(args) > i`, else calls the binder); a keyword-only name never is (an index no call reaches)."""
+        i = next(i for n, i, _ in self.slots if n == name)
+        return sys.maxsize if i is None else i
 
     def _slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         n = len(args)

@@ -56,26 +56,41 @@ def _batch_attrs(name: str) -> tuple[str, ...]:
     return BATCH_ATTRS if name == "EagleVerifyInput" else BATCH_SHAPES
 
 
-def key_reader(name: str) -> Callable[[Any, Any, Any], tuple[Any, ...]]:
-    """`(obj, batch, head) -> key` for sglang class `name`, generated once: `head` (config identity and
-    mask mode), the object's type, the signature part of each attribute in `READ_NAMES[name]`, then
-    (when `batch` is not None) of each batch attribute its check reads; a batch lacking one reads None,
-    as the check does. One function, one tuple: no per-field calls on an exact tensor."""
+def key_lines(name: str) -> list[str]:
+    """Source lines (one level of indent) that set `key` from `o` (an object of sglang class `name`), `b`
+    (its batch, or None) and `head`: `head`, the object's type, the signature part of each attribute in
+    `READ_NAMES[name]`, then (when `b` is not None) of each batch attribute its check reads; a batch
+    lacking one reads None, as the check does. One pass, one tuple: no per-field calls on an exact tensor."""
     own, shared = READ_NAMES[name], _batch_attrs(name)
     xs = [f"x{k}" for k in range(len(own))]
     ys = [f"y{k}" for k in range(len(shared))]
-    body = ["def read(o, b, head):"]
-    body += [f"    {x} = o.{a}" for x, a in zip(xs, own)]
+    lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)]
     obj_parts = ", ".join(_part(x, a) for x, a in zip(xs, own))
-    body += ["    if b is None:", f"        return (head, o.__class__, {obj_parts})", "    try:"]
-    body += [f"        {y} = b.{a}" for y, a in zip(ys, shared)]
-    body += ["    except AttributeError:"]
-    body += [f"        {y} = getattr(b, {a!r}, None)" for y, a in zip(ys, shared)]
+    lines += ["    if b is None:", f"        key = (head, o.__class__, {obj_parts})", "    else:", "        try:"]
+    lines += [f"            {y} = b.{a}" for y, a in zip(ys, shared)]
+    lines += ["        except AttributeError:"]
+    lines += [f"            {y} = getattr(b, {a!r}, None)" for y, a in zip(ys, shared)]
     batch_parts = ", ".join(_part(y, a) for y, a in zip(ys, shared))
-    body += [f"    return (head, o.__class__, {obj_parts}, {batch_parts})"]
-    namespace: dict[str, Any] = {"_T": _TENSOR, "_sig": _sig, "_lengths": _lengths}
-    exec(compile("\n".join(body) + "\n", f"<spec_schema memo key of {name}>", "exec"), namespace)  # noqa: S102
-    return namespace["read"]
+    return lines + [f"        key = (head, o.__class__, {obj_parts}, {batch_parts})"]
+
+
+NAMESPACE = {"_T": _TENSOR, "_sig": _sig, "_lengths": _lengths}
+"""What `key_lines` refers to."""
+
+
+def generated(source: str, name: str, label: str, namespace: dict[str, Any]) -> Any:
+    """The function `name` defined by `source` (built by this package from a class's attribute names,
+    never from input), compiled once with `namespace` as its globals."""
+    scope = {**NAMESPACE, **namespace}
+    exec(compile(source, f"<spec_schema {label}>", "exec"), scope)  # noqa: S102
+    return scope[name]
+
+
+def key_reader(name: str) -> Callable[[Any, Any, Any], tuple[Any, ...]]:
+    """`(obj, batch, head) -> key` for sglang class `name` (`key_lines` as a function; the generated
+    checks of `_sglang_runtime` run the same lines inline)."""
+    source = "\n".join(["def read(o, b, head):", *key_lines(name), "    return key"]) + "\n"
+    return generated(source, "read", f"memo key of {name}", {})
 
 
 KEYS = {name: key_reader(name) for name in READ_NAMES}

@@ -12,7 +12,7 @@ from .._contract import BOUNDARY_CALLS, standing_aside
 from ..config import SpecConfig
 from . import _sglang_check as adapter
 from ._sglang_check import _CLASS_OF
-from ._sglang_memo import KEYS
+from ._sglang_memo import generated, key_lines
 
 _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wrapping order
 _STATE = SimpleNamespace(config=None, provider=None, mask_mode=None, draft_config=True)
@@ -62,6 +62,52 @@ def _remember(table: dict, key: Any, value: Any) -> None:
     table[key] = value
 
 
+_CONFIG_LINES = ["    provider = _STATE.provider  # (no isinstance: pydantic's ABC instance check is slow on every call)",
+                 "    cfg = _STATE.config if provider is None else provider()"]
+_SOURCE = """def check(o, b=None, producer="", consumer=""):
+{config}
+    if _strict.LEVEL >= 2:  # values are read: every boundary checks
+        _full_check(o, b, cfg, producer, consumer)
+        return
+{mode}
+    head = (id(cfg), mode)
+{key}
+    if _SEEN.get(key, _SEEN) is not cfg:  # (a config of None is remembered too)
+        _miss(o, b, cfg, producer, consumer, mode, key)
+"""
+
+
+def _generated_check(name: str) -> Callable[..., None]:
+    """`check(obj, batch, producer, consumer)` for sglang class `name`, one generated function: the
+    config, the memo key (`_sglang_memo.key_lines`, read afresh) and the lookup inline, the full check
+    on a miss. The EagleDraftInput of per-step top-k drafts is checked without the config."""
+    config = _CONFIG_LINES if name != "EagleDraftInput" else [
+        "    cfg = None", "    if _STATE.draft_config:", *["    " + line for line in _CONFIG_LINES]]
+    mode = ["    mode = o.__dict__.get(MASK_MODE)", "    if mode is None:", "        mode = _mask_mode(o)"] \
+        if name == "EagleVerifyInput" else ["    mode = None"]
+    source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode), key="\n".join(key_lines(name)))
+    return generated(source, "check", f"check of {name}", {
+        "_STATE": _STATE, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
+        "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode})
+
+
+_CHECK_OF: dict[type, Callable[..., None]] = {}
+"""sglang class (or subclass) -> its generated check; filled at the first object of each class."""
+
+
+def _checker(obj: Any) -> Callable[..., None]:
+    """The generated check of `obj`'s class (TypeError for a class the adapter does not map)."""
+    name = _CLASS_OF.get(obj.__class__) or adapter._engine_class(obj)
+    fn = _GENERATED.get(name)
+    if fn is None:
+        fn = _GENERATED[name] = _generated_check(name)
+    _CHECK_OF[obj.__class__] = fn
+    return fn
+
+
+_GENERATED: dict[str, Callable[..., None]] = {}
+
+
 def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "") -> None:
     """Check `obj` unless an object of the same signature passed under this config.
 
@@ -69,27 +115,14 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
     (`_sglang_memo.signature`, read in one generated pass), so one verdict holds for every object
     with the same signature: each iteration's new objects of an unchanged batch are not checked
     again, and each call reads the signature afresh (nothing is trusted by identity). Level 2 reads
-    values: every boundary checks.
+    values: every boundary checks. (The hot wrappers call `_CHECK_OF[type(obj)]` directly.)
     """
-    name = _CLASS_OF.get(obj.__class__) or adapter._engine_class(obj)
-    if name == "EagleDraftInput" and not _STATE.draft_config:
-        config = None
-    else:
-        provider = _STATE.provider  # (no isinstance here: pydantic's ABC instance check is slow on every call)
-        config = _STATE.config if provider is None else provider()
-    if _strict.LEVEL >= 2:
-        _full_check(obj, batch, config, producer, consumer)
-        return
-    mode = None
-    if name == "EagleVerifyInput":
-        mode = obj.__dict__.get(MASK_MODE)
-        if mode is None:
-            mode = _mask_mode(obj)
-    key = KEYS[name](obj, batch, (id(config), mode))
-    if _SEEN.get(key, _SEEN) is not config:  # (a config of None is remembered too)
-        if _full_check(obj, batch, config, producer, consumer, mode) is None:
-            return  # an unresolved overlap handle: nothing checked, nothing remembered
-        _remember(_SEEN, key, config)
+    (_CHECK_OF.get(obj.__class__) or _checker(obj))(obj, batch, producer, consumer)
+
+
+def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any, key: Any) -> None:
+    if _full_check(obj, batch, config, producer, consumer, mode) is not None:  # None: an unresolved overlap
+        _remember(_SEEN, key, config)  # handle (nothing checked, nothing remembered)
 
 
 def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any = None) -> Any:
