@@ -236,3 +236,49 @@ def test_the_memo_checks_a_swapped_field_and_a_config_change_again(wrapped):
     with pytest.raises(SpecContractError, match=r"topk_p -> DraftInput\.topk_p: axis topk"):
         _sglang_install._check(live, sb, consumer="config")
     assert BOUNDARY_CALLS["sglang config"] == 2
+
+
+class _Reads:
+    """`target` with every attribute read recorded in `seen`."""
+
+    def __init__(self, target):
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "seen", set())
+
+    def __getattribute__(self, name):
+        if name in ("_target", "seen"):
+            return object.__getattribute__(self, name)
+        if not name.startswith("__"):
+            object.__getattribute__(self, "seen").add(name)
+        return getattr(object.__getattribute__(self, "_target"), name)
+
+
+def _recording_copy(obj, seen):
+    """`obj` as an instance of a subclass of its sglang class (same name) that records attribute reads."""
+    def __getattribute__(self, name):
+        if not name.startswith("__"):
+            seen.add(name)
+        return super(sub, self).__getattribute__(name)
+    sub = type(type(obj).__name__, (type(obj),), {"__getattribute__": __getattribute__})
+    copy_ = object.__new__(sub)
+    copy_.__dict__.update(obj.__dict__)
+    return copy_
+
+
+def test_the_memo_key_holds_every_attribute_a_check_reads(sg):
+    """A level-1 verdict is remembered under the key `_sglang_memo` reads; an attribute the check reads
+    outside the key would let a changed object pass. Every read of a full check, on the object and on its
+    batch, is recorded on every kind of object: each is in the key (`READ_NAMES`, `BATCH_READS`)."""
+    from spec_schema.engines._sglang_check import _engine_class
+    from spec_schema.engines._sglang_memo import BATCH_READS, READ_NAMES
+
+    for label, obj, batch in env.all_objects(sg, CONFIG, seed=8):
+        own = set()
+        copy_ = _recording_copy(obj, own)
+        name = _engine_class(copy_)  # registers the subclass (reads every required attribute once)
+        own.clear()
+        reads = _Reads(batch) if batch is not None else None
+        adapter.check(copy_, CONFIG, reads)
+        assert own <= set(READ_NAMES[name]), (label, own - set(READ_NAMES[name]))
+        if reads is not None:
+            assert reads.seen <= set(BATCH_READS[name]), (label, reads.seen - set(BATCH_READS[name]))

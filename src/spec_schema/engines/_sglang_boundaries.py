@@ -211,9 +211,8 @@ class Bound:
     """Reads named parameters of one call: `bound(args, kwargs)` -> their values, in `names`' order.
 
     The position of each name comes from the function's signature, once; a call passing it by
-    keyword is read by keyword; an omitted one is its default (None when it has none). The common
-    call (every positional name passed by position) runs one generated expression: `args[i]` for a
-    positional name, `kwargs.get(name, default)` for a keyword-only one, no signature binding."""
+    keyword is read by keyword; an omitted one is its default (None when it has none). One generated
+    expression per call (`_fast_binder`), no signature binding."""
 
     def __init__(self, fn: Callable[..., Any], names: tuple[str, ...]) -> None:
         params = list(inspect.signature(fn).parameters.values())
@@ -221,7 +220,7 @@ class Bound:
         self.slots = tuple((n, by_name[n][0] if by_name[n][1].kind in _POSITIONAL else None,
                             None if by_name[n][1].default is inspect.Parameter.empty else by_name[n][1].default)
                            for n in names)
-        self.fast = _fast_binder(self.slots, self._slow)
+        self.fast = _fast_binder(self.slots)
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         return self.fast(args, kwargs)
@@ -232,24 +231,20 @@ class Bound:
         i = next(i for n, i, _ in self.slots if n == name)
         return sys.maxsize if i is None else i
 
-    def _slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        n = len(args)
-        return tuple(kwargs[name] if name in kwargs else args[i] if i is not None and i < n else default
-                     for name, i, default in self.slots)
+    def default(self, name: str) -> Any:
+        """`name`'s default (None when it has none): what a call that omits it passes."""
+        return next(d for n, _, d in self.slots if n == name)
 
 
-def _fast_binder(slots: tuple[tuple[str, Optional[int], Any], ...],
-                 slow: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
-    """`(args, kwargs) -> values` as one generated function: a call holding every positional name by
-    position (a name also passed by keyword is Python's TypeError at the call itself) reads `args[i]`;
-    keyword-only names `kwargs.get(name, default)`; any other call goes to `slow`."""
-    reach = max((i + 1 for _, i, _ in slots if i is not None), default=0)
+def _fast_binder(slots: tuple[tuple[str, Optional[int], Any], ...]) -> Callable[..., tuple[Any, ...]]:
+    """`(args, kwargs) -> values` as one generated function: a name the signature lets be positional is
+    `args[i]` when the call passed that many, else `kwargs.get(name, default)` (in a valid call it is
+    not in both: Python's TypeError); a keyword-only name is `kwargs.get(name, default)`."""
     defaults = {f"_d{k}": default for k, (_, _, default) in enumerate(slots)}
-    parts = [f"args[{i}]" if i is not None else f"kwargs.get({name!r}, _d{k})" for k, (name, i, _) in
-             enumerate(slots)]
-    source = (f"def bind(args, kwargs):\n    if len(args) >= {reach}:\n        return ({', '.join(parts)},)\n"
-              "    return _slow(args, kwargs)\n")
-    namespace: dict[str, Any] = {"_slow": slow, **defaults}
+    parts = [f"kwargs.get({name!r}, _d{k})" if i is None else f"(args[{i}] if n > {i} else kwargs.get({name!r}, _d{k}))"
+             for k, (name, i, _) in enumerate(slots)]
+    source = f"def bind(args, kwargs):\n    n = len(args)\n    return ({', '.join(parts)},)\n"
+    namespace: dict[str, Any] = dict(defaults)
     exec(compile(source, "<spec_schema Bound>", "exec"), namespace)  # noqa: S102 - built from a signature
     return namespace["bind"]
 

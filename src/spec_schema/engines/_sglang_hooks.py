@@ -131,7 +131,7 @@ def _verify_cls() -> type:
 
 
 def _build_verify(fn: Any, get: Bound, label: str) -> Any:
-    at_batch, at_mode = get.position("batch"), get.position("tree_mask_mode")
+    at_batch, at_mode, no_mode = get.position("batch"), get.position("tree_mask_mode"), get.default("tree_mask_mode")
 
     @functools.wraps(fn)
     def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
@@ -142,7 +142,7 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
         finally:
             local.depth -= 1
         n = len(args)  # the mode its custom_mask was built in, for every later check
-        out.__dict__[MASK_MODE] = args[at_mode] if n > at_mode else get(args, kwargs)[1]
+        out.__dict__[MASK_MODE] = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
         if not local.depth and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
             batch = args[at_batch] if n > at_batch else get(args, kwargs)[0]  # checks it
             _check(out, _live(batch), producer=label)

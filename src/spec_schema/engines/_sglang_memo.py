@@ -14,10 +14,13 @@ import torch
 
 from . import _sglang_check as adapter
 
-BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
-"""The batch attributes a verify input's check reads (a FULL_MASK's length check may sum the host lengths)."""
-BATCH_SHAPES = ("seq_lens", "req_pool_indices", "input_ids", "extend_num_tokens")
-"""The batch attributes every other object's check reads."""
+_BATCH_EXTRA = {"EagleVerifyInput": ("seq_lens_cpu", "seq_lens_sum"),  # a FULL_MASK's length check sums them
+                "EagleDraftExtendInput": ("extend_num_tokens",)}  # the prefill path's rows
+BATCH_READS = {m.engine_cls: tuple(sorted(
+    {"seq_lens"} | {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if on_batch}
+    | set(_BATCH_EXTRA.get(m.engine_cls, ())))) for m in adapter.CLASS_MAPS}
+"""sglang class -> the batch attributes its check reads: the fields it keeps on the batch, `seq_lens` (bs),
+and the host ints of the mask and the prefill rows (a test records every read of a check)."""
 _SCALARS = ("draft_token_num", "seq_lens_sum", "num_tokens_per_req", "seq_lens_cpu", "future_indices", "spec_steps")
 READ_NAMES = {m.engine_cls: tuple(sorted(
     {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if not on_batch}
@@ -52,24 +55,20 @@ def _part(var: str, attr: str) -> str:
             f"or {var}.__class__ is int else _sig({var}))")
 
 
-def _batch_attrs(name: str) -> tuple[str, ...]:
-    return BATCH_ATTRS if name == "EagleVerifyInput" else BATCH_SHAPES
-
-
 def key_lines(name: str) -> list[str]:
     """Source lines (one level of indent) that set `key` from `o` (an object of sglang class `name`), `b`
     (its batch, or None) and `head`: `head`, the object's type, the signature part of each attribute in
     `READ_NAMES[name]`, then (when `b` is not None) of each batch attribute its check reads; a batch
     lacking one reads None, as the check does. One pass, one tuple: no per-field calls on an exact tensor."""
-    own, shared = READ_NAMES[name], _batch_attrs(name)
+    own, shared = READ_NAMES[name], BATCH_READS[name]
     xs = [f"x{k}" for k in range(len(own))]
     ys = [f"y{k}" for k in range(len(shared))]
     lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)]
     obj_parts = ", ".join(_part(x, a) for x, a in zip(xs, own))
     lines += ["    if b is None:", f"        key = (head, o.__class__, {obj_parts})", "    else:", "        try:"]
-    lines += [f"            {y} = b.{a}" for y, a in zip(ys, shared)]
+    lines += [f"            {y} = b.{a}" for y, a in zip(ys, shared)] or ["            pass"]
     lines += ["        except AttributeError:"]
-    lines += [f"            {y} = getattr(b, {a!r}, None)" for y, a in zip(ys, shared)]
+    lines += [f"            {y} = getattr(b, {a!r}, None)" for y, a in zip(ys, shared)] or ["            pass"]
     batch_parts = ", ".join(_part(y, a) for y, a in zip(ys, shared))
     return lines + [f"        key = (head, o.__class__, {obj_parts}, {batch_parts})"]
 
@@ -107,5 +106,5 @@ def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
     if batch is None:
         return (type(obj), *own)
     shared = tuple(_lengths(getattr(batch, a, None)) if a == _HOST else _sig(getattr(batch, a, None))
-                   for a in _batch_attrs(name))
+                   for a in BATCH_READS[name])
     return (type(obj), *own, *shared)
