@@ -16,6 +16,7 @@ from ..phases import DraftExtendInput, DraftInput
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
 from ._sglang_check import _CLASS_OF, RESOLVED
+from ._sglang_memo import generated
 from ._sglang_runtime import _CHECK_OF, _SAVED, _STATE, _active, _checker, _config
 
 # (payload field, FutureMap buffer): the relay of the overlap scheduler
@@ -69,9 +70,33 @@ def _stash(fn: Any, get: Bound, label: str) -> Any:
     def stash(*args: Any, **kwargs: Any) -> None:
         if _SAVED and not standing_aside():  # _active(), inline (a hot path)
             relay, payload = (args[at[0]], args[at[1]]) if len(args) > max(at) else get(args, kwargs)
-            _check_relay(relay, payload, label)
+            if not _relay_fits(relay, payload):  # the common verdict in one generated pass; else each field
+                _check_relay(relay, payload, label)  # in turn, naming the one that differs
         return fn(*args, **kwargs)
     return stash
+
+
+def _relay_fits_source() -> str:
+    """`_relay_fits(relay, payload)`: True when every RELAY pair is an exact tensor pair of one dtype (or a
+    widening of `_WIDENS`) and one row shape, or has a None side; False for anything else (then
+    `_check_relay` looks field by field: a tensor subclass, a missing attribute, a real difference)."""
+    lines = ["def fits(relay, payload):", "    try:"]
+    lines += [f"        s{k}, b{k} = payload.{f}, relay.{b}" for k, (f, b) in enumerate(RELAY)]
+    lines += ["    except AttributeError:", "        return False"]
+    for k, (field, _) in enumerate(RELAY):
+        widen = " and ".join(f"not (s{k}.dtype is _dt[{a!r}] and b{k}.dtype is _dt[{b!r}])"
+                             for f, a, b in ((f, str(a), str(b)) for f, a, b in _WIDENS) if f == field)
+        dtype = f"s{k}.dtype is not b{k}.dtype" + (f" and {widen}" if widen else "")
+        lines += [f"    if s{k}.__class__ is _T and b{k}.__class__ is _T:",
+                  f"        if {dtype} or s{k}.ndim > 1 and s{k}.shape[1:] != b{k}.shape[1:]:",
+                  "            return False",
+                  f"    elif s{k} is not None and b{k} is not None:",
+                  "        return False"]
+    return "\n".join([*lines, "    return True"]) + "\n"
+
+
+_relay_fits = generated(_relay_fits_source(), "fits", "relay check", {
+    "_dt": {str(d): d for _, a, b in _WIDENS for d in (a, b)}})
 
 
 def _check_relay(relay: Any, payload: Any, label: str) -> None:
