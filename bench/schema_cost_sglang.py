@@ -63,7 +63,7 @@ def measure(clock: Any, config: Any, budget_us: float) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from tests.engines import sglang_env as env
 
-    from spec_schema.engines import _sglang_install
+    from spec_schema.engines import _sglang_install, _sglang_runtime
     from spec_schema.engines import sglang as adapter
 
     with env.loaded() as mods:
@@ -74,12 +74,9 @@ def measure(clock: Any, config: Any, budget_us: float) -> dict[str, Any]:
         assert adapter.install(config)
         try:
             def one(cold: bool) -> None:
-                seen = _sglang_install._SEEN
-                if cold:  # every object of the iteration has a signature not seen before
-                    seen.clear()
-                else:  # steady state: the verify input's FULL_MASK grows with seq_lens every iteration
-                    for key in [k for k in seen if k[2] == "EagleVerifyInput"]:
-                        del seen[key]
+                # cold: every object of the iteration has a signature not seen before; steady state: the
+                # verify input's FULL_MASK grows with seq_lens every iteration
+                _sglang_runtime.forget(None if cold else "EagleVerifyInput")
                 for obj, batch, producer, consumer in steps:
                     if _sglang_install._active():
                         _sglang_install._check(obj, batch, producer=producer, consumer=consumer)

@@ -54,6 +54,17 @@ class _Local(threading.local):
 _LOCAL = _Local()
 _SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, signature) -> the config it passed under
 _SEEN_SIZE = 256
+_LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last passing [key, config], per batch or none
+
+
+def forget(name: Optional[str] = None) -> None:
+    """Drop the remembered verdicts (the memo and the last passing keys) of sglang class `name`, or of every
+    class: those signatures are checked again (benchmarks of the full check use it)."""
+    for key in [k for k in _SEEN if name is None or _CLASS_OF.get(k[1]) == name]:
+        del _SEEN[key]
+    for slots in (_LAST.values() if name is None else [_LAST.get(name, ())]):
+        for slot in slots:
+            slot[0], slot[1] = None, _SEEN
 
 
 def _remember(table: dict, key: Any, value: Any) -> None:
@@ -72,8 +83,11 @@ _SOURCE = """def check(o, b=None, producer="", consumer=""):
 {mode}
     head = (id(cfg), mode)
 {key}
-    if _SEEN.get(key, _SEEN) is not cfg:  # (a config of None is remembered too)
-        _miss(o, b, cfg, producer, consumer, mode, key)
+    last = _LAST[b is None]  # this class's last passing key (with / without a batch): a consumer's check of
+    if key == last[0] and last[1] is cfg:  # the object its producer just checked compares with a fresh key
+        return
+    if _SEEN.get(key, _SEEN) is cfg or _miss(o, b, cfg, producer, consumer, mode, key):  # (a config of None
+        last[0], last[1] = key, cfg  # is remembered too)
 """
 
 
@@ -88,7 +102,7 @@ def _generated_check(name: str) -> Callable[..., None]:
     source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode), key="\n".join(key_lines(name)))
     return generated(source, "check", f"check of {name}", {
         "_STATE": _STATE, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
-        "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode})
+        "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode, "_LAST": _LAST.setdefault(name, ([None, _SEEN], [None, _SEEN]))})
 
 
 _CHECK_OF: dict[type, Callable[..., None]] = {}
@@ -120,9 +134,13 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
     (_CHECK_OF.get(obj.__class__) or _checker(obj))(obj, batch, producer, consumer)
 
 
-def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any, key: Any) -> None:
-    if _full_check(obj, batch, config, producer, consumer, mode) is not None:  # None: an unresolved overlap
-        _remember(_SEEN, key, config)  # handle (nothing checked, nothing remembered)
+def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any, key: Any) -> bool:
+    """A key not seen under `config`: the full check (raises on a violation); True when it checked
+    something and so is remembered (an unresolved overlap handle checks nothing)."""
+    if _full_check(obj, batch, config, producer, consumer, mode) is None:
+        return False
+    _remember(_SEEN, key, config)
+    return True
 
 
 def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any = None) -> Any:
