@@ -289,7 +289,8 @@ def main() -> None:
                 got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             got.sort(key=lambda r: r["check_us_per_iteration"])
             runs[level] = {**got[len(got) // 2], "runs_us": [r["check_us_per_iteration"] for r in got]}
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/schema_cost_sglang.py --out bench/results"
+    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/schema_cost_sglang.py --out bench/results" + (
+        f" --repeat {args.repeat}" if args.repeat != 3 else "")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "schema_cost_sglang.json").write_text(json.dumps({"command": command, "runs": runs}, indent=2) + "\n")
     text = "\n".join(real_markdown(runs, command)) + "\n"
