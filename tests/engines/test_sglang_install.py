@@ -21,6 +21,7 @@ from . import sglang_env as env
 CONFIG = example_config("EAGLE")
 
 pytestmark = pytest.mark.skipif(not _strict.LEVEL, reason="install() wraps only under SPEC_STRICT")
+MEMO = _strict.LEVEL == 1  # level 1 remembers a verdict per signature; level 2 reads values at every boundary
 
 
 def _originals(sg):
@@ -67,7 +68,7 @@ def test_a_valid_iteration_passes_every_wrapped_boundary(wrapped):
     for name in ("EagleDraftInput.create_idle_input", "EagleDraftInput.merge_batch", "EagleDraftInput.filter_batch",
                  "eagle_worker_common.build_eagle_verify_input", "eagle_utils.eagle_sample",
                  "EagleVerifyInput.create_idle_input"):
-        assert calls.get(name) == 1, (name, calls)
+        assert calls.get(name) == 1 if MEMO else calls.get(name) >= 1, (name, calls)
     # built inside a checked producer: checked once, at its exit (not by the tree build or the constructor)
     assert "EagleVerifyInput.__init__" not in calls and "eagle_utils.build_tree_kernel_efficient" not in calls
     fields = {k: getattr(vin, k) for k in ("draft_token", "custom_mask", "positions", "retrieve_index",
@@ -77,11 +78,11 @@ def test_a_valid_iteration_passes_every_wrapped_boundary(wrapped):
     sg.eagle_info.EagleVerifyInput(**fields)  # built outside any producer: its constructor checks it
     assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 1
     sg.eagle_info.EagleVerifyInput(**fields)  # the same signature (dtypes, shapes, devices, sizes): known
-    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 1
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == (1 if MEMO else 2)
     fields["retrieve_index"] = vin.retrieve_index[:, :-1]  # another signature (and broken): checked
     with pytest.raises(SpecContractError, match=r"retrieve_index -> VerifyInput\.retrieve_index: axis num_draft"):
         sg.eagle_info.EagleVerifyInput(**fields)
-    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == 2
+    assert BOUNDARY_CALLS["sglang EagleVerifyInput.__init__"] == (2 if MEMO else 3)
 
 
 def test_corrupted_objects_are_rejected_by_sglangs_own_functions(wrapped):
@@ -179,7 +180,7 @@ def test_the_memo_never_lets_a_changed_object_pass(wrapped):
     BOUNDARY_CALLS.clear()
     for _ in range(2):
         _sglang_install._check(live, sb, consumer="memo")
-    assert BOUNDARY_CALLS["sglang memo"] == 1  # the second call: a known signature
+    assert BOUNDARY_CALLS["sglang memo"] == (1 if MEMO else 2)  # the second call: a known signature
     live.topk_index.resize_(2, 1)  # the same tensor object, another shape
     with pytest.raises(SpecContractError, match=r"topk_index -> DraftInput\.topk_index: axis topk"):
         _sglang_install._check(live, sb, consumer="memo")
@@ -226,7 +227,7 @@ def test_the_memo_checks_a_swapped_field_and_a_config_change_again(wrapped):
     live.hidden_states = live.hidden_states[:, :-1]  # another width
     with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states"):
         _sglang_install._check(live, sb, consumer="swap")
-    assert BOUNDARY_CALLS["sglang swap"] == 3
+    assert BOUNDARY_CALLS["sglang swap"] == (3 if MEMO else 4)
     current = {"config": CONFIG}
     adapter.install(lambda: current["config"])  # a config that follows the worker, as the plugin's does
     live = env.draft_input(sg, CONFIG, 2, gen, torch.int32)
@@ -235,7 +236,7 @@ def test_the_memo_checks_a_swapped_field_and_a_config_change_again(wrapped):
     current["config"] = example_config("EAGLE", topk=CONFIG.topk + 1)
     with pytest.raises(SpecContractError, match=r"topk_p -> DraftInput\.topk_p: axis topk"):
         _sglang_install._check(live, sb, consumer="config")
-    assert BOUNDARY_CALLS["sglang config"] == 2
+    assert BOUNDARY_CALLS["sglang config"] == (2 if MEMO else 3)
 
 
 class _Reads:
