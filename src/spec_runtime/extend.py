@@ -18,7 +18,7 @@ from spec_schema import DraftExtendInput, DraftInput, boundary
 
 from .attention import AttnBatch
 from .core_types import CoreOps, ExtendCoreIn, ExtendCoreOut, fields_of
-from .draft import _propose, logits_into
+from .draft import _propose, draft_logits, raw_logits
 from .sampling import probs_from_logits_batched, sample_from_probs
 from .state import BatchSampling, RuntimeState
 
@@ -75,7 +75,7 @@ def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:
         last_rows = torch.arange(counts.shape[0], device=counts.device) * c.stride + counts - 1
     h = ops.draft.forward(c.input_ids, c.hidden_states, c.positions, attn, ops.draft_cache, from_target=True)
     last = h[last_rows]
-    logits = logits_into(ops.draft.compute_logits(last), c.draft_logits)
+    logits = draft_logits(ops, last, c.draft_logits, raw_logits(ops, c.sampled, c.greedy))
     topk_p, topk_index, full = _propose(ops, logits, ops.config.topk, c.sampled, c, c.uniform)
     keep_hidden = ops.config.traits.draft_reads_hidden
     return ExtendCoreOut(topk_p, topk_index, last if keep_hidden else None, full)

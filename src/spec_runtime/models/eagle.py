@@ -111,7 +111,11 @@ class Eagle1Head(EagleHeadBase):
 
     def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, vocab)`: the lm_head (own or target's) on the layer output, no norm."""
-        return ops.lm_head(self, h).float()
+        return self.logits(h, ops).float()
+
+    def logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
+        """`compute_logits` in the lm_head's dtype."""
+        return ops.lm_head(self, h)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Identity: EAGLE-1 drafts in the target vocabulary."""

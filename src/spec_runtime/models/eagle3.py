@@ -201,7 +201,11 @@ class Eagle3Head(EagleHeadBase):
 
     def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, draft_vocab)`: `lm_head(norm(h))`."""
-        return ops.lm_head(self, ops.norm(h, self.norm)).float()
+        return self.logits(h, ops).float()
+
+    def logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
+        """`compute_logits` in the head's dtype."""
+        return ops.lm_head(self, ops.norm(h, self.norm))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """`target_id = draft_id + d2t[draft_id]` (any shape)."""
