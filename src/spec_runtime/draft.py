@@ -19,7 +19,7 @@ import torch
 
 from spec_schema import DraftInput, VerifyInput, boundary
 
-from .attention import AttnBatch
+from .attention import AttnBatch, const_arange
 from .core_types import CoreOps, DraftCoreIn, DraftCoreOut, fields_of
 from .sampling import sample_from_probs, softmax_topk
 from .state import BatchSampling, RuntimeState
@@ -104,7 +104,7 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     front = f.frontier_step(0, steps, records, c.topk_p, c.topk_index, c.temp_slots, draft_lens)
     hidden = None if c.hidden_states is None else c.hidden_states[:, None].expand(bs, k, -1)
     prefix = draft_lens.to(torch.int64)
-    qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=dev) * k
+    qo_indptr = const_arange(bs + 1, k, dev)
     d2t = ops.draft.d2t  # the fast drafts' to_target_ids as a table (None: the same vocabulary)
     for step in range(1, steps):
         attn = AttnBatch(c.req_pool_indices, prefix, qo_indptr, front.out_slots, front.branch_slots.view(bs * k, step))
