@@ -18,10 +18,25 @@ _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wra
 _STATE = SimpleNamespace(config=None, provider=None, mask_mode=None, draft_config=True)
 
 
+_FOLLOW: list[Any] = [None, None, None, None]
+"""[read, source, last read(source), its config] of a provider with `follows`, else [None, ...]."""
+
+
 def configure(config: Any, tree_mask_mode: Any, draft_config: bool) -> None:
-    """What the wrappers check against (`install()`'s arguments); a callable config is called at each check."""
+    """What the wrappers check against (`install()`'s arguments); a callable config is called at each check,
+    unless it has `follows = (read, source)` (a promise that its result depends on `read(source)` only,
+    e.g. `operator.attrgetter` of a worker's tree-shape attributes): then it is called when that read changes."""
     _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
     _STATE.provider = config if callable(config) and not isinstance(config, SpecConfig) else None
+    follows = getattr(_STATE.provider, "follows", None)
+    _FOLLOW[:] = [*follows, _FOLLOW, None] if follows is not None else [None, None, None, None]
+
+
+def _followed(read: Any) -> Any:
+    """The provider's config for `read` (its source's attributes as they are now), remembered in `_FOLLOW`."""
+    config = _STATE.provider()
+    _FOLLOW[2], _FOLLOW[3] = read, config
+    return config
 
 
 def installed() -> bool:
@@ -30,6 +45,10 @@ def installed() -> bool:
 
 
 def _config() -> Optional[SpecConfig]:
+    follow = _FOLLOW
+    if follow[0] is not None:
+        read = follow[0](follow[1])
+        return follow[3] if read == follow[2] else _followed(read)
     provider = _STATE.provider  # (no isinstance here: pydantic's ABC instance check is slow on every call)
     return _STATE.config if provider is None else provider()
 
@@ -73,8 +92,13 @@ def _remember(table: dict, key: Any, value: Any) -> None:
     table[key] = value
 
 
-_CONFIG_LINES = ["    provider = _STATE.provider  # (no isinstance: pydantic's ABC instance check is slow on every call)",
-                 "    cfg = _STATE.config if provider is None else provider()"]
+_CONFIG_LINES = ["    follow = _FOLLOW  # _config(), inline",
+                 "    if follow[0] is not None:",
+                 "        read = follow[0](follow[1])",
+                 "        cfg = follow[3] if read == follow[2] else _followed(read)",
+                 "    else:",
+                 "        provider = _STATE.provider  # (no isinstance: pydantic's ABC instance check is slow)",
+                 "        cfg = _STATE.config if provider is None else provider()"]
 _SOURCE = """def check(o, b=None, producer="", consumer=""):
 {config}
     if _strict.LEVEL >= 2:  # values are read: every boundary checks
@@ -101,7 +125,7 @@ def _generated_check(name: str) -> Callable[..., None]:
         if name == "EagleVerifyInput" else ["    mode = None"]
     source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode), key="\n".join(key_lines(name)))
     return generated(source, "check", f"check of {name}", {
-        "_STATE": _STATE, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
+        "_STATE": _STATE, "_FOLLOW": _FOLLOW, "_followed": _followed, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
         "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode, "_LAST": _LAST.setdefault(name, ([None, _SEEN], [None, _SEEN]))})
 
 
