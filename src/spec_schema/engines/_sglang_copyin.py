@@ -15,7 +15,7 @@ from ..errors import SpecContractError
 from ..phases import DraftExtendInput, DraftInput
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
-from ._sglang_check import _CLASS_OF, RESOLVED
+from ._sglang_check import _CLASS_OF
 from ._sglang_memo import generated
 from ._sglang_runtime import _CHECK_OF, _SAVED, _STATE, _active, _checker, _config
 
@@ -45,12 +45,15 @@ def _resolve(fn: Any, get: Bound, label: str) -> Any:
     def _resolve_spec_extras(*args: Any, **kwargs: Any) -> None:
         fn(*args, **kwargs)
         batch = args[at] if len(args) > at else get(args, kwargs)[1]
-        spec = getattr(batch, "spec_info", None)
-        if getattr(spec, "future_indices", None) is None or (
-                _CLASS_OF.get(spec.__class__) != "EagleDraftInput" and not _eagle_draft_input(spec)):
+        try:  # plain attribute reads (the hot path; getattr with a default looks through the class each time)
+            spec = batch.spec_info
+            indices = spec.future_indices
+        except AttributeError:
+            return  # nothing relayed, or another algorithm's input: not the contract's
+        if indices is None or (_CLASS_OF.get(spec.__class__) != "EagleDraftInput" and not _eagle_draft_input(spec)):
             return  # nothing relayed, or another algorithm's input (ngram, DFLASH): not the contract's
-        spec.__dict__[RESOLVED] = spec.future_indices  # adapter.mark_resolved(spec), inline (a hot path)
-        if _SAVED and not standing_aside() and spec.future_indices.shape[0]:  # _active(), inline
+        spec._spec_schema_resolved = indices  # adapter.mark_resolved(spec), inline (a hot path): RESOLVED
+        if _SAVED and not standing_aside() and indices.shape[0]:  # _active(), inline
             (_CHECK_OF.get(spec.__class__) or _checker(spec))(spec, None, label, "")  # the batch's own fields
             # are compared at draft's entry
     return _resolve_spec_extras

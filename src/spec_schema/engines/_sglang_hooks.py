@@ -142,7 +142,7 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
         finally:
             local.depth -= 1
         n = len(args)  # the mode its custom_mask was built in, for every later check
-        out.__dict__[MASK_MODE] = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
+        out._spec_schema_tree_mask_mode = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)  # MASK_MODE
         if not local.depth and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
             batch = args[at_batch] if n > at_batch else get(args, kwargs)[0]  # checks it
             _check(out, _live(batch), producer=label)

@@ -54,12 +54,14 @@ def _config() -> Optional[SpecConfig]:
 
 
 MASK_MODE = "_spec_schema_tree_mask_mode"
-"""The attribute under which the verify-input build records the tree-mask mode it built with."""
+"""The attribute under which the verify-input build records the tree-mask mode it built with (set and read
+as a plain attribute: an sglang object keeps its attributes inline, and reading its `__dict__` would build
+one for it, slowing every later attribute read of sglang's and ours)."""
 
 
 def _mask_mode(obj: Any) -> Any:
     """The tree-mask mode of `obj`: recorded at its build, else install()'s, else None (inferred)."""
-    mode = getattr(obj, "__dict__", {}).get(MASK_MODE)
+    mode = getattr(obj, MASK_MODE, None)
     if mode is not None:
         return mode
     mode = _STATE.mask_mode
@@ -121,7 +123,8 @@ def _generated_check(name: str) -> Callable[..., None]:
     on a miss. The EagleDraftInput of per-step top-k drafts is checked without the config."""
     config = _CONFIG_LINES if name != "EagleDraftInput" else [
         "    cfg = None", "    if _STATE.draft_config:", *["    " + line for line in _CONFIG_LINES]]
-    mode = ["    mode = o.__dict__.get(MASK_MODE)", "    if mode is None:", "        mode = _mask_mode(o)"] \
+    mode = ["    try:", f"        mode = o.{MASK_MODE}  # a plain attribute read (no instance dict built)",
+            "    except AttributeError:", "        mode = None", "    if mode is None:", "        mode = _mask_mode(o)"] \
         if name == "EagleVerifyInput" else ["    mode = None"]
     source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode), key="\n".join(key_lines(name)))
     return generated(source, "check", f"check of {name}", {
