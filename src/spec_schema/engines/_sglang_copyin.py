@@ -50,11 +50,11 @@ def _resolve(fn: Any, get: Bound, label: str) -> Any:
             indices = spec.future_indices
         except AttributeError:
             return  # nothing relayed, or another algorithm's input: not the contract's
-        if indices is None or (_CLASS_OF.get(spec.__class__) != "EagleDraftInput" and not _eagle_draft_input(spec)):
+        if indices is None or (_CLASS_OF.get(type(spec)) != "EagleDraftInput" and not _eagle_draft_input(spec)):
             return  # nothing relayed, or another algorithm's input (ngram, DFLASH): not the contract's
         spec._spec_schema_resolved = indices  # adapter.mark_resolved(spec), inline (a hot path): RESOLVED
         if _SAVED and not standing_aside() and indices.shape[0]:  # _active(), inline
-            (_CHECK_OF.get(spec.__class__) or _checker(spec))(spec, None, label, "")  # the batch's own fields
+            (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, None, label, "")  # the batch's own fields
             # are compared at draft's entry
     return _resolve_spec_extras
 
@@ -90,7 +90,7 @@ def _relay_fits_source() -> str:
         widen = " and ".join(f"not (s{k}.dtype is _dt[{a!r}] and b{k}.dtype is _dt[{b!r}])"
                              for f, a, b in ((f, str(a), str(b)) for f, a, b in _WIDENS) if f == field)
         dtype = f"s{k}.dtype is not b{k}.dtype" + (f" and {widen}" if widen else "")
-        lines += [f"    if s{k}.__class__ is _T and b{k}.__class__ is _T:",
+        lines += [f"    if type(s{k}) is _T and type(b{k}) is _T:",
                   f"        if {dtype} or s{k}.ndim > 1 and s{k}.shape[1:] != b{k}.shape[1:]:",
                   "            return False",
                   f"    elif s{k} is not None and b{k} is not None:",

@@ -226,7 +226,7 @@ def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
                 view = _WithInputIds(_batch=batch, input_ids=predict, seq_lens=batch.seq_lens,
                                      req_pool_indices=batch.req_pool_indices,
                                      extend_num_tokens=getattr(batch, "extend_num_tokens", None))
-                (_CHECK_OF.get(extend_input.__class__) or _checker(extend_input))(extend_input, view, "", label)
+                (_CHECK_OF.get(type(extend_input)) or _checker(extend_input))(extend_input, view, "", label)
         return fn(*args, **kwargs)
     return prepare_for_draft_extend
 
@@ -245,7 +245,7 @@ def _takes_and_makes(first: bool) -> Hook:
             batch = args[at] if len(args) > at else get(args, kwargs)[1]
             live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
             spec = batch.spec_info  # _check(spec, live, consumer=label), inline:
-            (_CHECK_OF.get(spec.__class__) or _checker(spec))(spec, live, "", label)
+            (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, live, "", label)
             local = _LOCAL  # _inside(), inline
             local.depth += 1
             try:
@@ -253,7 +253,7 @@ def _takes_and_makes(first: bool) -> Hook:
             finally:
                 local.depth -= 1
             made = out[0] if first and isinstance(out, tuple) else out
-            (_CHECK_OF.get(made.__class__) or _checker(made))(made, live, label, "")
+            (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
             return out
         return method
     return make
@@ -294,7 +294,7 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
         else:
             _, batch, result = get(args, kwargs)
         live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
-        (_CHECK_OF.get(result.__class__) or _checker(result))(result, live, "", label)  # _check, inline
+        (_CHECK_OF.get(type(result)) or _checker(result))(result, live, "", label)  # _check, inline
         local = _LOCAL  # _inside(), inline
         local.depth += 1
         try:
@@ -302,7 +302,7 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
         finally:
             local.depth -= 1
         made = result.next_draft_input
-        (_CHECK_OF.get(made.__class__) or _checker(made))(made, live, label, "")
+        (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
         return out
     return _draft_extend_for_decode
 

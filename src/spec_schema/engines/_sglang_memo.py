@@ -48,11 +48,12 @@ def _lengths(value: Any) -> Any:
 
 def _part(var: str, attr: str) -> str:
     """The generated expression of one attribute's signature part: an exact torch.Tensor, None and an int
-    inline (the common cases: no call), anything else through `_sig` (`_lengths` for host lengths)."""
+    inline (the common cases: no call; `type(x)` is a specialised builtin call, `x.__class__` a lookup through
+    the class), anything else through `_sig` (`_lengths` for host lengths)."""
     if attr == _HOST:
         return f"({var} if {var} is None else _lengths({var}))"
-    return (f"(({var}.dtype, {var}.shape, {var}.device) if {var}.__class__ is _T else {var} if {var} is None "
-            f"or {var}.__class__ is int else _sig({var}))")
+    return (f"(({var}.dtype, {var}.shape, {var}.device) if type({var}) is _T else {var} if {var} is None "
+            f"or type({var}) is int else _sig({var}))")
 
 
 def key_lines(name: str) -> list[str]:
@@ -65,12 +66,12 @@ def key_lines(name: str) -> list[str]:
     ys = [f"y{k}" for k in range(len(shared))]
     lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)]
     obj_parts = ", ".join(_part(x, a) for x, a in zip(xs, own))
-    lines += ["    if b is None:", f"        key = (head, o.__class__, {obj_parts})", "    else:", "        try:"]
+    lines += ["    if b is None:", f"        key = (head, type(o), {obj_parts})", "    else:", "        try:"]
     lines += [f"            {y} = b.{a}" for y, a in zip(ys, shared)] or ["            pass"]
     lines += ["        except AttributeError:"]
     lines += [f"            {y} = getattr(b, {a!r}, None)" for y, a in zip(ys, shared)] or ["            pass"]
     batch_parts = ", ".join(_part(y, a) for y, a in zip(ys, shared))
-    return lines + [f"        key = (head, o.__class__, {obj_parts}, {batch_parts})"]
+    return lines + [f"        key = (head, type(o), {obj_parts}, {batch_parts})"]
 
 
 NAMESPACE = {"_T": _TENSOR, "_sig": _sig, "_lengths": _lengths}

@@ -138,11 +138,11 @@ _CHECK_OF: dict[type, Callable[..., None]] = {}
 
 def _checker(obj: Any) -> Callable[..., None]:
     """The generated check of `obj`'s class (TypeError for a class the adapter does not map)."""
-    name = _CLASS_OF.get(obj.__class__) or adapter._engine_class(obj)
+    name = _CLASS_OF.get(type(obj)) or adapter._engine_class(obj)
     fn = _GENERATED.get(name)
     if fn is None:
         fn = _GENERATED[name] = _generated_check(name)
-    _CHECK_OF[obj.__class__] = fn
+    _CHECK_OF[type(obj)] = fn
     return fn
 
 
@@ -158,7 +158,7 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
     again, and each call reads the signature afresh (nothing is trusted by identity). Level 2 reads
     values: every boundary checks. (The hot wrappers call `_CHECK_OF[type(obj)]` directly.)
     """
-    (_CHECK_OF.get(obj.__class__) or _checker(obj))(obj, batch, producer, consumer)
+    (_CHECK_OF.get(type(obj)) or _checker(obj))(obj, batch, producer, consumer)
 
 
 def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any, key: Any) -> bool:
