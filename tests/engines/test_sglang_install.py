@@ -222,6 +222,9 @@ def test_the_memo_checks_a_swapped_field_and_a_config_change_again(wrapped):
     live.topk_p = good.double()  # the same shape, another dtype
     with pytest.raises(SpecContractError, match=r"topk_p -> DraftInput\.topk_p: dtype torch\.float64"):
         _sglang_install._check(live, sb, consumer="swap")
+    live.topk_p = good.to("meta")  # the same dtype and shape on another device (CPU and meta: both index -1)
+    with pytest.raises(SpecContractError, match=r"topk_index: is on cpu, expected the device of topk_p"):
+        _sglang_install._check(live, sb, consumer="device")
     live.topk_p = good
     _sglang_install._check(live, sb, consumer="swap")  # known again
     live.hidden_states = live.hidden_states[:, :-1]  # another width
