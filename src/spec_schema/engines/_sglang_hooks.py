@@ -53,7 +53,7 @@ def _post_init(fn: Any, get: Bound, label: str) -> Any:
     def __post_init__(*args: Any, **kwargs: Any) -> None:
         fn(*args, **kwargs)
         # _outermost(), inline (a hot path); inside build_eagle_verify_input / draft the producer's exit checks it
-        if not _LOCAL.depth and _SAVED and not standing_aside():
+        if not getattr(_LOCAL, "depth", 0) and _SAVED and not standing_aside():
             (self,) = get(args, kwargs)
             _check(self, producer=label.replace("__post_init__", "__init__"))
     return __post_init__
@@ -107,7 +107,7 @@ def _tree(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def build_tree_kernel_efficient(*args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)
-        if not _LOCAL.depth and _SAVED and not standing_aside():  # the outputs as the EagleVerifyInput sglang
+        if not getattr(_LOCAL, "depth", 0) and _SAVED and not standing_aside():  # the outputs as the EagleVerifyInput sglang
             # assembles from them (_outermost(), inline: inside EagleDraftWorker.draft this is the hot path)
             seq_lens, seq_lens_sum, n, mode = get(args, kwargs)
             tree_mask, positions, r_index, r_next, r_sibling, tokens = out
@@ -136,7 +136,7 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
         local = _LOCAL  # _inside(), inline (a hot path: inside EagleDraftWorker.draft every iteration)
-        local.depth += 1
+        local.depth = getattr(local, "depth", 0) + 1
         try:
             out = fn(*args, **kwargs)
         finally:
@@ -154,7 +154,7 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
     """eagle_prepare_for_verify: the verify input before the target runs on it."""
     @functools.wraps(fn)
     def consumer(*args: Any, **kwargs: Any) -> Any:
-        if not _LOCAL.depth and _SAVED and not standing_aside():  # inside the wrapped verify methods (the hot
+        if not getattr(_LOCAL, "depth", 0) and _SAVED and not standing_aside():  # inside the wrapped verify methods (the hot
             # path: _outermost() inline), verify's entry checked it
             verify_input, batch = get(args, kwargs)
             _check(verify_input, _live(batch), consumer=label)
@@ -165,7 +165,7 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
 def _sample(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def eagle_sample(*args: Any, **kwargs: Any) -> Any:
-        if _LOCAL.depth or not _SAVED or standing_aside():  # inside EAGLEWorkerV2.verify (the hot path:
+        if getattr(_LOCAL, "depth", 0) or not _SAVED or standing_aside():  # inside EAGLEWorkerV2.verify (the hot path:
             return fn(*args, **kwargs)  # not _outermost(), inline), verify's entry and exit check both objects
         verify_input, batch = get(args, kwargs)
         live = _live(batch)
@@ -247,7 +247,7 @@ def _takes_and_makes(first: bool) -> Hook:
             spec = batch.spec_info  # _check(spec, live, consumer=label), inline:
             (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, live, "", label)
             local = _LOCAL  # _inside(), inline
-            local.depth += 1
+            local.depth = getattr(local, "depth", 0) + 1
             try:
                 out = fn(*args, **kwargs)
             finally:
@@ -296,7 +296,7 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
         live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
         (_CHECK_OF.get(type(result)) or _checker(result))(result, live, "", label)  # _check, inline
         local = _LOCAL  # _inside(), inline
-        local.depth += 1
+        local.depth = getattr(local, "depth", 0) + 1
         try:
             out = fn(*args, **kwargs)
         finally:

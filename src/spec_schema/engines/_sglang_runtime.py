@@ -68,11 +68,11 @@ def _mask_mode(obj: Any) -> Any:
     return mode() if callable(mode) else mode
 
 
-class _Local(threading.local):
-    depth = 0  # wrapped producers running on this thread (objects built inside them are checked at their exit)
-
-
-_LOCAL = _Local()
+_LOCAL = threading.local()
+"""`depth`: wrapped producers running on this thread (objects built inside them are checked at their exit);
+absent on a thread that has run none (read with `getattr(_LOCAL, "depth", 0)`). A plain `threading.local`:
+its attributes are read straight from the thread's dict, a subclass's through its class first."""
+_LOCAL.depth = 0
 _SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, signature) -> the config it passed under
 _SEEN_SIZE = 256
 _LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last passing [key, config], per batch or none
@@ -182,7 +182,7 @@ def _active() -> bool:
 
 def _inside(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a wrapped producer; objects it builds are checked once, when it returns them."""
-    _LOCAL.depth += 1
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
         return fn(*args, **kwargs)
     finally:
@@ -190,6 +190,6 @@ def _inside(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _outermost() -> bool:
-    return _LOCAL.depth == 0 and _active()  # inside a wrapped producer: nothing more is read
+    return not getattr(_LOCAL, "depth", 0) and _active()  # inside a wrapped producer: nothing more is read
 
 
