@@ -286,3 +286,25 @@ def test_the_memo_key_holds_every_attribute_a_check_reads(sg):
         assert own <= set(READ_NAMES[name]), (label, own - set(READ_NAMES[name]))
         if reads is not None:
             assert reads.seen <= set(BATCH_READS[name]), (label, reads.seen - set(BATCH_READS[name]))
+
+
+def test_a_producer_running_on_another_thread_leaves_this_threads_checks_on(wrapped):
+    """Objects built inside a wrapped producer are left to its exit only on the producer's own thread: while
+    another thread is inside one, a verify input this thread builds is still checked when it is built."""
+    import threading
+
+    from spec_schema.engines import _sglang_runtime
+
+    sg, gen = wrapped, torch.Generator().manual_seed(9)
+    sb, bonus = env.batch([5, 9]), torch.tensor([3, 4], dtype=torch.int32)
+    inside, release = threading.Event(), threading.Event()
+    producer = threading.Thread(target=_sglang_runtime._inside, args=(lambda: (inside.set(), release.wait(10)),))
+    producer.start()
+    try:
+        assert inside.wait(10)
+        with pytest.raises(SpecContractError, match="draft_token_num 4, expected num_draft = 6"):
+            env.verify_input(sg, example_config("EAGLE", num_steps=2, num_draft_tokens=4), sb, bonus, gen)
+    finally:
+        release.set()
+        producer.join()
+    assert not _sglang_runtime._DEPTH  # every producer's entry is gone once it returned

@@ -68,11 +68,11 @@ def _mask_mode(obj: Any) -> Any:
     return mode() if callable(mode) else mode
 
 
-_LOCAL = threading.local()
-"""`depth`: wrapped producers running on this thread (objects built inside them are checked at their exit);
-absent on a thread that has run none (read with `getattr(_LOCAL, "depth", 0)`). A plain `threading.local`:
-its attributes are read straight from the thread's dict, a subclass's through its class first."""
-_LOCAL.depth = 0
+_DEPTH: dict[int, int] = {}
+"""Thread id -> wrapped producers running on that thread (objects built inside them are checked at their
+exit); no entry for a thread running none, so an inner boundary asks `_thread() in _DEPTH` (a builtin call
+and a lookup in a small dict: a `threading.local` attribute read goes through the thread's state dict)."""
+_thread = threading.get_ident
 _SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, signature) -> the config it passed under
 _SEEN_SIZE = 256
 _LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last passing [key, config], per batch or none
@@ -182,14 +182,24 @@ def _active() -> bool:
 
 def _inside(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a wrapped producer; objects it builds are checked once, when it returns them."""
-    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    me = _thread()
+    _DEPTH[me] = _DEPTH.get(me, 0) + 1
     try:
         return fn(*args, **kwargs)
     finally:
-        _LOCAL.depth -= 1
+        _leave(me)
+
+
+def _leave(me: int) -> None:
+    """One wrapped producer of thread `me` returned (`_inside`'s exit, inline in the hot wrappers)."""
+    n = _DEPTH[me] - 1
+    if n:
+        _DEPTH[me] = n
+    else:
+        del _DEPTH[me]
 
 
 def _outermost() -> bool:
-    return not getattr(_LOCAL, "depth", 0) and _active()  # inside a wrapped producer: nothing more is read
+    return _thread() not in _DEPTH and _active()  # inside a wrapped producer: nothing more is read
 
 
