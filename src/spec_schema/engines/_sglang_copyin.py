@@ -68,11 +68,12 @@ def _eagle_draft_input(obj: Any) -> bool:
 
 def _stash(fn: Any, get: Bound, label: str) -> Any:
     at = (get.position("self"), get.position("payload"))
+    reach = max(at) + 1
 
     @functools.wraps(fn)
     def stash(*args: Any, **kwargs: Any) -> None:
         if _SAVED and not standing_aside():  # _active(), inline (a hot path)
-            relay, payload = (args[at[0]], args[at[1]]) if len(args) > max(at) else get(args, kwargs)
+            relay, payload = (args[at[0]], args[at[1]]) if len(args) >= reach else get(args, kwargs)
             if not _relay_fits(relay, payload):  # the common verdict in one generated pass; else each field
                 _check_relay(relay, payload, label)  # in turn, naming the one that differs
         return fn(*args, **kwargs)

@@ -27,6 +27,8 @@ READ_NAMES = {m.engine_cls: tuple(sorted(
     | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
 """sglang class -> the attributes of the object its check reads."""
 _HOST = "seq_lens_cpu"  # read by value: a FULL_MASK's length check may sum the host lengths
+_HANDLE = "future_indices"  # read as `is None`: the check reads only that and whether it holds the resolve
+# mark (an unresolved handle is unchecked, so never remembered); no contract field is this tensor
 
 _TENSOR, _PLAIN = torch.Tensor, (int, str, bool)
 
@@ -75,6 +77,8 @@ def _part(var: str, attr: str) -> list[str]:
     `x.__class__` a lookup through the class), host lengths by value (`_lengths`)."""
     if attr == _HOST:
         return [f"    k.append({var} if {var} is None else _lengths({var}))"]
+    if attr == _HANDLE:
+        return [f"    k.append({var} is None)"]
     return [f"    if type({var}) is _T:", f"        k.append({var}.dtype)", f"        k.extend({var}.shape)",
             f"        k.append('cpu' if {var}.is_cpu else _device({var}))",
             "    else:", f"        k.append({var} if {var} is None or type({var}) is int else _sig({var}))"]
@@ -128,6 +132,8 @@ def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
     Python (the generated `KEYS` read the same values): each tensor's dtype, shape and device, the host
     lengths by value, and the sizes held as ints, on the object and on the batch (flat: `_flat`)."""
     def flat(attr: str, value: Any) -> list[Any]:
+        if attr == _HANDLE:
+            return [value is None]
         return [_lengths(value)] if attr == _HOST and value is not None else _flat(value)
 
     own = [e for a, v in zip(READ_NAMES[name], _READ[name](obj)) for e in flat(a, v)]
