@@ -308,3 +308,25 @@ def test_a_producer_running_on_another_thread_leaves_this_threads_checks_on(wrap
         release.set()
         producer.join()
     assert not _sglang_runtime._DEPTH  # every producer's entry is gone once it returned
+
+
+def test_the_wrappers_stand_aside_while_torch_compiles_or_a_cuda_graph_is_captured(wrapped, monkeypatch):
+    """The wrappers stand aside (`standing_aside()`) while torch.compile compiles (torch.compiler's flag) and
+    while a CUDA graph is captured: a verify input built for another tree shape passes unchecked then, and is
+    refused again after."""
+    from spec_schema import _contract
+
+    sg, gen = wrapped, torch.Generator().manual_seed(10)
+    sb, bonus = env.batch([5, 9]), torch.tensor([3, 4], dtype=torch.int32)
+    other = example_config("EAGLE", num_steps=2, num_draft_tokens=4)
+    with pytest.raises(SpecContractError, match="draft_token_num 4, expected num_draft = 6"):
+        env.verify_input(sg, other, sb, bonus, gen)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    env.verify_input(sg, other, sb, bonus, gen)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+    monkeypatch.setattr(_contract, "_HAS_CUDA", True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    env.verify_input(sg, other, sb, bonus, gen)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with pytest.raises(SpecContractError, match="draft_token_num 4, expected num_draft = 6"):
+        env.verify_input(sg, other, sb, bonus, gen)
