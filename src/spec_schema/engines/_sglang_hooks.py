@@ -27,7 +27,6 @@ from ._sglang_runtime import (
     _checker,
     _config,
     _inside,
-    _leave,
     _outermost,
     _thread,
 )
@@ -141,8 +140,12 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
         depth = _DEPTH[me] = _DEPTH.get(me, 0) + 1
         try:
             out = fn(*args, **kwargs)
-        finally:
-            _leave(me)
+        finally:  # _leave(me), inline
+            d = _DEPTH[me] - 1
+            if d:
+                _DEPTH[me] = d
+            else:
+                del _DEPTH[me]
         n = len(args)  # the mode its custom_mask was built in, for every later check
         out._spec_schema_tree_mask_mode = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)  # MASK_MODE
         if depth == 1 and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
@@ -252,8 +255,12 @@ def _takes_and_makes(first: bool) -> Hook:
             _DEPTH[me] = _DEPTH.get(me, 0) + 1
             try:
                 out = fn(*args, **kwargs)
-            finally:
-                _leave(me)
+            finally:  # _leave(me), inline
+                d = _DEPTH[me] - 1
+                if d:
+                    _DEPTH[me] = d
+                else:
+                    del _DEPTH[me]
             made = out[0] if first and isinstance(out, tuple) else out
             (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
             return out
@@ -301,8 +308,12 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
         _DEPTH[me] = _DEPTH.get(me, 0) + 1
         try:
             out = fn(*args, **kwargs)
-        finally:
-            _leave(me)
+        finally:  # _leave(me), inline
+            d = _DEPTH[me] - 1
+            if d:
+                _DEPTH[me] = d
+            else:
+                del _DEPTH[me]
         made = result.next_draft_input
         (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
         return out

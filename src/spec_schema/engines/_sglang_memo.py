@@ -84,15 +84,15 @@ def _part(var: str, attr: str) -> list[str]:
             "    else:", f"        k.append({var} if {var} is None or type({var}) is int else _sig({var}))"]
 
 
-def key_lines(name: str) -> list[str]:
+def key_lines(name: str, head: str = "head") -> list[str]:
     """Source lines (one level of indent) that set `key` from `o` (an object of sglang class `name`), `b`
-    (its batch, or None) and `head`: one flat tuple of `head`, the object's type, the signature elements of
+    (its batch, or None) and `head` (expressions): one flat tuple of `head`, the object's type, the signature elements of
     each attribute in `READ_NAMES[name]`, then (when `b` is not None) of each batch attribute its check
     reads; a batch lacking one reads None, as the check does. One pass: no per-field calls on an exact tensor."""
     own, shared = READ_NAMES[name], BATCH_READS[name]
     xs = [f"x{k}" for k in range(len(own))]
     ys = [f"y{k}" for k in range(len(shared))]
-    lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)] + ["    k = [head, type(o)]"]
+    lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)] + [f"    k = [{head}, type(o)]"]
     lines += [line for x, a in zip(xs, own) for line in _part(x, a)]
     lines += ["    if b is not None:", "        try:"]
     lines += [f"            {y} = b.{a}" for y, a in zip(ys, shared)] or ["            pass"]

@@ -73,7 +73,7 @@ _DEPTH: dict[int, int] = {}
 exit); no entry for a thread running none, so an inner boundary asks `_thread() in _DEPTH` (a builtin call
 and a lookup in a small dict: a `threading.local` attribute read goes through the thread's state dict)."""
 _thread = threading.get_ident
-_SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, signature) -> the config it passed under
+_SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, *signature) -> the config it passed under
 _SEEN_SIZE = 256
 _LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last passing [key, config], per batch or none
 
@@ -81,7 +81,7 @@ _LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last p
 def forget(name: Optional[str] = None) -> None:
     """Drop the remembered verdicts (the memo and the last passing keys) of sglang class `name`, or of every
     class: those signatures are checked again (benchmarks of the full check use it)."""
-    for key in [k for k in _SEEN if name is None or _CLASS_OF.get(k[1]) == name]:
+    for key in [k for k in _SEEN if name is None or _CLASS_OF.get(k[2]) == name]:
         del _SEEN[key]
     for slots in (_LAST.values() if name is None else [_LAST.get(name, ())]):
         for slot in slots:
@@ -107,7 +107,6 @@ _SOURCE = """def check(o, b=None, producer="", consumer=""):
         _full_check(o, b, cfg, producer, consumer)
         return
 {mode}
-    head = (id(cfg), mode)
 {key}
     last = _LAST[b is None]  # this class's last passing key (with / without a batch): a consumer's check of
     if key == last[0] and last[1] is cfg:  # the object its producer just checked compares with a fresh key
@@ -126,7 +125,8 @@ def _generated_check(name: str) -> Callable[..., None]:
     mode = ["    try:", f"        mode = o.{MASK_MODE}  # a plain attribute read (no instance dict built)",
             "    except AttributeError:", "        mode = None", "    if mode is None:", "        mode = _mask_mode(o)"] \
         if name == "EagleVerifyInput" else ["    mode = None"]
-    source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode), key="\n".join(key_lines(name)))
+    source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode),
+                            key="\n".join(key_lines(name, "id(cfg), mode")))  # flat: no head tuple to compare
     return generated(source, "check", f"check of {name}", {
         "_STATE": _STATE, "_FOLLOW": _FOLLOW, "_followed": _followed, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
         "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode, "_LAST": _LAST.setdefault(name, ([None, _SEEN], [None, _SEEN]))})
