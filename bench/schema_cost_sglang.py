@@ -400,7 +400,8 @@ def _paired_main(other: Path, runs: int, as_json: bool = False) -> None:
         return
     for r in results:
         a, b = r["decode_us"]["A"], r["decode_us"]["B"]
-        print(f"decode boundaries, µs per iteration (per-call medians x calls): A {a:.1f}  B {b:.1f}  B-A {b - a:+.1f}")
+        print(f"decode boundaries, µs per iteration (per-call medians x calls): A {a:.1f}  B {b:.1f}  "
+              f"B-A {b - a:+.1f}")
     import statistics
 
     for label in sorted(results[0]["median_us"]["A"]):

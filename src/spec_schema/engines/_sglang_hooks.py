@@ -146,8 +146,8 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
                 _DEPTH[me] = d
             else:
                 del _DEPTH[me]
-        n = len(args)  # the mode its custom_mask was built in, for every later check
-        out._spec_schema_tree_mask_mode = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)  # MASK_MODE
+        n = len(args)  # the mode its custom_mask was built in, for every later check (MASK_MODE, a plain store)
+        out._spec_schema_tree_mask_mode = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
         if depth == 1 and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
             batch = args[at_batch] if n > at_batch else get(args, kwargs)[0]  # checks it
             _check(out, _live(batch), producer=label)

@@ -86,9 +86,10 @@ def _part(var: str, attr: str) -> list[str]:
 
 def key_lines(name: str, head: str = "head") -> list[str]:
     """Source lines (one level of indent) that set `key` from `o` (an object of sglang class `name`), `b`
-    (its batch, or None) and `head` (expressions): one flat tuple of `head`, the object's type, the signature elements of
-    each attribute in `READ_NAMES[name]`, then (when `b` is not None) of each batch attribute its check
-    reads; a batch lacking one reads None, as the check does. One pass: no per-field calls on an exact tensor."""
+    (its batch, or None) and `head` (expressions): one flat tuple of `head`, the object's type, the
+    signature elements of each attribute in `READ_NAMES[name]`, then (when `b` is not None) of each batch
+    attribute its check reads; a batch lacking one reads None, as the check does. One pass: no per-field
+    calls on an exact tensor."""
     own, shared = READ_NAMES[name], BATCH_READS[name]
     xs = [f"x{k}" for k in range(len(own))]
     ys = [f"y{k}" for k in range(len(shared))]

@@ -29,6 +29,7 @@ def configure(config: Any, tree_mask_mode: Any, draft_config: bool) -> None:
     _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
     _STATE.provider = config if callable(config) and not isinstance(config, SpecConfig) else None
     follows = getattr(_STATE.provider, "follows", None)
+    # (the list itself as the last read: equal to no read, so the first check calls the provider)
     _FOLLOW[:] = [*follows, _FOLLOW, None] if follows is not None else [None, None, None, None]
 
 
@@ -123,12 +124,13 @@ def _generated_check(name: str) -> Callable[..., None]:
     config = _CONFIG_LINES if name != "EagleDraftInput" else [
         "    cfg = None", "    if _STATE.draft_config:", *["    " + line for line in _CONFIG_LINES]]
     mode = ["    try:", f"        mode = o.{MASK_MODE}  # a plain attribute read (no instance dict built)",
-            "    except AttributeError:", "        mode = None", "    if mode is None:", "        mode = _mask_mode(o)"] \
-        if name == "EagleVerifyInput" else ["    mode = None"]
+            "    except AttributeError:", "        mode = None",
+            "    if mode is None:", "        mode = _mask_mode(o)"] if name == "EagleVerifyInput" else ["    mode = None"]
     source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode),
                             key="\n".join(key_lines(name, "id(cfg), mode")))  # flat: no head tuple to compare
     return generated(source, "check", f"check of {name}", {
-        "_STATE": _STATE, "_FOLLOW": _FOLLOW, "_followed": _followed, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
+        "_STATE": _STATE, "_FOLLOW": _FOLLOW, "_followed": _followed, "_strict": _strict,
+        "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
         "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode, "_LAST": _LAST.setdefault(name, ([None, _SEEN], [None, _SEEN]))})
 
 
