@@ -127,9 +127,10 @@ def test_draft_logits_in_model_dtype_propose_the_same(tmp_path, monkeypatch, ste
     from spec_runtime.models.loading import load_standalone, load_target
     from spec_runtime.tiny import build_tiny_aligned_pair
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs the kernels on CPU tensors only
     target_dir, draft_dir = build_tiny_aligned_pair(tmp_path / "target", tmp_path / "draft")
-    target = load_target(target_dir, torch.bfloat16)
-    draft = load_standalone(draft_dir, target, torch.bfloat16)
+    target = load_target(target_dir, torch.bfloat16, device)
+    draft = load_standalone(draft_dir, target, torch.bfloat16, device)
     raw_calls = []
     real_raw = draft_module.raw_logits
 
