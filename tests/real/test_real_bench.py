@@ -1,0 +1,32 @@
+"""`bench/bench_real.py` on the real model at a toy size on the CPU: the rows of `--rounds` (plain
+decode and each algorithm timed in turn) are the medians of their rounds, `vs plain` the median of
+the rounds' ratios, and the run's JSON merges through `--report` (the GPU run is the real one)."""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import bench_real
+
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--bs", "1", "--new-tokens", "5", "--rounds", "3", "--algorithms", "EAGLE3",
+            "--dtype", "float32"]
+    monkeypatch.setattr(sys, "argv", ["bench_real.py", *argv])
+    assert bench_real.main(argv) == 0
+    data = json.loads((out / "bench_real.json").read_text())
+    assert data["meta"]["rounds"] == 3
+    plain, eagle3 = data["rows"]
+    assert (plain["config"], eagle3["config"]) == ("plain decode", "EAGLE3 5/4/8")
+    for row in (plain, eagle3):
+        assert len(row["rounds_tok_s"]) == 3 and row["tok_s"] == statistics.median(row["rounds_tok_s"])
+    ratios = [s / p for s, p in zip(eagle3["rounds_tok_s"], plain["rounds_tok_s"])]
+    assert eagle3["vs_plain"] == statistics.median(ratios)
+    assert eagle3["same_tokens"] == 1.0  # float32: the target's own greedy tokens
+    assert bench_real.main(["--report", str(out / "bench_real.json"), "--out", str(tmp_path / "merged")]) == 0
+    assert "EAGLE3 5/4/8" in (tmp_path / "merged" / "bench_real.md").read_text()
