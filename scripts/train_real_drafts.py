@@ -96,7 +96,9 @@ def held_out_sample(args: argparse.Namespace, held_ids: list | None = None,
                     tokenizer_dir: Path | None = None) -> tuple[list, list[str]]:
     """(ids, kinds) of the first `--eval-prompts` held-out prompts of each kind of `--prompts`: from
     the trainer's held-out ids when given, else encoded here with the target's tokenizer."""
-    rows: list[PromptRow] = split_prompts(load_prompts(args.prompts)[:args.max_prompts], 10, 8)[1]
+    split = TrainConfig.model_fields  # the trainer's own split, so the rows match its held-out ids
+    rows: list[PromptRow] = split_prompts(load_prompts(args.prompts)[:args.max_prompts],
+                                          split["held_out_every"].default, split["min_train_prompts"].default)[1]
     keep = first_per_kind(rows, args.eval_prompts)
     if held_ids is None:
         from transformers import AutoTokenizer

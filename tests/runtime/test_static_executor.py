@@ -189,7 +189,8 @@ def test_greedy_chain_runs_ahead(request, load_pair, monkeypatch, pair: str) -> 
 def test_greedy_chain_ahead_after_sampled_rows(request, load_pair) -> None:
     """A greedy chain batch launched ahead in buffer rows where sampled requests ran before (a
     batch of 4 shrinks to 1 request, then two greedy ones join: bucket 4 again, its rows 1-3 last
-    written for sampled requests) samples nothing: the same tokens and accept lengths as eager."""
+    written for sampled requests) samples nothing: the launched graphs are the greedy ones (the
+    sampling ones would read those rows' temperatures), the same tokens and accept lengths as eager."""
     algorithm, target, draft = _models(request, load_pair, "aligned")  # drafts mostly accepted
     hot = SamplingParams(temperature=1.0)
     prompts = _prompts(6, seed=5)

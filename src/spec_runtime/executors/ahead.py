@@ -145,7 +145,7 @@ class LaunchAhead:
 
     def prepare_ahead(self, greedy: bool, room: Optional[Sequence[int]], bs: int, sim: bool) -> bool:
         """Before verify's read: if the rest of the iteration may be launched ahead (launch-ahead on,
-        greedy (a sampled chain's graphs then run with temperature 0: `_greedy_chain_params`), the
+        greedy (a sampled chain's launched graphs are its greedy ones: argmax proposals), the
         engine knows every request's room, both KV pools hold what it allocates, no fault
         injected), allocate the draft-extend slots and the next verify's
         slots now and stage them on the device, so that after the read the three launches follow
@@ -162,7 +162,6 @@ class LaunchAhead:
         if not (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit and not faults._ACTIVE):
             return False
         rt, bucket = self.rt, self.bucket_for(bs)
-        self._greedy_chain_params(bucket)
         if self.backend.bookkeeping == "triton":  # both allocations and their staging in one launch
             from spec_kernels.verify_output import stage_slots
 
@@ -183,17 +182,6 @@ class LaunchAhead:
             B.put_rows(self._next_sim, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
         self._prepared = Prepared(bs, sim, ext_slots, slots, sim_state)
         return True
-
-    def _greedy_chain_params(self, bucket: int) -> None:
-        """Sampled chains (STANDALONE, topk 1) run ahead only for greedy batches, through the same
-        graphs: their draft and draft-extend buffers' temperatures must then be 0 for the launched
-        rows (one-hot distributions, coins ignored), whatever a sampled request left there. Zeroed
-        once after each host copy-in that may have written them (`_chain_params_greedy`)."""
-        if not self.rt.sampled_chain or self._chain_params_greedy >= bucket:
-            return
-        self.bufs.extend.temperature[:bucket].zero_()
-        self.bufs.draft.temperature[:bucket].zero_()
-        self._chain_params_greedy = bucket
 
     def prepared_tensors(self) -> tuple:
         """The slot tensors `prepare_ahead` allocated (empty when nothing is prepared)."""

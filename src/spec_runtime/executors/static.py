@@ -101,7 +101,6 @@ class GraphRunner(LaunchAhead):
         self._pinned: list[torch.Tensor] = []  # host copies of verifies' rows (two, used in turn)
         self._pinned_turn = 0
         self._prepared: Optional[Prepared] = None
-        self._chain_params_greedy = 0  # sampled chains: the bucket up to which launch-ahead zeroed temperatures
         self._launched: Optional[Prepared] = None  # a launch queued before verify's read, until settled
         self._side: Optional[torch.cuda.Stream] = None  # bookkeeping stream (launch before read, CUDA)
         self._after_draft: Optional[torch.cuda.Event] = None  # recorded behind the last launched draft
@@ -239,7 +238,6 @@ class GraphRunner(LaunchAhead):
         self.setup()
         bs = live.topk_p.shape[0]
         bucket = self.bucket_for(bs)
-        self._chain_params_greedy = 0  # copy_in writes the requests' temperatures
         B.copy_in(self.bufs.draft, live, bucket, self.pad_row)
         greedy = self._chain_greedy(live.greedy)
         out = self.graphs.run(self._key("draft", bucket, greedy), lambda: self._draft_fn(bucket, greedy))
@@ -274,7 +272,6 @@ class GraphRunner(LaunchAhead):
         self.setup()
         bs = live.num_accept_tokens.shape[0]
         bucket = self.bucket_for(bs)
-        self._chain_params_greedy = 0
         B.copy_in(self.bufs.extend, live, bucket, self.pad_row)
         greedy = self._chain_greedy(live.greedy)
         out = self.graphs.run(self._key("extend", bucket, greedy), lambda: self._extend_fn(bucket, greedy))
