@@ -4,6 +4,7 @@ bookkeeping)."""
 import pytest
 import torch
 from kernel_helpers import DEVICE, assert_same, gpu, needs_cuda
+from tests.helpers import rehearse_graph_functions
 
 from spec_kernels.bookkeeping import (
     commit_accepted,
@@ -192,16 +193,7 @@ def test_static_runtime_with_bookkeeping_kernels_matches_eager(tmp_path, monkeyp
         draft_dir, loader = build_tiny_standalone(tmp_path / "draft", target_dir, num_layers=1), load_standalone
     else:
         draft_dir, loader = build_tiny_eagle3(tmp_path / "draft", target_dir), load_eagle3
-    from spec_runtime.executors.graphs import GraphSet
-
-    real_run = GraphSet.run
-
-    def rehearsed(self, key, fn):
-        fn()
-        fn()
-        return real_run(self, key, fn)
-
-    monkeypatch.setattr(GraphSet, "run", rehearsed)
+    rehearse_graph_functions(monkeypatch)
     # on the models' device: on a GPU machine the kernels are compiled, not interpreted, and take CUDA tensors
     target = load_target(target_dir, device=DEVICE)
     draft = loader(draft_dir, target, device=DEVICE)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from tests.engine_harness import Job, drive
-from tests.helpers import drop_generated, first_seen_at
+from tests.helpers import drop_generated, first_seen_at, rehearse_graph_functions
 
 import spec_runtime.engine as engine_module
 import spec_schema
@@ -133,16 +133,7 @@ def test_graph_functions_may_run_again(request, load_pair, monkeypatch, pair: st
     leave the same state however often it runs. Here the static executor runs each one twice more
     before the real call (`GraphSet.run`), greedy with launch-ahead, and sampled: still eager's
     tokens, accept lengths and events, both pools whole."""
-    from spec_runtime.executors.graphs import GraphSet
-
-    real_run = GraphSet.run
-
-    def rehearsed(self, key, fn):
-        fn()
-        fn()
-        return real_run(self, key, fn)
-
-    monkeypatch.setattr(GraphSet, "run", rehearsed)
+    rehearse_graph_functions(monkeypatch)
     algorithm, target, draft = _models(request, load_pair, pair)
     engine = _compare(algorithm, target, draft, 3, 2, budget=24 if pair == "aligned" else 6)
     assert engine.rt.runner.ahead_stats["used"] >= 5, engine.rt.runner.ahead_stats
