@@ -321,16 +321,16 @@ class LaunchAhead:
         # one graph for the draft-extend and the next draft: it may run again (capture's warm-up
         # runs), since the draft-extend reads the verify's rows from `_verified`, not from the verify
         # buffers the draft overwrites with the next verify's
-        both = self.graphs.run(("ahead", tag, bucket),
-                               lambda: (self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)))
-        ext, dft = slice_rows(both, bucket, bs)
+        ext, dft = self.graphs.run(("ahead", tag, bucket),
+                                   lambda: (self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)))
         if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
             self._after_draft = torch.cuda.Event()
             self._after_draft.record()
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
-        vout = slice_rows(full, bucket, bs)
-        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind it
+        # the live rows of all three outputs cloned by one copy behind both graphs (none between them)
+        ext, dft, vout = slice_rows((ext, dft, full), bucket, bs)
+        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind the clones
         self.ahead = Launched(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout, self._stacked[:bs]))
         self.ahead_stats["launched"] += 1
         return ext_slots
