@@ -250,9 +250,22 @@ def title(meta: dict) -> str:
     return f"SmolLM2-135M-Instruct: plain decode and the shipped drafts ({meta['device']}, {meta['dtype']})"
 
 
+def plot_or_say(rows: list[dict[str, Any]], path: Path, head: str) -> None:
+    """The plot beside the table (`real_profile.plot`); without matplotlib one line says so and the
+    numbers already written stay."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"[bench_real] no plot {path.name}: matplotlib is not installed (the `bench` extra)", flush=True)
+        return
+    from real_profile import plot
+
+    plot(rows, path, head)
+
+
 def report(paths: list[Path], out: Path) -> None:
     """Merge bench_real.json files (one per run and tree) into bench_real.md / .json / .png in `out`."""
-    from real_profile import merge, plot, report_markdown
+    from real_profile import merge, report_markdown
 
     runs = []
     for path in paths:
@@ -265,7 +278,7 @@ def report(paths: list[Path], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_real.json").write_text(json.dumps({"runs": [r["meta"] for r in runs], "rows": rows}, indent=2))
     (out / "bench_real.md").write_text(report_markdown(rows, head))
-    plot(rows, out / "bench_real.png", head)
+    plot_or_say(rows, out / "bench_real.png", head)
     print(report_markdown(rows, head))
 
 
@@ -306,9 +319,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         save_decisions(args.save_tuning)
     (args.out / "bench_real.json").write_text(json.dumps(data, indent=2))
     (args.out / "bench_real.md").write_text(markdown(data))
-    from real_profile import merge, plot
+    from real_profile import merge
 
-    plot(merge([data]), args.out / "bench_real.png", title(data["meta"]))
+    plot_or_say(merge([data]), args.out / "bench_real.png", title(data["meta"]))
     print(markdown(data))
     return 0
 

@@ -63,7 +63,7 @@ def measure(clock: Any, config: Any, budget_us: float) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from tests.engines import sglang_env as env
 
-    from spec_schema.engines import _sglang_install
+    from spec_schema.engines import _sglang_install, _sglang_runtime
     from spec_schema.engines import sglang as adapter
 
     with env.loaded() as mods:
@@ -74,12 +74,9 @@ def measure(clock: Any, config: Any, budget_us: float) -> dict[str, Any]:
         assert adapter.install(config)
         try:
             def one(cold: bool) -> None:
-                seen = _sglang_install._SEEN
-                if cold:  # every object of the iteration has a signature not seen before
-                    seen.clear()
-                else:  # steady state: the verify input's FULL_MASK grows with seq_lens every iteration
-                    for key in [k for k in seen if k[2] == "EagleVerifyInput"]:
-                        del seen[key]
+                # cold: every object of the iteration has a signature not seen before; steady state: the
+                # verify input's FULL_MASK grows with seq_lens every iteration
+                _sglang_runtime.forget(None if cold else "EagleVerifyInput")
                 for obj, batch, producer, consumer in steps:
                     if _sglang_install._active():
                         _sglang_install._check(obj, batch, producer=producer, consumer=consumer)
@@ -292,7 +289,8 @@ def main() -> None:
                 got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             got.sort(key=lambda r: r["check_us_per_iteration"])
             runs[level] = {**got[len(got) // 2], "runs_us": [r["check_us_per_iteration"] for r in got]}
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/schema_cost_sglang.py --out bench/results"
+    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/schema_cost_sglang.py --out bench/results" + (
+        f" --repeat {args.repeat}" if args.repeat != 3 else "")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "schema_cost_sglang.json").write_text(json.dumps({"command": command, "runs": runs}, indent=2) + "\n")
     text = "\n".join(real_markdown(runs, command)) + "\n"

@@ -82,6 +82,11 @@ def test_a_stash_into_a_buffer_of_another_dtype_is_refused(wrapped, monkeypatch)
     bad.topk_p = live.topk_p.half()
     with pytest.raises(SpecContractError, match=r"topk_p is torch\.float16"):
         fm.stash(idx, RelayPayload.from_draft_input(bad))
+    bad = copy.copy(live)
+    bad.hidden_states = live.hidden_states[:, :-1]  # its dtype, another width
+    with pytest.raises(SpecContractError, match=r"hidden_states is \(2, \d+\): the relay buffer FutureMap\."
+                                                r"hidden_states_buf holds rows of"):
+        fm.stash(idx, RelayPayload.from_draft_input(bad))
 
 
 def test_the_prefill_draft_extend_input_is_checked_before_the_draft_runs(sg):

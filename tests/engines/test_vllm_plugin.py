@@ -120,8 +120,8 @@ def test_the_model_runner_gives_its_config_before_its_own_set_up(vllm_env, vllm_
     then vLLM's own __init__ runs (and fails on the stand-in config, after the capture)."""
     vllm_loads_the_plugin()
     runner = importlib.import_module("vllm.v1.worker.gpu.model_runner").GPUModelRunner
-    with pytest.raises(ValueError, match=r"^spec_schema vllm plugin: .*method 'ngram'"):
-        runner(vllm_config=_vllm_config(method="ngram"), device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"^spec_schema vllm plugin: .*num_speculative_tokens"):
+        runner(vllm_config=_vllm_config(steps=0), device=torch.device("cpu"))
     with pytest.raises(AttributeError, match="SimpleNamespace") as err:  # vLLM's own set-up, on the stand-in
         runner(_vllm_config(), torch.device("cpu"))  # positional: bound by the signature
     assert "spec_schema" not in str(err.value)
@@ -136,6 +136,30 @@ def test_the_model_runner_gives_its_config_before_its_own_set_up(vllm_env, vllm_
     with pytest.raises(AttributeError):  # vLLM's own set-up, on the stand-in
         runner(adaptive, torch.device("cpu"))
     _checked(batch, consumer="MRv2 RejectionSampler.__call__")  # the device holds the counts now
+
+
+def test_a_method_without_a_contract_algorithm_is_left_unchecked(vllm_env, vllm_loads_the_plugin):
+    """ngram (no draft model, no phase class of the contract): the runner starts, one warning names the
+    method, its boundaries are not checked; the next runner of a covered method is checked again."""
+    vllm_loads_the_plugin()
+    runner = importlib.import_module("vllm.v1.worker.gpu.model_runner").GPUModelRunner
+    md = env.runner_metadata(vllm_env, [[1, 2, 3], [4]], [0, 0], 32)
+    bad = dataclasses.replace(md, num_draft_tokens=[1, 1])  # counts that disagree with the offsets
+    logits = torch.randn((md.logits_indices.shape[0], 32), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(RuntimeWarning, match=r"speculative method 'ngram' has no contract algorithm .* not checked"):
+        with pytest.raises(AttributeError, match="SimpleNamespace"):  # vLLM's own set-up, on the stand-in
+            runner(_vllm_config(method="ngram"), torch.device("cpu"))
+    before = BOUNDARY_CALLS["vllm RejectionSampler.forward"]
+    env.greedy_verify(vllm_env, bad, logits)  # unchecked: vLLM runs it as it would without the plugin
+    assert BOUNDARY_CALLS["vllm RejectionSampler.forward"] == before
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per method
+        with pytest.raises(AttributeError, match="SimpleNamespace"):
+            runner(_vllm_config(method="ngram"), torch.device("cpu"))
+    with pytest.raises(AttributeError, match="SimpleNamespace"):
+        runner(_vllm_config(), torch.device("cpu"))
+    with pytest.raises(SpecContractError, match=r"num_draft_tokens"):
+        env.greedy_verify(vllm_env, bad, logits)
 
 
 def test_installed_v1_sampler_checks_its_metadata_and_output(vllm_env, vllm_loads_the_plugin):

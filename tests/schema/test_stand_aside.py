@@ -55,6 +55,21 @@ def test_torch_compile_fullgraph_traces_through_checked_code():
     assert getattr(produce, "__spec_boundary__", False)
 
 
+def test_standing_aside_is_true_while_dynamo_traces():
+    """standing_aside() reads torch.compiler's flag and is_dynamo_compiling() (one call fewer than
+    is_compiling()): True inside a function torch.compile traces, False in eager code."""
+    torch._dynamo.reset()
+    seen = []
+
+    def f(x):
+        seen.append(spec_schema.standing_aside())
+        return x + 1
+
+    torch.compile(f, fullgraph=True, backend="eager")(torch.ones(2))
+    f(torch.ones(2))
+    assert seen == [True, False]
+
+
 @strict
 def test_cuda_graph_capture_makes_checks_stand_aside(monkeypatch):
     monkeypatch.setattr(_contract, "_HAS_CUDA", True)

@@ -9,7 +9,7 @@ keeps it equal and checks that every row of `BOUNDARIES` is wrapped after `insta
 
 import importlib
 import inspect
-import operator
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -211,7 +211,8 @@ class Bound:
     """Reads named parameters of one call: `bound(args, kwargs)` -> their values, in `names`' order.
 
     The position of each name comes from the function's signature, once; a call passing it by
-    keyword is read by keyword; an omitted one is its default (None when it has none)."""
+    keyword is read by keyword; an omitted one is its default (None when it has none). One generated
+    expression per call (`_fast_binder`), no signature binding."""
 
     def __init__(self, fn: Callable[..., Any], names: tuple[str, ...]) -> None:
         params = list(inspect.signature(fn).parameters.values())
@@ -219,18 +220,33 @@ class Bound:
         self.slots = tuple((n, by_name[n][0] if by_name[n][1].kind in _POSITIONAL else None,
                             None if by_name[n][1].default is inspect.Parameter.empty else by_name[n][1].default)
                            for n in names)
-        positions = [i for _, i, _ in self.slots]
-        self.reach = max(positions) + 1 if None not in positions else None  # all passed by position: fast
-        self.by_position = operator.itemgetter(*positions) if self.reach is not None else None
-        self.single = len(names) == 1
+        self.fast = _fast_binder(self.slots)
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        n = len(args)
-        if not kwargs and self.reach is not None and n >= self.reach:
-            got = self.by_position(args)
-            return (got,) if self.single else got
-        return tuple(kwargs[name] if name in kwargs else args[i] if i is not None and i < n else default
-                     for name, i, default in self.slots)
+        return self.fast(args, kwargs)
+
+    def position(self, name: str) -> int:
+        """`name`'s index in `args` when passed by position (a hot wrapper reads `args[i]` itself when
+        `len(args) > i`, else calls the binder); a keyword-only name never is (an index no call reaches)."""
+        i = next(i for n, i, _ in self.slots if n == name)
+        return sys.maxsize if i is None else i
+
+    def default(self, name: str) -> Any:
+        """`name`'s default (None when it has none): what a call that omits it passes."""
+        return next(d for n, _, d in self.slots if n == name)
+
+
+def _fast_binder(slots: tuple[tuple[str, Optional[int], Any], ...]) -> Callable[..., tuple[Any, ...]]:
+    """`(args, kwargs) -> values` as one generated function: a name the signature lets be positional is
+    `args[i]` when the call passed that many, else `kwargs.get(name, default)` (in a valid call it is
+    not in both: Python's TypeError); a keyword-only name is `kwargs.get(name, default)`."""
+    defaults = {f"_d{k}": default for k, (_, _, default) in enumerate(slots)}
+    parts = [f"kwargs.get({name!r}, _d{k})" if i is None else f"(args[{i}] if n > {i} else kwargs.get({name!r}, _d{k}))"
+             for k, (name, i, _) in enumerate(slots)]
+    source = f"def bind(args, kwargs):\n    n = len(args)\n    return ({', '.join(parts)},)\n"
+    namespace: dict[str, Any] = dict(defaults)
+    exec(compile(source, "<spec_schema Bound>", "exec"), namespace)  # noqa: S102 - built from a signature
+    return namespace["bind"]
 
 
 def boundary_table() -> str:

@@ -10,11 +10,14 @@ from typing import Any, Optional
 
 import torch
 
+from .._contract import standing_aside
 from ..errors import SpecContractError
 from ..phases import DraftExtendInput, DraftInput
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
-from ._sglang_runtime import _STATE, _active, _check, _config
+from ._sglang_check import _CLASS_OF, RESOLVED
+from ._sglang_memo import generated
+from ._sglang_runtime import _CHECK_OF, _SAVED, _STATE, _active, _checker, _config
 
 # (payload field, FutureMap buffer): the relay of the overlap scheduler
 RELAY = (("bonus_tokens", "output_tokens_buf"), ("topk_p", "topk_p_buf"), ("topk_index", "topk_index_buf"),
@@ -36,16 +39,20 @@ def _error(label: str, field: str, text: str, cls: type) -> SpecContractError:
 
 
 def _resolve(fn: Any, get: Bound, label: str) -> Any:
+    at = get.position("batch")
+
     @functools.wraps(fn)
     def _resolve_spec_extras(*args: Any, **kwargs: Any) -> None:
         fn(*args, **kwargs)
-        _, batch = get(args, kwargs)
+        batch = args[at] if len(args) > at else get(args, kwargs)[1]
         spec = getattr(batch, "spec_info", None)
-        if getattr(spec, "future_indices", None) is None or not _eagle_draft_input(spec):
+        if getattr(spec, "future_indices", None) is None or (
+                _CLASS_OF.get(spec.__class__) != "EagleDraftInput" and not _eagle_draft_input(spec)):
             return  # nothing relayed, or another algorithm's input (ngram, DFLASH): not the contract's
-        adapter.mark_resolved(spec)
-        if _active() and spec.future_indices.shape[0]:
-            _check(spec, producer=label)  # the batch's own fields are compared at draft's entry
+        spec.__dict__[RESOLVED] = spec.future_indices  # adapter.mark_resolved(spec), inline (a hot path)
+        if _SAVED and not standing_aside() and spec.future_indices.shape[0]:  # _active(), inline
+            (_CHECK_OF.get(spec.__class__) or _checker(spec))(spec, None, label, "")  # the batch's own fields
+            # are compared at draft's entry
     return _resolve_spec_extras
 
 
@@ -57,13 +64,39 @@ def _eagle_draft_input(obj: Any) -> bool:
 
 
 def _stash(fn: Any, get: Bound, label: str) -> Any:
+    at = (get.position("self"), get.position("payload"))
+
     @functools.wraps(fn)
     def stash(*args: Any, **kwargs: Any) -> None:
-        if _active():
-            relay, payload = get(args, kwargs)
-            _check_relay(relay, payload, label)
+        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+            relay, payload = (args[at[0]], args[at[1]]) if len(args) > max(at) else get(args, kwargs)
+            if not _relay_fits(relay, payload):  # the common verdict in one generated pass; else each field
+                _check_relay(relay, payload, label)  # in turn, naming the one that differs
         return fn(*args, **kwargs)
     return stash
+
+
+def _relay_fits_source() -> str:
+    """`_relay_fits(relay, payload)`: True when every RELAY pair is an exact tensor pair of one dtype (or a
+    widening of `_WIDENS`) and one row shape, or has a None side; False for anything else (then
+    `_check_relay` looks field by field: a tensor subclass, a missing attribute, a real difference)."""
+    lines = ["def fits(relay, payload):", "    try:"]
+    lines += [f"        s{k}, b{k} = payload.{f}, relay.{b}" for k, (f, b) in enumerate(RELAY)]
+    lines += ["    except AttributeError:", "        return False"]
+    for k, (field, _) in enumerate(RELAY):
+        widen = " and ".join(f"not (s{k}.dtype is _dt[{a!r}] and b{k}.dtype is _dt[{b!r}])"
+                             for f, a, b in ((f, str(a), str(b)) for f, a, b in _WIDENS) if f == field)
+        dtype = f"s{k}.dtype is not b{k}.dtype" + (f" and {widen}" if widen else "")
+        lines += [f"    if s{k}.__class__ is _T and b{k}.__class__ is _T:",
+                  f"        if {dtype} or s{k}.ndim > 1 and s{k}.shape[1:] != b{k}.shape[1:]:",
+                  "            return False",
+                  f"    elif s{k} is not None and b{k} is not None:",
+                  "        return False"]
+    return "\n".join([*lines, "    return True"]) + "\n"
+
+
+_relay_fits = generated(_relay_fits_source(), "fits", "relay check", {
+    "_dt": {str(d): d for _, a, b in _WIDENS for d in (a, b)}})
 
 
 def _check_relay(relay: Any, payload: Any, label: str) -> None:

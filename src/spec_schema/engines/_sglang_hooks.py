@@ -13,10 +13,22 @@ from typing import Any
 
 import torch
 
+from .._contract import standing_aside
 from ..errors import SpecContractError
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
-from ._sglang_runtime import MASK_MODE, _active, _check, _config, _inside, _outermost
+from ._sglang_runtime import (
+    _CHECK_OF,
+    _LOCAL,
+    _SAVED,
+    MASK_MODE,
+    _active,
+    _check,
+    _checker,
+    _config,
+    _inside,
+    _outermost,
+)
 
 Hook = Callable[[Any, Bound, str], Any]
 
@@ -40,7 +52,8 @@ def _post_init(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def __post_init__(*args: Any, **kwargs: Any) -> None:
         fn(*args, **kwargs)
-        if _outermost():  # inside build_eagle_verify_input / draft the producer's exit checks it
+        # _outermost(), inline (a hot path); inside build_eagle_verify_input / draft the producer's exit checks it
+        if not _LOCAL.depth and _SAVED and not standing_aside():
             (self,) = get(args, kwargs)
             _check(self, producer=label.replace("__post_init__", "__init__"))
     return __post_init__
@@ -94,7 +107,8 @@ def _tree(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def build_tree_kernel_efficient(*args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)
-        if _outermost():  # the outputs as the EagleVerifyInput sglang assembles from them
+        if not _LOCAL.depth and _SAVED and not standing_aside():  # the outputs as the EagleVerifyInput sglang
+            # assembles from them (_outermost(), inline: inside EagleDraftWorker.draft this is the hot path)
             seq_lens, seq_lens_sum, n, mode = get(args, kwargs)
             tree_mask, positions, r_index, r_next, r_sibling, tokens = out
             view = object.__new__(verify_cls)
@@ -117,12 +131,20 @@ def _verify_cls() -> type:
 
 
 def _build_verify(fn: Any, get: Bound, label: str) -> Any:
+    at_batch, at_mode, no_mode = get.position("batch"), get.position("tree_mask_mode"), get.default("tree_mask_mode")
+
     @functools.wraps(fn)
     def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
-        out = _inside(fn, *args, **kwargs)
-        batch, mode = get(args, kwargs)
-        out.__dict__[MASK_MODE] = mode  # the mode its custom_mask was built in, for every later check
-        if _outermost():  # inside EagleDraftWorker.draft, draft's exit checks it
+        local = _LOCAL  # _inside(), inline (a hot path: inside EagleDraftWorker.draft every iteration)
+        local.depth += 1
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            local.depth -= 1
+        n = len(args)  # the mode its custom_mask was built in, for every later check
+        out.__dict__[MASK_MODE] = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
+        if not local.depth and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
+            batch = args[at_batch] if n > at_batch else get(args, kwargs)[0]  # checks it
             _check(out, _live(batch), producer=label)
         return out
     return build_eagle_verify_input
@@ -132,7 +154,8 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
     """eagle_prepare_for_verify: the verify input before the target runs on it."""
     @functools.wraps(fn)
     def consumer(*args: Any, **kwargs: Any) -> Any:
-        if _outermost():  # inside the wrapped verify methods, verify's entry checked it
+        if not _LOCAL.depth and _SAVED and not standing_aside():  # inside the wrapped verify methods (the hot
+            # path: _outermost() inline), verify's entry checked it
             verify_input, batch = get(args, kwargs)
             _check(verify_input, _live(batch), consumer=label)
         return fn(*args, **kwargs)
@@ -142,8 +165,8 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
 def _sample(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def eagle_sample(*args: Any, **kwargs: Any) -> Any:
-        if not _outermost():  # inside EAGLEWorkerV2.verify: verify's entry and exit check both objects
-            return fn(*args, **kwargs)
+        if _LOCAL.depth or not _SAVED or standing_aside():  # inside EAGLEWorkerV2.verify (the hot path:
+            return fn(*args, **kwargs)  # not _outermost(), inline), verify's entry and exit check both objects
         verify_input, batch = get(args, kwargs)
         live = _live(batch)
         _check(verify_input, live, consumer=label)
@@ -159,14 +182,20 @@ def _sample(fn: Any, get: Bound, label: str) -> Any:
 
 
 def _compact(fn: Any, get: Bound, label: str) -> Any:
+    px, pa, pb = (get.position(n) for n in ("x", "accept_index", "bs"))
+    reach = max(px, pa, pb) + 1
+
     @functools.wraps(fn)
     def _compact_accept_to_front(*args: Any, **kwargs: Any) -> Any:
-        if _active():
-            x, accept_index, bs, n = get(args, kwargs)
-            width = accept_index.shape[-1] if accept_index.dim() == 2 else None
-            if x.shape[0] != bs * n or accept_index.shape[0] != bs or width is None or width > n:
+        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+            if len(args) >= reach and "num_draft_tokens" in kwargs:  # sglang's call: get() inline
+                x, accept_index, bs, n = args[px], args[pa], args[pb], kwargs["num_draft_tokens"]
+            else:
+                x, accept_index, bs, n = get(args, kwargs)
+            shape, rows = accept_index.shape, x.shape[0]
+            if rows != bs * n or len(shape) != 2 or shape[0] != bs or shape[1] > n:
                 raise SpecContractError(
-                    f"sglang {label}: accept_index {tuple(accept_index.shape)} over {x.shape[0]} rows: expected "
+                    f"sglang {label}: accept_index {tuple(shape)} over {rows} rows: expected "
                     f"(bs, num_steps + 1) = ({bs}, <= num_draft_tokens {n}) over bs*num_draft_tokens = {bs * n} rows "
                     f"(a request's accepted path must fit its block of num_draft_tokens) [consumer: {label}]",
                     cls_name="VerifyOutput", field="accept_indices", axis="accept_width", consumer=label)
@@ -174,40 +203,57 @@ def _compact(fn: Any, get: Bound, label: str) -> Any:
     return _compact_accept_to_front
 
 
-class _WithInputIds:
-    """The batch as prepare_for_draft_extend will leave it: its input ids are the predict window."""
-
-    def __init__(self, batch: Any, input_ids: Any) -> None:
-        self._batch, self.input_ids = batch, input_ids
+class _WithInputIds(SimpleNamespace):
+    """The batch as prepare_for_draft_extend will leave it: its input ids are the predict window. The
+    attributes a check reads are copied in (read as plain attributes); any other comes from the batch."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._batch, name)
 
 
 def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
+    at = (get.position("draft_extend_input"), get.position("batch"), get.position("predict"))
+    reach = max(at) + 1
+
     @functools.wraps(fn)
     def prepare_for_draft_extend(*args: Any, **kwargs: Any) -> Any:
-        if _active():
-            extend_input, batch, predict = get(args, kwargs)
+        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+            if len(args) >= reach:
+                extend_input, batch, predict = args[at[0]], args[at[1]], args[at[2]]
+            else:
+                extend_input, batch, predict = get(args, kwargs)
             if not batch.forward_mode.is_idle():
-                _check(extend_input, _WithInputIds(batch, predict), consumer=label)
+                view = _WithInputIds(_batch=batch, input_ids=predict, seq_lens=batch.seq_lens,
+                                     req_pool_indices=batch.req_pool_indices,
+                                     extend_num_tokens=getattr(batch, "extend_num_tokens", None))
+                (_CHECK_OF.get(extend_input.__class__) or _checker(extend_input))(extend_input, view, "", label)
         return fn(*args, **kwargs)
     return prepare_for_draft_extend
 
 
-def _takes_and_makes(made: Callable[[Any], Any]) -> Hook:
-    """A worker method that consumes `batch.spec_info` and produces the next phase's object (`made(out)`)."""
+def _takes_and_makes(first: bool) -> Hook:
+    """A worker method that consumes `batch.spec_info` and produces the next phase's object: what it
+    returns, or (`first`) the first item of the tuple it returns."""
 
     def make(fn: Any, get: Bound, label: str) -> Any:
+        at = get.position("batch")
+
         @functools.wraps(fn)
         def method(*args: Any, **kwargs: Any) -> Any:
-            if not _active():
+            if not _SAVED or standing_aside():  # not _active(), inline: the hot path
                 return fn(*args, **kwargs)
-            _, batch = get(args, kwargs)
-            live = _live(batch)
-            _check(batch.spec_info, live, consumer=label)
-            out = _inside(fn, *args, **kwargs)
-            _check(made(out), live, producer=label)
+            batch = args[at] if len(args) > at else get(args, kwargs)[1]
+            live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
+            spec = batch.spec_info  # _check(spec, live, consumer=label), inline:
+            (_CHECK_OF.get(spec.__class__) or _checker(spec))(spec, live, "", label)
+            local = _LOCAL  # _inside(), inline
+            local.depth += 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                local.depth -= 1
+            made = out[0] if first and isinstance(out, tuple) else out
+            (_CHECK_OF.get(made.__class__) or _checker(made))(made, live, label, "")
             return out
         return method
     return make
@@ -237,15 +283,26 @@ def _extend_cls() -> type:
 
 
 def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
+    at_batch, at_result = get.position("batch"), get.position("batch_result")
+
     @functools.wraps(fn)
     def _draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
-        if not _active():
+        if not _SAVED or standing_aside():  # not _active(), inline: the hot path
             return fn(*args, **kwargs)
-        _, batch, result = get(args, kwargs)
-        live = _live(batch)
-        _check(result, live, consumer=label)
-        out = _inside(fn, *args, **kwargs)
-        _check(result.next_draft_input, live, producer=label)
+        if len(args) > max(at_batch, at_result):
+            batch, result = args[at_batch], args[at_result]
+        else:
+            _, batch, result = get(args, kwargs)
+        live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
+        (_CHECK_OF.get(result.__class__) or _checker(result))(result, live, "", label)  # _check, inline
+        local = _LOCAL  # _inside(), inline
+        local.depth += 1
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            local.depth -= 1
+        made = result.next_draft_input
+        (_CHECK_OF.get(made.__class__) or _checker(made))(made, live, label, "")
         return out
     return _draft_extend_for_decode
 
@@ -265,8 +322,7 @@ HOOKS: dict[str, Hook] = {
     "idle": _idle, "post_init": _post_init, "merge": _merge, "filter": _filter, "pad": _pad, "tree": _tree,
     "build_verify": _build_verify, "prepare_verify": _consume_verify, "sample": _sample, "compact": _compact,
     "prepare_extend": _prepare_extend,
-    "draft": _takes_and_makes(lambda out: out[0] if isinstance(out, tuple) else out),
-    "verify": _takes_and_makes(lambda out: out),
+    "draft": _takes_and_makes(True), "verify": _takes_and_makes(False),
     "extend_prefill": _extend_prefill, "extend_decode": _extend_decode, "trivial": _trivial,
 }
 """Hook name (the boundary table's `hook`) -> wrapper factory; the overlap and CUDA-graph ones are in

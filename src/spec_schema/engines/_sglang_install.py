@@ -22,7 +22,8 @@ from .. import _strict
 from ..config import SpecConfig
 from . import _sglang_copyin, _sglang_hooks
 from ._sglang_boundaries import BOUNDARIES, Bound, Boundary, probe, resolve
-from ._sglang_runtime import _SAVED, _SEEN, _active, _check, configure, installed, signature
+from ._sglang_memo import signature
+from ._sglang_runtime import _SAVED, _SEEN, _active, _check, configure, installed
 
 __all__ = ["install", "uninstall", "installed", "wrapped", "HOOKS", "signature", "_SEEN",
            "_active", "_check"]

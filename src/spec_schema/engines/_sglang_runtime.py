@@ -2,71 +2,17 @@
 verdicts (a level-1 verdict depends only on dtypes, shapes and a few host ints: `signature`), and
 the rule that objects built inside a wrapped producer are checked once, at its exit."""
 
-import operator
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Optional
-
-import torch
 
 from .. import _strict
 from .._contract import BOUNDARY_CALLS, standing_aside
 from ..config import SpecConfig
 from . import _sglang_check as adapter
 from ._sglang_check import _CLASS_OF
-
-_BATCH_ATTRS = ("seq_lens", "req_pool_indices", "input_ids", "seq_lens_cpu", "seq_lens_sum", "extend_num_tokens")
-_BATCH_SHAPES = ("seq_lens", "req_pool_indices", "input_ids", "extend_num_tokens")
-_SCALARS = ("draft_token_num", "seq_lens_sum", "num_tokens_per_req", "seq_lens_cpu", "future_indices", "spec_steps")
-_READ_NAMES = {m.engine_cls: tuple(sorted(
-    {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if not on_batch}
-    | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
-_READ = {name: operator.attrgetter(*names) for name, names in _READ_NAMES.items()}
-
-
-_TENSOR, _PLAIN = torch.Tensor, (int, str, bool)
-
-
-def _sig(value: Any) -> Any:
-    """A value's part of a signature: a tensor's (dtype, shape, device); a list as a tuple; ints, strings,
-    bools and None as they are; anything else by its type."""
-    if isinstance(value, _TENSOR):
-        return value.dtype, value.shape, value.device
-    if value is None or isinstance(value, _PLAIN):
-        return value
-    return tuple(value) if isinstance(value, list) else type(value)
-
-
-def _lengths(value: Any) -> Any:
-    """Host lengths (`seq_lens_cpu`) by value: a FULL_MASK's length check may sum them (verify only)."""
-    return tuple(value.tolist()) if isinstance(value, _TENSOR) else _sig(value)
-
-
-_HOST = {name: names.index("seq_lens_cpu") if "seq_lens_cpu" in names else None for name, names in _READ_NAMES.items()}
-_BATCH_HOST = _BATCH_ATTRS.index("seq_lens_cpu")
-_READ_BATCH = {True: operator.attrgetter(*_BATCH_ATTRS), False: operator.attrgetter(*_BATCH_SHAPES)}
-
-
-def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
-    """What a strict-level-1 check of `obj` depends on: each tensor's dtype, shape and device, the host
-    lengths and counts, and the sizes held as ints (on the object and the batch). Two objects with one
-    signature get one verdict, so `install` checks a signature once."""
-    sig = [name, type(obj), *map(_sig, _READ[name](obj))]
-    host = _HOST[name]
-    if host is not None:
-        sig[2 + host] = _lengths(obj.seq_lens_cpu)
-    if batch is None:
-        return tuple(sig)
-    verify = name == "EagleVerifyInput"  # only a mask reads host lengths
-    try:
-        part = list(map(_sig, _READ_BATCH[verify](batch)))
-    except AttributeError:  # a batch lacking some attribute: read as None, as the check does
-        part = [_sig(getattr(batch, a, None)) for a in (_BATCH_ATTRS if verify else _BATCH_SHAPES)]
-    if verify:
-        part[_BATCH_HOST] = _lengths(getattr(batch, "seq_lens_cpu", None))
-    return (*sig, *part)
-
+from ._sglang_memo import generated, key_lines
 
 _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wrapping order
 _STATE = SimpleNamespace(config=None, provider=None, mask_mode=None, draft_config=True)
@@ -108,6 +54,17 @@ class _Local(threading.local):
 _LOCAL = _Local()
 _SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, signature) -> the config it passed under
 _SEEN_SIZE = 256
+_LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last passing [key, config], per batch or none
+
+
+def forget(name: Optional[str] = None) -> None:
+    """Drop the remembered verdicts (the memo and the last passing keys) of sglang class `name`, or of every
+    class: those signatures are checked again (benchmarks of the full check use it)."""
+    for key in [k for k in _SEEN if name is None or _CLASS_OF.get(k[1]) == name]:
+        del _SEEN[key]
+    for slots in (_LAST.values() if name is None else [_LAST.get(name, ())]):
+        for slot in slots:
+            slot[0], slot[1] = None, _SEEN
 
 
 def _remember(table: dict, key: Any, value: Any) -> None:
@@ -116,25 +73,74 @@ def _remember(table: dict, key: Any, value: Any) -> None:
     table[key] = value
 
 
+_CONFIG_LINES = ["    provider = _STATE.provider  # (no isinstance: pydantic's ABC instance check is slow on every call)",
+                 "    cfg = _STATE.config if provider is None else provider()"]
+_SOURCE = """def check(o, b=None, producer="", consumer=""):
+{config}
+    if _strict.LEVEL >= 2:  # values are read: every boundary checks
+        _full_check(o, b, cfg, producer, consumer)
+        return
+{mode}
+    head = (id(cfg), mode)
+{key}
+    last = _LAST[b is None]  # this class's last passing key (with / without a batch): a consumer's check of
+    if key == last[0] and last[1] is cfg:  # the object its producer just checked compares with a fresh key
+        return
+    if _SEEN.get(key, _SEEN) is cfg or _miss(o, b, cfg, producer, consumer, mode, key):  # (a config of None
+        last[0], last[1] = key, cfg  # is remembered too)
+"""
+
+
+def _generated_check(name: str) -> Callable[..., None]:
+    """`check(obj, batch, producer, consumer)` for sglang class `name`, one generated function: the
+    config, the memo key (`_sglang_memo.key_lines`, read afresh) and the lookup inline, the full check
+    on a miss. The EagleDraftInput of per-step top-k drafts is checked without the config."""
+    config = _CONFIG_LINES if name != "EagleDraftInput" else [
+        "    cfg = None", "    if _STATE.draft_config:", *["    " + line for line in _CONFIG_LINES]]
+    mode = ["    mode = o.__dict__.get(MASK_MODE)", "    if mode is None:", "        mode = _mask_mode(o)"] \
+        if name == "EagleVerifyInput" else ["    mode = None"]
+    source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode), key="\n".join(key_lines(name)))
+    return generated(source, "check", f"check of {name}", {
+        "_STATE": _STATE, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
+        "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode, "_LAST": _LAST.setdefault(name, ([None, _SEEN], [None, _SEEN]))})
+
+
+_CHECK_OF: dict[type, Callable[..., None]] = {}
+"""sglang class (or subclass) -> its generated check; filled at the first object of each class."""
+
+
+def _checker(obj: Any) -> Callable[..., None]:
+    """The generated check of `obj`'s class (TypeError for a class the adapter does not map)."""
+    name = _CLASS_OF.get(obj.__class__) or adapter._engine_class(obj)
+    fn = _GENERATED.get(name)
+    if fn is None:
+        fn = _GENERATED[name] = _generated_check(name)
+    _CHECK_OF[obj.__class__] = fn
+    return fn
+
+
+_GENERATED: dict[str, Callable[..., None]] = {}
+
+
 def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "") -> None:
     """Check `obj` unless an object of the same signature passed under this config.
 
     At SPEC_STRICT=1 a check reads each tensor's dtype, shape and device and a few host ints
-    (`signature`), so one verdict holds for every object with the same signature: each
-    iteration's new objects of an unchanged batch are not checked again, and each call reads the
-    signature afresh (nothing is trusted by identity). Level 2 reads values: every boundary checks.
+    (`_sglang_memo.signature`, read in one generated pass), so one verdict holds for every object
+    with the same signature: each iteration's new objects of an unchanged batch are not checked
+    again, and each call reads the signature afresh (nothing is trusted by identity). Level 2 reads
+    values: every boundary checks. (The hot wrappers call `_CHECK_OF[type(obj)]` directly.)
     """
-    name = _CLASS_OF.get(type(obj)) or adapter._engine_class(obj)
-    config = _config() if _STATE.draft_config or name != "EagleDraftInput" else None
-    if _strict.LEVEL >= 2:
-        _full_check(obj, batch, config, producer, consumer)
-        return
-    mode = _mask_mode(obj) if name == "EagleVerifyInput" else None
-    key = (id(config), mode, *signature(name, obj, batch))
-    if _SEEN.get(key, _SEEN) is not config:  # (a config of None is remembered too)
-        if _full_check(obj, batch, config, producer, consumer, mode) is None:
-            return  # an unresolved overlap handle: nothing checked, nothing remembered
-        _remember(_SEEN, key, config)
+    (_CHECK_OF.get(obj.__class__) or _checker(obj))(obj, batch, producer, consumer)
+
+
+def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any, key: Any) -> bool:
+    """A key not seen under `config`: the full check (raises on a violation); True when it checked
+    something and so is remembered (an unresolved overlap handle checks nothing)."""
+    if _full_check(obj, batch, config, producer, consumer, mode) is None:
+        return False
+    _remember(_SEEN, key, config)
+    return True
 
 
 def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any = None) -> Any:

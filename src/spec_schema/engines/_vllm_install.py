@@ -3,11 +3,12 @@
 What the installed vLLM offers is found by probing (`probe`): each target below is looked up by
 module and qualified name, and its signature must name the parameters the wrapper reads; the
 classes the adapter reads must have its attributes. What is missing is not wrapped, and `install`
-warns once naming it. Arguments are bound by signature (by name), never by position.
+warns once naming it. Arguments are read by name through each function's signature (the sglang
+adapter's generated `Bound`: no `inspect.Signature.bind` per call), never by a hard-coded position.
 
 | vLLM function | checked |
 |---|---|
-| `GPUModelRunner.__init__` (V1 and MRv2) | nothing; its `vllm_config` becomes the `SpecConfig` (config=None) and says whether adaptive verification is on (MRv2's host counts are then left out) |
+| `GPUModelRunner.__init__` (V1 and MRv2) | nothing; its `vllm_config` becomes the `SpecConfig` (config=None) and says whether adaptive verification is on (MRv2's host counts are then left out); a method without a contract algorithm (ngram) leaves the runner's boundaries unchecked, with one warning naming it |
 | V1 `RejectionSampler.forward` | `metadata` (consumer), the `SamplerOutput` against it (producer) |
 | MRv2 `RejectionSampler.__call__` | `input_batch` (consumer), the MRv2 `SamplerOutput` against it (producer) |
 | V1 `SpecDecodeBaseProposer.propose` | `target_hidden_states`: (len(target_token_ids), hidden_extend) |
@@ -27,6 +28,7 @@ from .. import _strict
 from .._contract import BOUNDARY_CALLS, standing_aside
 from ..config import ModelDims, SpecConfig
 from . import _vllm_check as adapter
+from ._sglang_boundaries import Bound
 from ._vllm_hidden import check_aux_hidden, check_target_hidden
 
 
@@ -170,7 +172,8 @@ def _dims(model_config: Any) -> ModelDims:
 
 _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wrapping order
 _INHERITED = object()  # the original came from a base class: uninstall deletes the wrapper
-_STATE = SimpleNamespace(config=None, captured=None, adaptive=False, warned=False)
+_STATE = SimpleNamespace(config=None, captured=None, adaptive=False, warned=False, unchecked=None,
+                         warned_methods=set())
 
 
 def installed() -> bool:
@@ -219,7 +222,7 @@ def uninstall() -> None:
             delattr(holder, name)
         else:
             setattr(holder, name, original)
-    _STATE.captured, _STATE.adaptive = None, False
+    _STATE.captured, _STATE.adaptive, _STATE.unchecked = None, False, None
 
 
 def _wrap(t: Target) -> None:
@@ -227,18 +230,22 @@ def _wrap(t: Target) -> None:
     holder = _find(t.module, owner_name)
     original = _own(holder, attr)  # inherited: wrapped on the owner, removed again by uninstall
     _SAVED.append((holder, attr, holder.__dict__.get(attr, _INHERITED)))
-    setattr(holder, attr, globals()[t.make](original, inspect.signature(original), t.qualname))
+    setattr(holder, attr, globals()[t.make](original, Bound(original, t.params), t.qualname))
 
 
 def _active() -> bool:
-    return bool(_SAVED) and not standing_aside()
+    return bool(_SAVED) and _STATE.unchecked is None and not standing_aside()
 
 
-def _bound(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The call's arguments by parameter name (defaults filled in)."""
-    b = sig.bind(*args, **kwargs)
-    b.apply_defaults()
-    return b.arguments
+def _leave_unchecked(method: Any) -> None:
+    """A model runner whose speculative method has no contract algorithm (ngram, suffix, ...): its
+    boundaries are left unchecked (as the sglang plugin leaves NGRAM), said once per method."""
+    _STATE.captured = None
+    if method not in _STATE.warned_methods:
+        _STATE.warned_methods.add(method)
+        warnings.warn(f"spec_schema vllm plugin: speculative method {method!r} has no contract algorithm "
+                      f"(covered: {', '.join(sorted(METHODS))}): this model runner's boundaries are not checked",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _checked(obj: Any, metadata: Any = None, **who: Any) -> None:
@@ -249,22 +256,27 @@ def _checked(obj: Any, metadata: Any = None, **who: Any) -> None:
 # --- the wrappers -------------------------------------------------------------------------------------
 
 
-def _capture(fn: Callable[..., Any], sig: inspect.Signature, name: str) -> Callable[..., Any]:
+def _capture(fn: Callable[..., Any], get: Bound, name: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def __init__(*args: Any, **kwargs: Any) -> None:
         if _SAVED:  # before vLLM's own (slow) set-up: a config that cannot be checked stops it here
-            vllm_config = _bound(sig, args, kwargs)["vllm_config"]
-            _STATE.captured = spec_config_from_vllm(vllm_config)
+            (vllm_config,) = get(args, kwargs)
             spec = getattr(vllm_config, "speculative_config", None)
+            method = getattr(spec, "method", None)
+            _STATE.unchecked = method if spec is not None and method not in METHODS else None
+            if _STATE.unchecked is not None:
+                _leave_unchecked(method)
+            else:
+                _STATE.captured = spec_config_from_vllm(vllm_config)
             _STATE.adaptive = bool(getattr(spec, "enable_adaptive_verification", False))
         fn(*args, **kwargs)
     return __init__
 
 
-def _v1_sampler(fn: Callable[..., Any], sig: inspect.Signature, name: str) -> Callable[..., Any]:
+def _v1_sampler(fn: Callable[..., Any], get: Bound, name: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        metadata = _bound(sig, args, kwargs)["metadata"] if _active() else None
+        metadata = get(args, kwargs)[0] if _active() else None
         if metadata is not None:
             _checked(metadata, consumer=name)
         out = fn(*args, **kwargs)
@@ -274,10 +286,10 @@ def _v1_sampler(fn: Callable[..., Any], sig: inspect.Signature, name: str) -> Ca
     return forward
 
 
-def _mr2_sampler(fn: Callable[..., Any], sig: inspect.Signature, name: str) -> Callable[..., Any]:
+def _mr2_sampler(fn: Callable[..., Any], get: Bound, name: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def __call__(*args: Any, **kwargs: Any) -> Any:
-        batch = _bound(sig, args, kwargs)["input_batch"] if _active() else None
+        batch = get(args, kwargs)[0] if _active() else None
         if batch is not None:
             _checked(batch, consumer=f"MRv2 {name}")
         out = fn(*args, **kwargs)
@@ -287,32 +299,32 @@ def _mr2_sampler(fn: Callable[..., Any], sig: inspect.Signature, name: str) -> C
     return __call__
 
 
-def _v1_propose(fn: Callable[..., Any], sig: inspect.Signature, name: str) -> Callable[..., Any]:
+def _v1_propose(fn: Callable[..., Any], get: Bound, name: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def propose(*args: Any, **kwargs: Any) -> Any:
         if _active():
-            a = _bound(sig, args, kwargs)
-            rows = a["target_token_ids"].shape[0]
+            token_ids, hidden = get(args, kwargs)
+            rows = token_ids.shape[0]
             BOUNDARY_CALLS[f"vllm {name}"] += 1
-            check_target_hidden(a["target_hidden_states"], _config(), rows, f"len(target_token_ids) = {rows}",
+            check_target_hidden(hidden, _config(), rows, f"len(target_token_ids) = {rows}",
                                 f"{name}(target_hidden_states)", consumer=name)
         return fn(*args, **kwargs)
     return propose
 
 
-def _mr2_propose(fn: Callable[..., Any], sig: inspect.Signature, name: str) -> Callable[..., Any]:
+def _mr2_propose(fn: Callable[..., Any], get: Bound, name: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def propose(*args: Any, **kwargs: Any) -> Any:
         if _active():
-            a = _bound(sig, args, kwargs)
-            rows = a["input_batch"].num_tokens_after_padding
+            input_batch, last_hidden, aux = get(args, kwargs)
+            rows = input_batch.num_tokens_after_padding
             origin = f"InputBatch.num_tokens_after_padding = {rows} (propose copies that many rows)"
             BOUNDARY_CALLS[f"vllm MRv2 {name}"] += 1
-            config, aux = _config(), a["aux_hidden_states"]
+            config = _config()
             if aux or (config is not None and config.target_capture == "aux"):  # propose reads aux when given
                 check_aux_hidden(aux, config, rows, origin, f"MRv2 {name}(aux_hidden_states)", consumer=name)
             else:
-                check_target_hidden(a["last_hidden_states"], config, rows, origin,
+                check_target_hidden(last_hidden, config, rows, origin,
                                     f"MRv2 {name}(last_hidden_states)", consumer=name)
         return fn(*args, **kwargs)
     return propose
