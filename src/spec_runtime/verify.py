@@ -17,7 +17,7 @@ stops, KV commit and the draft-extend input. The stops' one host read goes throu
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -104,11 +104,47 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
     ahead (`executors.ahead.LaunchAhead.launch_ahead`, which also committed the accepted nodes' slots on the
     device). Built without a host read or a host-to-device copy, so the host works here while the
     device runs the launched phases: counts are the device's (no request was cut), ragged rows are
-    gathered with sizes the host knows, and unused slots are picked by a stable sort."""
+    gathered with sizes the host knows, and unused slots are picked by a stable sort (in one Triton
+    launch with `FastOptions.bookkeeping="triton"`: `_ahead_rows_kernel`)."""
+    if getattr(getattr(rt.runner, "backend", None), "bookkeeping", None) == "triton":
+        rows = _ahead_rows_kernel(rt, inp, out, slots, ext_slots, counts_h)
+    else:
+        rows = _ahead_rows_torch(rt, inp, out, slots, ext_slots, counts_h)
+    hidden = None
+    if out.captured is not None:
+        hidden = out.captured.index_select(0, rows.hidden_rows)
+        rt.counters.add_hidden(hidden, copied=True)
+    extend = DraftExtendInput(
+        hidden_states=hidden, input_ids=rows.input_ids, positions=rows.positions, num_correct_drafts=rows.num_correct,
+        num_accept_tokens=rows.num_accept, seq_lens=rows.seq_lens, bonus_tokens=rows.bonus,
+        req_pool_indices=inp.req_pool_indices, num_accept_tokens_cpu=tuple(counts_h),
+    )
+    rt.runner.note_output(extend)
+    return VerifyOutput(accept_tokens=rows.accept_tokens, accept_indices=rows.accept_index,
+                        num_correct_drafts=rows.num_correct, num_accept_tokens=rows.num_accept, finished=rows.finished,
+                        draft_extend_input=extend)
+
+
+class _AheadRows(NamedTuple):
+    """What `_ahead_output` builds its objects from (`spec_kernels.verify_output.AheadOutput`'s fields)."""
+
+    accept_index: torch.Tensor
+    accept_tokens: torch.Tensor
+    num_accept: torch.Tensor
+    num_correct: torch.Tensor
+    seq_lens: torch.Tensor
+    bonus: torch.Tensor
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    hidden_rows: torch.Tensor
+    finished: torch.Tensor
+
+
+def _ahead_rows_torch(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
+                      ext_slots: torch.Tensor, counts_h: list[int]) -> _AheadRows:
+    """`_ahead_output`'s rows as torch ops, and both pools' frees."""
     bs, width = out.accept_index.shape
     total = sum(counts_h)
-    if getattr(getattr(rt.runner, "backend", None), "bookkeeping", None) == "triton":
-        return _ahead_output_kernel(rt, inp, out, slots, ext_slots, counts_h)
     device = out.accept_index.device
     num_accept = out.num_correct.long() + 1
     accept_index = _cut(out.accept_index, num_accept)
@@ -124,30 +160,16 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
     order = torch.sort(dead, stable=True, descending=True).indices
     rt.draft_cache.free_slots(ext_slots.reshape(-1)[order[: bs * width - total]], check=False)
     req, j = ragged_rows(num_accept, total)
-    hidden = None
-    if out.captured is not None:
-        hidden = out.captured[accept_index[req, j]]
-        rt.counters.add_hidden(hidden, copied=True)
-    extend = DraftExtendInput(
-        hidden_states=hidden,
-        input_ids=accept_tokens[req, j],
-        positions=inp.seq_lens[req] + j + rt.spec_config.traits.draft_kv_lead,
-        num_correct_drafts=(num_accept - 1).to(torch.int32),
-        num_accept_tokens=num_accept.to(torch.int32),
-        seq_lens=inp.seq_lens + num_accept,
-        bonus_tokens=accept_tokens.gather(1, (num_accept - 1)[:, None]).squeeze(1),
-        req_pool_indices=inp.req_pool_indices,
-        num_accept_tokens_cpu=tuple(counts_h),
-    )
-    rt.runner.note_output(extend)
-    finished = torch.zeros(bs, dtype=torch.bool, device=device)
-    return _output(accept_tokens, accept_index, num_accept, finished, extend)
+    return _AheadRows(accept_index, accept_tokens, num_accept.to(torch.int32), (num_accept - 1).to(torch.int32),
+                      inp.seq_lens + num_accept, accept_tokens.gather(1, (num_accept - 1)[:, None]).squeeze(1),
+                      accept_tokens[req, j], inp.seq_lens[req] + j + rt.spec_config.traits.draft_kv_lead,
+                      accept_index[req, j], torch.zeros(bs, dtype=torch.bool, device=device))
 
 
-def _ahead_output_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
-                         ext_slots: torch.Tensor, counts_h: list[int]) -> VerifyOutput:
-    """`_ahead_output` in one Triton launch and the hidden-state gather (`spec_kernels.verify_output`;
-    `FastOptions.bookkeeping="triton"`): the same tensors, the same slots freed in the same order."""
+def _ahead_rows_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
+                       ext_slots: torch.Tensor, counts_h: list[int]) -> _AheadRows:
+    """`_ahead_rows_torch` in one Triton launch (`spec_kernels.verify_output.ahead_output`): the same
+    tensors, the same slots freed in the same order."""
     from spec_kernels.verify_output import ahead_output
 
     bs, width = out.accept_index.shape
@@ -158,19 +180,7 @@ def _ahead_output_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut,
                      dc.free_on_device(bs * width - total))
     tc.note_op()
     dc.note_op()
-    hidden = None
-    if out.captured is not None:
-        hidden = out.captured.index_select(0, o.hidden_rows)
-        rt.counters.add_hidden(hidden, copied=True)
-    extend = DraftExtendInput(
-        hidden_states=hidden, input_ids=o.input_ids, positions=o.positions, num_correct_drafts=o.num_correct,
-        num_accept_tokens=o.num_accept, seq_lens=o.seq_lens, bonus_tokens=o.bonus,
-        req_pool_indices=inp.req_pool_indices, num_accept_tokens_cpu=tuple(counts_h),
-    )
-    rt.runner.note_output(extend)
-    return VerifyOutput(accept_tokens=o.accept_tokens, accept_indices=o.accept_index,
-                        num_correct_drafts=o.num_correct, num_accept_tokens=o.num_accept, finished=o.finished,
-                        draft_extend_input=extend)
+    return _AheadRows(*o)
 
 
 def _prepare(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:
