@@ -188,6 +188,18 @@ def ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_co
 # ---- the next launch's slots, staged before the read --------------------------------------------
 
 
+@triton.jit
+def _take_slots(stack_ptr, used_ptr, out_ptr, stage_ptr, base, count, rows, pad, BLOCK: tl.constexpr):
+    """As KVCache.alloc_slots: the top `count` entries of a pool's free stack (from `base`), top first,
+    into `out` and marked in use; the staging rows get them, then `pad` up to `rows`."""
+    i = tl.arange(0, BLOCK)
+    live = i < count
+    s = tl.load(stack_ptr + base + count - 1 - i, mask=live, other=0)
+    tl.store(out_ptr + i, s, mask=live)
+    tl.store(used_ptr + s, tl.full([BLOCK], 1, tl.uint8), mask=live)
+    tl.store(stage_ptr + i, tl.where(live, s, pad), mask=i < rows)
+
+
 @triton.jit(do_not_specialize=["t_base", "d_base"])  # the pools' stack tops (as `_ahead_output_kernel`'s)
 def _stage_slots_kernel(
     t_stack_ptr, t_used_ptr,  # target pool: free stack, in_use uint8 (output)
@@ -200,19 +212,8 @@ def _stage_slots_kernel(
     t_base, d_base, bs, bucket, N, W, pad_t, pad_d,
     BT: tl.constexpr, BD: tl.constexpr,
 ):
-    i = tl.arange(0, BT)
-    live = i < bs * N
-    # as KVCache.alloc_slots: the top `bs*N` entries of the stack, top first
-    s = tl.load(t_stack_ptr + t_base + bs * N - 1 - i, mask=live, other=0)
-    tl.store(slots_ptr + i, s, mask=live)
-    tl.store(t_used_ptr + s, tl.full([BT], 1, tl.uint8), mask=live)
-    tl.store(t_stage_ptr + i, tl.where(live, s, pad_t), mask=i < bucket * N)
-    j = tl.arange(0, BD)
-    dlive = j < bs * W
-    e = tl.load(d_stack_ptr + d_base + bs * W - 1 - j, mask=dlive, other=0)
-    tl.store(ext_ptr + j, e, mask=dlive)
-    tl.store(d_used_ptr + e, tl.full([BD], 1, tl.uint8), mask=dlive)
-    tl.store(d_stage_ptr + j, tl.where(dlive, e, pad_d), mask=j < bucket * W)
+    _take_slots(t_stack_ptr, t_used_ptr, slots_ptr, t_stage_ptr, t_base, bs * N, bucket * N, pad_t, BT)
+    _take_slots(d_stack_ptr, d_used_ptr, ext_ptr, d_stage_ptr, d_base, bs * W, bucket * W, pad_d, BD)
     tl.store(nlive_ptr + tl.arange(0, 1), tl.full([1], 0, tl.int64) + bs)  # (bs may be a constant 1)
 
 

@@ -55,11 +55,10 @@ def _prepare(rt: RuntimeState, inp: DraftInput, sampling: BatchSampling) -> tupl
     bs, k, steps = len(inp), rt.spec_config.topk, rt.spec_config.num_steps
     temp_slots, pad, temp = rt.runner.draft_scratch(bs)
     uniforms = None
-    if inp.draft_probs is not None and steps > 1:
-        # drawn in the order the steps use them (one `uniform(rows)` per step); a greedy batch's
-        # one-hot distributions ignore their coins, so it draws none (as its launch-ahead does not)
-        uniforms = (rt.coins(steps - 1, bs * k) if sampling.all_greedy
-                    else torch.stack([rt.uniform(bs * k) for _ in range(steps - 1)]))
+    if inp.draft_probs is not None and steps > 1 and not sampling.all_greedy:
+        # drawn in the order the steps use them (one `uniform(rows)` per step); a greedy batch
+        # proposes its argmax and draws none (as its launch-ahead does not)
+        uniforms = torch.stack([rt.uniform(bs * k) for _ in range(steps - 1)])
     return DraftCoreIn(**fields_of(inp, DraftCoreIn), **fields_of(sampling, DraftCoreIn),
                        temp_slots=temp_slots, uniforms=uniforms, pad_slot=pad, greedy=sampling.all_greedy), temp
 

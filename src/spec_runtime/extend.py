@@ -57,14 +57,9 @@ def _prepare(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSampling) -
     sampled = rt.sampled_chain
     return ExtendCoreIn(**fields_of(inp, ExtendCoreIn), **fields_of(sampling, ExtendCoreIn),
                         out_slots=rt.draft_cache.alloc_slots(inp.input_ids.shape[0]), sampled=sampled,
-                        uniform=_coins(rt, len(inp), sampling) if sampled else None, greedy=sampling.all_greedy,
+                        uniform=rt.uniform(len(inp)) if sampled and not sampling.all_greedy else None,
+                        greedy=sampling.all_greedy,
                         pad_slot=rt.reserved_slots["draft"][:1] if rt.static else None)
-
-
-def _coins(rt: RuntimeState, n: int, sampling: BatchSampling) -> torch.Tensor:
-    """A sampled chain's coins for `n` requests: drawn, or fixed for a greedy batch (its one-hot
-    distributions ignore them; drawing none keeps the generator where launch-ahead leaves it)."""
-    return rt.coins(n) if sampling.all_greedy else rt.uniform(n)
 
 
 def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:

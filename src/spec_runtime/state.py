@@ -222,7 +222,3 @@ class RuntimeState:
     def uniform(self, *shape: int) -> torch.Tensor:
         """Uniform [0, 1) draws from the runtime's generator."""
         return torch.rand(shape, generator=self.generator, device=self.device)
-
-    def coins(self, *shape: int) -> torch.Tensor:
-        """Fixed coins (0.5) where a draw would be ignored (greedy rows); the generator does not move."""
-        return torch.full(shape, 0.5, device=self.device)

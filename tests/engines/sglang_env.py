@@ -29,6 +29,7 @@ import os
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -145,6 +146,42 @@ def loaded() -> Iterator[SimpleNamespace]:
 
 
 # --- sglang's own pipeline on CPU -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def plugin_discoverable(root: Path, mp: Any) -> Iterator[types.ModuleType]:
+    """`sglang.srt.plugins`, ready for `load_plugins()` to find spec-schema's entry point as an installed
+    spec-schema declares it (a dist-info under `root`, on sys.path through the MonkeyPatch `mp`); on exit
+    the workers' constructors, sglang's hook registry and the adapter are as they were."""
+    from spec_schema.engines import sglang as adapter
+    from spec_schema.engines import sglang_plugin
+    from spec_schema.engines._sglang_boundaries import resolve
+
+    dist = root / "spec_schema_probe-0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: spec-schema-probe\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(f"[{PLUGIN_GROUP}]\nspec_schema = {PLUGIN_ENTRY}\n")
+    mp.syspath_prepend(str(root))
+    mp.delenv("SGLANG_PLUGINS", raising=False)
+    plugins = importlib.import_module("sglang.srt.plugins")
+    registry = plugins.HookRegistry
+    mp.setattr(plugins, "_plugins_loaded", False)
+    raws = [(holder, name, holder.__dict__[name]) for holder, name, _ in map(resolve, sglang_plugin.WORKER_INITS)]
+    saved = ({k: list(v) for k, v in registry._hooks.items()}, set(registry._patched))
+    registry.reset()
+    try:
+        yield plugins
+    finally:
+        adapter.uninstall()
+        for holder, name, raw in raws:
+            setattr(holder, name, raw)
+        registry.reset()
+        registry._hooks.update(saved[0])
+        registry._patched.update(saved[1])
+
+
+PLUGIN_GROUP = "sglang.srt.plugins"
+PLUGIN_ENTRY = "spec_schema.engines.sglang_plugin:register"  # what schema/pyproject.toml declares in that group
 
 
 def batch(seq_lens: list[int], *, idle: bool = False, **extra: Any) -> SimpleNamespace:

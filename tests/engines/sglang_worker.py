@@ -352,36 +352,13 @@ def plugin_loaded(root: Path) -> Iterator[None]:
     (declared by a dist-info under `root` on sys.path, as an installed spec-schema declares it); under
     SPEC_STRICT it hooks the workers' constructors, so the Engine built inside gets the checks. Every hook
     and wrapper is undone on exit."""
-    import importlib
-    import sys
+    from . import sglang_env
 
-    from spec_schema.engines import sglang as adapter
-    from spec_schema.engines import sglang_plugin
-    from spec_schema.engines._sglang_boundaries import resolve
-
-    dist = root / "spec_schema_probe-0.dist-info"
-    dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: spec-schema-probe\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nspec_schema = "
-                                           "spec_schema.engines.sglang_plugin:register\n")
-    plugins = importlib.import_module("sglang.srt.plugins")
-    registry = plugins.HookRegistry
-    raws = [(holder, name, holder.__dict__[name]) for holder, name, _ in map(resolve, sglang_plugin.WORKER_INITS)]
-    saved = ({k: list(v) for k, v in registry._hooks.items()}, set(registry._patched))
     mp = pytest.MonkeyPatch()
-    mp.syspath_prepend(str(root))
-    mp.delenv("SGLANG_PLUGINS", raising=False)
-    mp.setattr(plugins, "_plugins_loaded", False)
-    registry.reset()
     try:
-        plugins.load_plugins()
-        yield
+        with sglang_env.plugin_discoverable(root, mp) as plugins:
+            plugins.load_plugins()
+            yield
     finally:
-        adapter.uninstall()
-        for holder, name, raw in raws:
-            setattr(holder, name, raw)
-        registry.reset()
-        registry._hooks.update(saved[0])
-        registry._patched.update(saved[1])
         mp.undo()
         sys.modules.pop("spec_schema_probe", None)

@@ -22,8 +22,6 @@ from spec_schema.testing import example_config
 
 from . import sglang_env as env
 
-GROUP = "sglang.srt.plugins"
-ENTRY = "spec_schema.engines.sglang_plugin:register"  # what pyproject.toml declares in that group
 CONFIG = example_config("EAGLE")
 
 
@@ -36,25 +34,8 @@ def _raw(target):
 def plugins(sg, tmp_path, monkeypatch):
     """sglang.srt.plugins, ready to load, seeing spec-schema's entry point as an installed distribution
     declares it; every hook, patch and wrapper undone afterwards."""
-    dist = tmp_path / "spec_schema_probe-0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: spec-schema-probe\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text(f"[{GROUP}]\nspec_schema = {ENTRY}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
-    mod = importlib.import_module("sglang.srt.plugins")
-    registry = mod.HookRegistry
-    monkeypatch.setattr(mod, "_plugins_loaded", False)
-    saved = ({k: list(v) for k, v in registry._hooks.items()}, set(registry._patched))
-    raws = [_raw(t) for t in sglang_plugin.WORKER_INITS]
-    registry.reset()
-    yield mod
-    for holder, name, raw in raws:
-        setattr(holder, name, raw)
-    registry.reset()
-    registry._hooks.update(saved[0])
-    registry._patched.update(saved[1])
-    adapter.uninstall()
+    with env.plugin_discoverable(tmp_path, monkeypatch) as mod:
+        yield mod
 
 
 def _ours(registry, target):
