@@ -19,9 +19,10 @@ from spec_runtime.runtime import Runtime
 pytestmark = pytest.mark.gpu
 
 ITERATIONS = 6
-EAGER_LAUNCHES = {"EAGLE": 4, "EAGLE3": 4, "STANDALONE": 4}
+EAGER_LAUNCHES = {"EAGLE": 5, "EAGLE3": 5, "STANDALONE": 4}
 """Kernel launches outside the graphs per iteration: stage_slots, ahead_output, the hidden gather
-(none for STANDALONE), and the one multi-tensor clone of the launched outputs."""
+(none for STANDALONE), and the two multi-tensor clones of the launched outputs (before and after the
+verify graph: the graphs share one memory pool)."""
 SHAPES = {"EAGLE": (3, 2, 5), "EAGLE3": (3, 2, 5), "STANDALONE": (3, 1, 4)}
 """(steps, topk, draft tokens): STANDALONE as a chain, whose drafts are sampled (`sampled_chain`),
 greedy here."""

@@ -326,11 +326,14 @@ class LaunchAhead:
         if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
             self._after_draft = torch.cuda.Event()
             self._after_draft.record()
+        # cloned before the verify replays: the graphs share one memory pool, and a graph captured
+        # before this one (the verify, once requests joined) may have its intermediates where this
+        # graph keeps its outputs (one copy behind both graphs let the verify overwrite them on the GPU)
+        ext, dft = slice_rows((ext, dft), bucket, bs)
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
-        # the live rows of all three outputs cloned by one copy behind both graphs (none between them)
-        ext, dft, vout = slice_rows((ext, dft, full), bucket, bs)
-        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind the clones
+        vout = slice_rows(full, bucket, bs)
+        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind the clone
         self.ahead = Launched(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout, self._stacked[:bs]))
         self.ahead_stats["launched"] += 1
         return ext_slots
