@@ -16,7 +16,8 @@ the median of the rounds' ratios: side-by-side medians from one process, without
 tokens/s counts decoded tokens over decode time (prefill timed apart); `same tokens` is the share of
 each algorithm's tokens equal to plain decode's at the same place (bf16 near-ties may differ: the
 re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md and bench_real.png
-(tokens/s per configuration and batch size) to --out.
+(tokens/s per configuration and batch size) to --out, and on CUDA the process's setup decisions (the
+linears' kernels, timed at setup) to tuning.json: runs in two processes can differ by those choices.
 
 `--profile` (CUDA) adds, per row, what one decode iteration costs in steady state, counted by
 torch.profiler over `--profile-iters` iterations after the timed run (`real_profile.py`): kernels,
@@ -325,7 +326,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--profile", action="store_true", help="count each row's per-iteration device work (CUDA)")
     p.add_argument("--profile-iters", type=int, default=12, help="steady-state iterations profiled per row")
     p.add_argument("--save-tuning", type=Path, default=None, metavar="FILE",
-                   help="write the linears' setup decisions here (SPEC_TUNING_FILE=FILE loads them in a later run)")
+                   help="write the linears' setup decisions here (default: tuning.json in --out, on CUDA; "
+                        "SPEC_TUNING_FILE=FILE loads them in a later run)")
     p.add_argument("--report", type=Path, nargs="+", default=None, metavar="RUN.json",
                    help="merge these bench_real.json files into --out (median per tree) and run nothing")
     args = p.parse_args(argv)
@@ -336,11 +338,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_args(p, args)
     data = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.save_tuning is not None:
-        from spec_kernels.tuning_file import save_decisions
+    from spec_kernels.tuning_file import save_decisions
 
-        args.save_tuning.parent.mkdir(parents=True, exist_ok=True)
-        save_decisions(args.save_tuning)
+    tuning = args.save_tuning if args.save_tuning is not None else args.out / "tuning.json"
+    tuning.parent.mkdir(parents=True, exist_ok=True)
+    data["meta"]["decisions"] = save_decisions(tuning)  # the setup's kernel choices, to compare runs by
     (args.out / "bench_real.json").write_text(json.dumps(data, indent=2))
     (args.out / "bench_real.md").write_text(markdown(data))
     from real_profile import merge

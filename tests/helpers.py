@@ -40,7 +40,8 @@ def emulate_graph_pool(monkeypatch) -> None:
     """Give the static executor's `GraphSet` the semantics of CUDA graphs in one shared memory pool,
     on the CPU, so code that is only wrong on a GPU fails here too:
 
-    - the runner captures every bucket at setup as on CUDA (`GraphRunner._capture_all`), and a capture
+    - the runners capture on padding before the first step as on CUDA (`GraphRunner._capture_all`,
+      `DecodeRunner.capture`), and a capture
       runs its function twice (warm-up), once more (the capture: its outputs become the graph's
       fixed outputs) and once again (the upload replay), each on the live buffers;
     - a replay runs the function and writes its results into the graph's fixed outputs, so an
@@ -52,6 +53,7 @@ def emulate_graph_pool(monkeypatch) -> None:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from spec_runtime.executors.decode import DecodeRunner
     from spec_runtime.executors.graphs import GraphSet, _Graph, tensors_in
     from spec_runtime.executors.static import GraphRunner
 
@@ -97,7 +99,7 @@ def emulate_graph_pool(monkeypatch) -> None:
         return self.graphs[key].out
 
     def capture(self, key, fn, warmup: int = 2):
-        if self.executor != "static":
+        if self.executor != "static" and not getattr(self, "_emulating", False):
             return real_capture(self, key, fn, warmup)
         for _ in range(warmup):
             fn()
@@ -126,7 +128,19 @@ def emulate_graph_pool(monkeypatch) -> None:
             self._capture_all()
         return self
 
+    def decode_capture(self, buckets=None):  # plain decode captures on padding before its first step, as on CUDA
+        graphs = self.graphs
+        if graphs.executor != "static":
+            return real_decode_capture(self, buckets)
+        graphs.executor, graphs._emulating = "cuda_graph", True
+        try:
+            return real_decode_capture(self, buckets)
+        finally:
+            graphs.executor, graphs._emulating = "static", False
+
     real_capture, real_run, real_setup = GraphSet.capture, GraphSet.run, GraphRunner.setup
+    real_decode_capture = DecodeRunner.capture
     monkeypatch.setattr(GraphSet, "capture", capture)
     monkeypatch.setattr(GraphSet, "run", run)
     monkeypatch.setattr(GraphRunner, "setup", setup)
+    monkeypatch.setattr(DecodeRunner, "capture", decode_capture)

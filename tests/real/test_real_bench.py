@@ -22,6 +22,12 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     assert bench_real.main(argv) == 0
     data = json.loads((out / "bench_real.json").read_text())
     assert data["meta"]["rounds"] == 3
+    # the process's setup decisions go beside the numbers (none where nothing was timed)
+    if data["meta"]["decisions"]:
+        saved = json.loads((out / "tuning.json").read_text())
+        assert sum(len(saved[k]) for k in ("decisions", "tuned", "epilogues")) == data["meta"]["decisions"]
+    else:
+        assert not (out / "tuning.json").exists()
     plain, eagle3, chain = data["rows"]
     assert [r["config"] for r in data["rows"]] == ["plain decode", "EAGLE3 5/4/8", "EAGLE3 2/1/3"]
     for row in (plain, eagle3, chain):

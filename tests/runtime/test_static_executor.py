@@ -404,7 +404,12 @@ def test_cuda_graph_needs_cuda(request, load_pair) -> None:
 # ---- the fast models and the plain decode runner ------------------------------------------------------
 
 
-def test_decode_runner_matches_target_only(request, load_pair) -> None:
+@pytest.mark.parametrize("pool", [False, True])
+def test_decode_runner_matches_target_only(request, load_pair, monkeypatch, pool: bool) -> None:
+    """Plain decode's graphs (one step, and eight) give target-only tokens; `pool`: with the CUDA graph
+    pool emulated (`emulate_graph_pool`: captured on padding, outputs overwritten as on CUDA)."""
+    if pool:
+        emulate_graph_pool(monkeypatch)
     _, target, _ = _models(request, load_pair, "standalone")
     prompts = _prompts(3)
     want = target_only_generate(target, prompts, 10, max_context=96)
