@@ -251,8 +251,163 @@ def real_markdown(runs: dict[str, dict[str, Any]], command: str) -> list[str]:
             f"{on['load_average']} (2 CPUs shared with other work: cold caches between sglang's own work).", "",
             "| boundary (wrapper) | calls | µs / iteration |", "|---|---:|---:|"]
     calls = on["by_boundary_calls"]
-    return lines + [f"| `{k}` | {calls[k]} | {v:.1f} |" for k, v in on["by_boundary_us_per_iteration"].items()] + [
-        "", f"Command: `{command}`."]
+    lines += [f"| `{k}` | {calls[k]} | {v:.1f} |" for k, v in on["by_boundary_us_per_iteration"].items()]
+    paired = runs.get("paired_null")
+    if paired:
+        over = sorted(r["decode_us"]["A"] - r["decode_us"]["B"] for r in paired)
+        lines += ["", "The same loop in one process, its iterations alternating between the checks and wrappers that "
+                  "only call through (`--paired null`: both see the same machine load, which moves the table above "
+                  "by tens of µs between runs): the decode boundaries' per-call medians times their calls per "
+                  f"iteration, checks minus floor, {over[len(over) // 2]:.1f} µs per iteration (runs: "
+                  f"{', '.join(f'{x:.1f}' for x in over)}; full checks of new signatures and the prefill's "
+                  "boundaries not included)."]
+    return lines + ["", f"Command: `{command}`."]
+
+
+class _Paired:
+    """Two builds of the wrappers on one serving loop (`paired`): iteration i runs build i % 2, each wrapped
+    call timed as `_CheckClock` times it (own time: the wrapper's minus the sglang function's)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.clock, self.phase, self.stack = time.perf_counter_ns, 0, []
+        self.iterations, self.times = [0, 0], ({}, {})
+
+    def inner(self, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = self.clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.stack:
+                    self.stack[-1] += self.clock() - start
+        return timed
+
+    def factory(self, make_a: Any, make_b: Any) -> Any:
+        def make(fn: Any, get: Any, label: str) -> Any:
+            inner = self.inner(fn)
+            builds = (make_a(inner, get, label), make_b(inner, get, label))
+
+            @functools.wraps(fn)
+            def dispatch(*args: Any, **kwargs: Any) -> Any:
+                build = self.phase
+                self.stack.append(0)
+                start = self.clock()
+                try:
+                    return builds[build](*args, **kwargs)
+                finally:
+                    own = self.clock() - start - self.stack.pop()
+                    if own < PREEMPTED_NS:
+                        self.times[build].setdefault(label, []).append(own)
+            return dispatch
+        return make
+
+    def summary(self) -> dict[str, Any]:
+        """Per build: each boundary's median µs per call, and those medians times build A's calls per
+        iteration summed over the decode boundaries (prefill, merge and filter run a few times a run)."""
+        import statistics
+
+        med = [{k: statistics.median(v) / 1000 for k, v in t.items()} for t in self.times]
+        calls = {k: len(v) / self.iterations[0] for k, v in self.times[0].items()}
+        decode = [k for k in calls if not any(w in k for w in ("prefill", "merge", "filter"))]
+        return {"median_us": {"A": med[0], "B": med[1]}, "calls_per_iteration": calls,
+                "decode_us": {b: sum(med[i].get(k, 0.0) * calls[k] for k in decode) for i, b in enumerate("AB")}}
+
+
+def _null_build() -> Any:
+    """Build B as wrappers that only call through (the floor)."""
+    from types import SimpleNamespace
+
+    from spec_schema.engines import _sglang_install
+
+    def through(fn: Any, get: Any, label: str) -> Any:
+        return functools.wraps(fn)(lambda *a, **k: fn(*a, **k))
+    return SimpleNamespace(HOOKS={name: through for name in _sglang_install.HOOKS}, attach=lambda worker: None)
+
+
+def _other_build(src: Path) -> Any:
+    """Build B from `src`/spec_schema, copied and imported as spec_schema_b, configured like the plugin."""
+    import shutil
+    import tempfile
+    from types import SimpleNamespace
+
+    pkg = Path(tempfile.mkdtemp())
+    shutil.copytree(src / "spec_schema", pkg / "spec_schema_b", ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, str(pkg))
+    from spec_schema_b.engines import _sglang_install as install_b
+    from spec_schema_b.engines import _sglang_runtime as runtime_b
+    from spec_schema_b.engines import sglang_plugin as plugin_b
+
+    def attach(worker: Any) -> None:  # installed against the same worker as build A, nothing wrapped twice
+        runtime_b.configure(plugin_b.WorkerConfig(worker),
+                            lambda: getattr(worker._draft_worker, "tree_mask_mode", None), True)
+        runtime_b._SAVED.append((None, "paired", None))
+    return SimpleNamespace(HOOKS=install_b.HOOKS, attach=attach)
+
+
+def paired(other: Path, runs: int) -> list[dict[str, Any]]:
+    """Build A (this interpreter's spec_schema) against build B (`other`/spec_schema, copied and imported as
+    spec_schema_b; `null`: wrappers that only call through) on one sglang serving loop, iterations alternating between them, `runs` runs after a
+    warm-up: both builds see the same machine load, so their difference is measured to about a µs per
+    boundary where separate runs differ by tens of µs per iteration."""
+    import tempfile
+
+    import pytest
+
+    sys.path.insert(0, str(ROOT))
+    from tests.engines import sglang_env as env
+    from tests.engines import sglang_worker as worker
+
+    from spec_schema.engines import _sglang_install
+
+    build_b = _null_build() if str(other) == "null" else _other_build(other)
+    pair, mp = _Paired(), pytest.MonkeyPatch()
+    for name, make in list(_sglang_install.HOOKS.items()):
+        mp.setitem(_sglang_install.HOOKS, name, pair.factory(make, build_b.HOOKS[name]))
+    receive = worker._Feeder.recv_requests
+
+    def recv_requests(feeder: Any, *args: Any, **kwargs: Any) -> Any:  # one call per iteration of sglang's loop
+        pair.phase ^= 1
+        pair.iterations[pair.phase] += 1
+        return receive(feeder, *args, **kwargs)
+
+    mp.setattr(worker._Feeder, "recv_requests", recv_requests)
+    root = Path(tempfile.mkdtemp())
+    reqs = [worker.Request(f"{p}{i}", tuple(range(3 * i, 3 * i + 5 + i)), new, at)
+            for i, (p, new, at) in enumerate(REAL_REQUESTS)]
+    out = []
+    try:
+        models = worker.build_models(root / "models")
+        with env.loaded() as mods, worker.cpu_patches(mods), worker.plugin_loaded(root / "plugin"):
+            with worker.Engine(worker.Setup("EAGLE3", overlap=True), models) as engine:
+                build_b.attach(engine.scheduler.draft_worker)
+                engine.run(reqs[:1])
+                for _ in range(runs):
+                    pair.times, pair.iterations = ({}, {}), [0, 0]
+                    engine.run(reqs)
+                    out.append(pair.summary())
+    finally:
+        mp.undo()
+    return out
+
+
+def _paired_main(other: Path, runs: int, as_json: bool = False) -> None:
+    results = paired(other, runs)
+    if as_json:
+        print(json.dumps(results))
+        return
+    for r in results:
+        a, b = r["decode_us"]["A"], r["decode_us"]["B"]
+        print(f"decode boundaries, µs per iteration (per-call medians x calls): A {a:.1f}  B {b:.1f}  "
+              f"B-A {b - a:+.1f}")
+    import statistics
+
+    for label in sorted(results[0]["median_us"]["A"]):
+        a = statistics.median(r["median_us"]["A"].get(label, 0.0) for r in results)
+        b = statistics.median(r["median_us"]["B"].get(label, 0.0) for r in results)
+        print(f"  {label:48s} A {a:7.2f}  B {b:7.2f}  {b - a:+7.2f} µs per call")
 
 
 def _real_worker(root: Path) -> None:
@@ -270,9 +425,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--repeat", type=int, default=3, help="runs per SPEC_STRICT value; the median is reported")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--paired", type=Path, metavar="SRC",
+                        help="instead: paired A/B of this tree's wrappers against SRC/spec_schema's (another "
+                             "checkout's src; 'null': wrappers that only call through) on one serving loop, "
+                             "iterations alternating; run under SPEC_STRICT=1")
+    parser.add_argument("--runs", type=int, default=3, help="runs of --paired (after a warm-up)")
+    parser.add_argument("--paired-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return _real_worker(args.worker)
+    if args.paired:
+        if str(args.paired) != "null" and not (args.paired / "spec_schema" / "__init__.py").is_file():
+            parser.error(f"--paired {args.paired}: no spec_schema package there (give a checkout's src directory)")
+        if args.runs < 1:
+            parser.error(f"--runs {args.runs}: at least 1 run")
+        if os.environ.get("SPEC_STRICT") != "1":
+            parser.error("--paired: run with SPEC_STRICT=1 (the checks are installed only then)")
+        return _paired_main(args.paired, args.runs, args.paired_json)
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: at least 1 run")
     runs: dict[str, Any] = {}
@@ -289,6 +458,12 @@ def main() -> None:
                 got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             got.sort(key=lambda r: r["check_us_per_iteration"])
             runs[level] = {**got[len(got) // 2], "runs_us": [r["check_us_per_iteration"] for r in got]}
+        env = {**os.environ, "SPEC_STRICT": "1", "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, __file__, "--paired", "null", "--runs", "3", "--paired-json"],
+                              env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode:
+            raise SystemExit(f"paired worker failed:\n{proc.stderr[-3000:]}")
+        runs["paired_null"] = json.loads(proc.stdout.strip().splitlines()[-1])
     command = "OMP_NUM_THREADS=1 .venv/bin/python bench/schema_cost_sglang.py --out bench/results" + (
         f" --repeat {args.repeat}" if args.repeat != 3 else "")
     args.out.mkdir(parents=True, exist_ok=True)

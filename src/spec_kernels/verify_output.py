@@ -6,9 +6,9 @@ each count, the counts as int32, the new lengths and bonus tokens, the draft-ext
 (tokens, positions, the captured hidden rows to gather), and it returns the unused slots of both
 pools (the target slots of rejected nodes, the draft-extend slots past each count). The torch path
 (`reference_ahead_output`, the verify phase's own code) is about thirty-five small launches and a
-gather of the accepted rows' captured hidden states; this is one launch with the gather in it. Slots go back onto each pool's free stack in the order
-`KVCache.free_slots` pushes them (the freed list, in flat order, reversed), so later allocations
-hand out the same slots on both paths.
+gather of the accepted rows' captured hidden states; this is one launch with the gather in it.
+Slots go back onto each pool's free stack in the order `KVCache.free_slots` pushes them (the freed
+list, in flat order, reversed), so later allocations hand out the same slots on both paths.
 
 `stage_slots` is the other half, before verify's read (`executors.ahead.LaunchAhead.prepare_ahead`):
 both pools' allocations for the next launch and their staging rows, one launch instead of nine.

@@ -41,15 +41,19 @@ BOUNDARY_CALLS: "collections.Counter[str]" = collections.Counter()
 _FAST_ASIDE = hasattr(torch.compiler, "_is_compiling_flag") and hasattr(torch.compiler, "is_dynamo_compiling")
 _COMPILER: Any = torch.compiler if _FAST_ASIDE else types.SimpleNamespace(_is_compiling_flag=False)
 _dynamo_compiling = torch.compiler.is_dynamo_compiling if _FAST_ASIDE else torch.compiler.is_compiling
+_FLAG_COVERS_DYNAMO = _FAST_ASIDE and hasattr(torch.compiler, "_compile_session_context")
+"""This torch holds `_is_compiling_flag` for the whole of each Dynamo compile session (convert_frame enters
+`_compile_session_context`), so while Dynamo traces the flag alone says so."""
 
 
 def standing_aside() -> bool:
     """True while torch.compile traces or a CUDA graph is being captured: checks do nothing then.
 
-    `torch.compiler.is_compiling()` in two reads, one call fewer (it runs on every wrapped call of an
-    engine's serving loop): its flag (set for a compile session and by torch.export), then
-    `is_dynamo_compiling()`, which Dynamo folds to True while it traces."""
-    if _COMPILER._is_compiling_flag or _dynamo_compiling():
+    `torch.compiler.is_compiling()` without its calls (this runs on every wrapped call of an engine's
+    serving loop): its flag, set for a compile session and by torch.export; on a torch whose Dynamo does
+    not hold that flag while it compiles, also `is_dynamo_compiling()`, which Dynamo folds to True while
+    it traces."""
+    if _COMPILER._is_compiling_flag or not _FLAG_COVERS_DYNAMO and _dynamo_compiling():
         return True
     return _HAS_CUDA and torch.cuda.is_current_stream_capturing()
 

@@ -222,6 +222,9 @@ def test_the_memo_checks_a_swapped_field_and_a_config_change_again(wrapped):
     live.topk_p = good.double()  # the same shape, another dtype
     with pytest.raises(SpecContractError, match=r"topk_p -> DraftInput\.topk_p: dtype torch\.float64"):
         _sglang_install._check(live, sb, consumer="swap")
+    live.topk_p = good.to("meta")  # the same dtype and shape on another device (CPU and meta: both index -1)
+    with pytest.raises(SpecContractError, match=r"topk_index: is on cpu, expected the device of topk_p"):
+        _sglang_install._check(live, sb, consumer="device")
     live.topk_p = good
     _sglang_install._check(live, sb, consumer="swap")  # known again
     live.hidden_states = live.hidden_states[:, :-1]  # another width
@@ -283,3 +286,47 @@ def test_the_memo_key_holds_every_attribute_a_check_reads(sg):
         assert own <= set(READ_NAMES[name]), (label, own - set(READ_NAMES[name]))
         if reads is not None:
             assert reads.seen <= set(BATCH_READS[name]), (label, reads.seen - set(BATCH_READS[name]))
+
+
+def test_a_producer_running_on_another_thread_leaves_this_threads_checks_on(wrapped):
+    """Objects built inside a wrapped producer are left to its exit only on the producer's own thread: while
+    another thread is inside one, a verify input this thread builds is still checked when it is built."""
+    import threading
+
+    from spec_schema.engines import _sglang_runtime
+
+    sg, gen = wrapped, torch.Generator().manual_seed(9)
+    sb, bonus = env.batch([5, 9]), torch.tensor([3, 4], dtype=torch.int32)
+    inside, release = threading.Event(), threading.Event()
+    producer = threading.Thread(target=_sglang_runtime._inside, args=(lambda: (inside.set(), release.wait(10)),))
+    producer.start()
+    try:
+        assert inside.wait(10)
+        with pytest.raises(SpecContractError, match="draft_token_num 4, expected num_draft = 6"):
+            env.verify_input(sg, example_config("EAGLE", num_steps=2, num_draft_tokens=4), sb, bonus, gen)
+    finally:
+        release.set()
+        producer.join()
+    assert not _sglang_runtime._DEPTH  # every producer's entry is gone once it returned
+
+
+def test_the_wrappers_stand_aside_while_torch_compiles_or_a_cuda_graph_is_captured(wrapped, monkeypatch):
+    """The wrappers stand aside (`standing_aside()`) while torch.compile compiles (torch.compiler's flag) and
+    while a CUDA graph is captured: a verify input built for another tree shape passes unchecked then, and is
+    refused again after."""
+    from spec_schema import _contract
+
+    sg, gen = wrapped, torch.Generator().manual_seed(10)
+    sb, bonus = env.batch([5, 9]), torch.tensor([3, 4], dtype=torch.int32)
+    other = example_config("EAGLE", num_steps=2, num_draft_tokens=4)
+    with pytest.raises(SpecContractError, match="draft_token_num 4, expected num_draft = 6"):
+        env.verify_input(sg, other, sb, bonus, gen)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    env.verify_input(sg, other, sb, bonus, gen)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+    monkeypatch.setattr(_contract, "_HAS_CUDA", True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    env.verify_input(sg, other, sb, bonus, gen)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with pytest.raises(SpecContractError, match="draft_token_num 4, expected num_draft = 6"):
+        env.verify_input(sg, other, sb, bonus, gen)

@@ -123,6 +123,20 @@ def test_the_worker_hook_installs_with_the_workers_config_and_follows_its_runtim
         env.verify_input(sg, CONFIG, sb, bonus, gen)  # the old shape is a corruption now
 
 
+def test_the_tree_shape_is_read_where_the_worker_keeps_it(sg):
+    """The config follows the worker's tree shape read from its instance dict (no attribute lookup through
+    the class); a class whose property shadows one of the three attributes is read by attribute."""
+    worker = env.worker(sg, CONFIG)
+    read, source = sglang_plugin.WorkerConfig(worker).follows
+    assert source is worker.__dict__ and read(source) == (3, 2, 6)
+    worker.speculative_num_steps = 2  # a plain assignment (apply_runtime_state's) is in the read
+    assert read(source) == (2, 2, 6)
+    shadowed = type("Shadowed", (type(worker),), {"topk": property(lambda self: 1)})
+    worker = env.worker(sg, CONFIG, cls=shadowed)
+    read, source = sglang_plugin.WorkerConfig(worker).follows
+    assert source is worker and read(source) == (3, 1, 6)
+
+
 @pytest.mark.skipif(not _strict.LEVEL, reason="the plugin hooks only under SPEC_STRICT")
 def test_zero_steps_passes_and_is_still_checked(plugins, sg):
     worker = env.worker(sg, CONFIG, speculative_num_steps=0, speculative_num_draft_tokens=1, topk=1)

@@ -113,3 +113,39 @@ def test_steady_iteration_launches(tmp_path, launches, algorithm: str, bs: int) 
     kernels["torch clone"] = kernels.get("torch clone", 0) - ITERATIONS
     assert sum(kernels.values()) <= EAGER_LAUNCHES[algorithm] * ITERATIONS, c
     assert not [k for k in c if k.startswith("sync ")], c
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 2, 5), (3, 1, 4)])
+def test_draft_logits_in_model_dtype_propose_the_same(tmp_path, monkeypatch, steps: int, topk: int, n: int) -> None:
+    """bf16 models: the draft steps and the draft-extend hand the Triton top-k (a tree) or the argmax
+    (a greedy chain) the lm_head's bf16 logits instead of a float32 copy landed in the scratch buffer
+    (two kernels fewer per call). With a draft that agrees with its target (several tokens accepted
+    an iteration), every request's tokens and accept lengths equal the float32 path's, and the bf16
+    path was taken."""
+    from spec_runtime import draft as draft_module
+    from spec_runtime import extend as extend_module
+    from spec_runtime.models.loading import load_standalone, load_target
+    from spec_runtime.tiny import build_tiny_aligned_pair
+
+    target_dir, draft_dir = build_tiny_aligned_pair(tmp_path / "target", tmp_path / "draft")
+    target = load_target(target_dir, torch.bfloat16)
+    draft = load_standalone(draft_dir, target, torch.bfloat16)
+    raw_calls = []
+    real_raw = draft_module.raw_logits
+
+    def run(raw: bool) -> list:
+        choose = (lambda *a: raw_calls.append(real_raw(*a)) or raw_calls[-1]) if raw else (lambda *a: False)
+        monkeypatch.setattr(draft_module, "raw_logits", choose)
+        monkeypatch.setattr(extend_module, "raw_logits", choose)
+        rt = Runtime.create(target, draft, "STANDALONE", num_steps=steps, topk=topk, num_draft_tokens=n,
+                            max_batch_size=2, max_context=96, executor="static", buckets=(1, 2), seed=5,
+                            fast={"tree": "triton", "topk": "triton", "frontier": "triton", "bookkeeping": "triton"})
+        engine = SpecEngine(rt)
+        rids = [engine.add_request(p, 16) for p in ([5, 17, 99, 3], [7, 1, 88, 120, 64])]
+        engine.run()
+        return [(engine.requests[r].output, engine.requests[r].accept_lengths) for r in rids]
+
+    raw, floats = run(True), run(False)
+    assert raw == floats
+    assert max(a for _, lengths in raw for a in lengths) > 1  # drafts were accepted: proposals mattered
+    assert any(raw_calls), raw_calls  # the bf16 logits were used

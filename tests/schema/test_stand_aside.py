@@ -56,8 +56,8 @@ def test_torch_compile_fullgraph_traces_through_checked_code():
 
 
 def test_standing_aside_is_true_while_dynamo_traces():
-    """standing_aside() reads torch.compiler's flag and is_dynamo_compiling() (one call fewer than
-    is_compiling()): True inside a function torch.compile traces, False in eager code."""
+    """standing_aside() reads torch.compiler's flag (held for the whole compile session on this torch, else
+    also is_dynamo_compiling()): True inside a function torch.compile traces, False in eager code."""
     torch._dynamo.reset()
     seen = []
 

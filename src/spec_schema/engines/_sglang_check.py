@@ -40,7 +40,8 @@ I32, I64 = torch.int32, torch.int64
 
 ZERO_STEPS = "EagleVerifyInput, speculative_num_steps 0"
 RESOLVED = "_spec_schema_resolved"
-"""The attribute under which `mark_resolved` records the future_indices an overlap input was filled for."""
+"""The attribute under which `mark_resolved` records the future_indices an overlap input was filled for (a plain
+attribute: reading an sglang object's `__dict__` would build one for it)."""
 
 # Index policies, from what sglang 0.5.23 produces (file and function of each dtype):
 POLICIES: dict[str, IndexPolicy] = {
@@ -360,12 +361,12 @@ def check(obj: Any, config: Optional[SpecConfig], batch: Any = None, *, values: 
 def mark_resolved(obj: Any) -> None:
     """Record that sglang's overlap scheduler filled this `EagleDraftInput`'s tensors for its current
     `future_indices` (`FutureMap._resolve_spec_extras`): `check` then checks it like any input."""
-    obj.__dict__[RESOLVED] = obj.future_indices
+    setattr(obj, RESOLVED, obj.future_indices)
 
 
 def resolved(obj: Any) -> bool:
     """Whether `obj`'s tensors were filled for its current `future_indices` (see `mark_resolved`)."""
-    return obj.__dict__.get(RESOLVED) is obj.future_indices
+    return getattr(obj, RESOLVED, None) is obj.future_indices
 
 
 def _check_window(ctx: _Ctx, obj: Any, fields: dict[str, Any]) -> None:

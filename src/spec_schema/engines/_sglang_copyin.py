@@ -15,7 +15,7 @@ from ..errors import SpecContractError
 from ..phases import DraftExtendInput, DraftInput
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
-from ._sglang_check import _CLASS_OF, RESOLVED
+from ._sglang_check import _CLASS_OF
 from ._sglang_memo import generated
 from ._sglang_runtime import _CHECK_OF, _SAVED, _STATE, _active, _checker, _config
 
@@ -45,13 +45,16 @@ def _resolve(fn: Any, get: Bound, label: str) -> Any:
     def _resolve_spec_extras(*args: Any, **kwargs: Any) -> None:
         fn(*args, **kwargs)
         batch = args[at] if len(args) > at else get(args, kwargs)[1]
-        spec = getattr(batch, "spec_info", None)
-        if getattr(spec, "future_indices", None) is None or (
-                _CLASS_OF.get(spec.__class__) != "EagleDraftInput" and not _eagle_draft_input(spec)):
+        try:  # plain attribute reads (the hot path; getattr with a default looks through the class each time)
+            spec = batch.spec_info
+            indices = spec.future_indices
+        except AttributeError:
+            return  # nothing relayed, or another algorithm's input: not the contract's
+        if indices is None or (_CLASS_OF.get(type(spec)) != "EagleDraftInput" and not _eagle_draft_input(spec)):
             return  # nothing relayed, or another algorithm's input (ngram, DFLASH): not the contract's
-        spec.__dict__[RESOLVED] = spec.future_indices  # adapter.mark_resolved(spec), inline (a hot path)
-        if _SAVED and not standing_aside() and spec.future_indices.shape[0]:  # _active(), inline
-            (_CHECK_OF.get(spec.__class__) or _checker(spec))(spec, None, label, "")  # the batch's own fields
+        spec._spec_schema_resolved = indices  # adapter.mark_resolved(spec), inline (a hot path): RESOLVED
+        if _SAVED and not standing_aside() and indices.shape[0]:  # _active(), inline
+            (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, None, label, "")  # the batch's own fields
             # are compared at draft's entry
     return _resolve_spec_extras
 
@@ -65,11 +68,12 @@ def _eagle_draft_input(obj: Any) -> bool:
 
 def _stash(fn: Any, get: Bound, label: str) -> Any:
     at = (get.position("self"), get.position("payload"))
+    reach = max(at) + 1
 
     @functools.wraps(fn)
     def stash(*args: Any, **kwargs: Any) -> None:
         if _SAVED and not standing_aside():  # _active(), inline (a hot path)
-            relay, payload = (args[at[0]], args[at[1]]) if len(args) > max(at) else get(args, kwargs)
+            relay, payload = (args[at[0]], args[at[1]]) if len(args) >= reach else get(args, kwargs)
             if not _relay_fits(relay, payload):  # the common verdict in one generated pass; else each field
                 _check_relay(relay, payload, label)  # in turn, naming the one that differs
         return fn(*args, **kwargs)
@@ -87,7 +91,7 @@ def _relay_fits_source() -> str:
         widen = " and ".join(f"not (s{k}.dtype is _dt[{a!r}] and b{k}.dtype is _dt[{b!r}])"
                              for f, a, b in ((f, str(a), str(b)) for f, a, b in _WIDENS) if f == field)
         dtype = f"s{k}.dtype is not b{k}.dtype" + (f" and {widen}" if widen else "")
-        lines += [f"    if s{k}.__class__ is _T and b{k}.__class__ is _T:",
+        lines += [f"    if type(s{k}) is _T and type(b{k}) is _T:",
                   f"        if {dtype} or s{k}.ndim > 1 and s{k}.shape[1:] != b{k}.shape[1:]:",
                   "            return False",
                   f"    elif s{k} is not None and b{k} is not None:",

@@ -19,7 +19,7 @@ from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
 from ._sglang_runtime import (
     _CHECK_OF,
-    _LOCAL,
+    _DEPTH,
     _SAVED,
     MASK_MODE,
     _active,
@@ -28,6 +28,7 @@ from ._sglang_runtime import (
     _config,
     _inside,
     _outermost,
+    _thread,
 )
 
 Hook = Callable[[Any, Bound, str], Any]
@@ -53,7 +54,7 @@ def _post_init(fn: Any, get: Bound, label: str) -> Any:
     def __post_init__(*args: Any, **kwargs: Any) -> None:
         fn(*args, **kwargs)
         # _outermost(), inline (a hot path); inside build_eagle_verify_input / draft the producer's exit checks it
-        if not _LOCAL.depth and _SAVED and not standing_aside():
+        if _thread() not in _DEPTH and _SAVED and not standing_aside():
             (self,) = get(args, kwargs)
             _check(self, producer=label.replace("__post_init__", "__init__"))
     return __post_init__
@@ -107,7 +108,7 @@ def _tree(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def build_tree_kernel_efficient(*args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)
-        if not _LOCAL.depth and _SAVED and not standing_aside():  # the outputs as the EagleVerifyInput sglang
+        if _thread() not in _DEPTH and _SAVED and not standing_aside():  # the outputs as the EagleVerifyInput sglang
             # assembles from them (_outermost(), inline: inside EagleDraftWorker.draft this is the hot path)
             seq_lens, seq_lens_sum, n, mode = get(args, kwargs)
             tree_mask, positions, r_index, r_next, r_sibling, tokens = out
@@ -135,15 +136,19 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
-        local = _LOCAL  # _inside(), inline (a hot path: inside EagleDraftWorker.draft every iteration)
-        local.depth += 1
+        me = _thread()  # _inside(), inline (a hot path: inside EagleDraftWorker.draft every iteration)
+        depth = _DEPTH[me] = _DEPTH.get(me, 0) + 1
         try:
             out = fn(*args, **kwargs)
-        finally:
-            local.depth -= 1
-        n = len(args)  # the mode its custom_mask was built in, for every later check
-        out.__dict__[MASK_MODE] = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
-        if not local.depth and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
+        finally:  # _leave(me), inline
+            d = _DEPTH[me] - 1
+            if d:
+                _DEPTH[me] = d
+            else:
+                del _DEPTH[me]
+        n = len(args)  # the mode its custom_mask was built in, for every later check (MASK_MODE, a plain store)
+        out._spec_schema_tree_mask_mode = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
+        if depth == 1 and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
             batch = args[at_batch] if n > at_batch else get(args, kwargs)[0]  # checks it
             _check(out, _live(batch), producer=label)
         return out
@@ -154,7 +159,7 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
     """eagle_prepare_for_verify: the verify input before the target runs on it."""
     @functools.wraps(fn)
     def consumer(*args: Any, **kwargs: Any) -> Any:
-        if not _LOCAL.depth and _SAVED and not standing_aside():  # inside the wrapped verify methods (the hot
+        if _thread() not in _DEPTH and _SAVED and not standing_aside():  # inside the wrapped verify methods (the hot
             # path: _outermost() inline), verify's entry checked it
             verify_input, batch = get(args, kwargs)
             _check(verify_input, _live(batch), consumer=label)
@@ -165,7 +170,7 @@ def _consume_verify(fn: Any, get: Bound, label: str) -> Any:
 def _sample(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def eagle_sample(*args: Any, **kwargs: Any) -> Any:
-        if _LOCAL.depth or not _SAVED or standing_aside():  # inside EAGLEWorkerV2.verify (the hot path:
+        if _thread() in _DEPTH or not _SAVED or standing_aside():  # inside EAGLEWorkerV2.verify (the hot path:
             return fn(*args, **kwargs)  # not _outermost(), inline), verify's entry and exit check both objects
         verify_input, batch = get(args, kwargs)
         live = _live(batch)
@@ -226,7 +231,7 @@ def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
                 view = _WithInputIds(_batch=batch, input_ids=predict, seq_lens=batch.seq_lens,
                                      req_pool_indices=batch.req_pool_indices,
                                      extend_num_tokens=getattr(batch, "extend_num_tokens", None))
-                (_CHECK_OF.get(extend_input.__class__) or _checker(extend_input))(extend_input, view, "", label)
+                (_CHECK_OF.get(type(extend_input)) or _checker(extend_input))(extend_input, view, "", label)
         return fn(*args, **kwargs)
     return prepare_for_draft_extend
 
@@ -245,15 +250,19 @@ def _takes_and_makes(first: bool) -> Hook:
             batch = args[at] if len(args) > at else get(args, kwargs)[1]
             live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
             spec = batch.spec_info  # _check(spec, live, consumer=label), inline:
-            (_CHECK_OF.get(spec.__class__) or _checker(spec))(spec, live, "", label)
-            local = _LOCAL  # _inside(), inline
-            local.depth += 1
+            (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, live, "", label)
+            me = _thread()  # _inside(), inline
+            _DEPTH[me] = _DEPTH.get(me, 0) + 1
             try:
                 out = fn(*args, **kwargs)
-            finally:
-                local.depth -= 1
+            finally:  # _leave(me), inline
+                d = _DEPTH[me] - 1
+                if d:
+                    _DEPTH[me] = d
+                else:
+                    del _DEPTH[me]
             made = out[0] if first and isinstance(out, tuple) else out
-            (_CHECK_OF.get(made.__class__) or _checker(made))(made, live, label, "")
+            (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
             return out
         return method
     return make
@@ -294,15 +303,19 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
         else:
             _, batch, result = get(args, kwargs)
         live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
-        (_CHECK_OF.get(result.__class__) or _checker(result))(result, live, "", label)  # _check, inline
-        local = _LOCAL  # _inside(), inline
-        local.depth += 1
+        (_CHECK_OF.get(type(result)) or _checker(result))(result, live, "", label)  # _check, inline
+        me = _thread()  # _inside(), inline
+        _DEPTH[me] = _DEPTH.get(me, 0) + 1
         try:
             out = fn(*args, **kwargs)
-        finally:
-            local.depth -= 1
+        finally:  # _leave(me), inline
+            d = _DEPTH[me] - 1
+            if d:
+                _DEPTH[me] = d
+            else:
+                del _DEPTH[me]
         made = result.next_draft_input
-        (_CHECK_OF.get(made.__class__) or _checker(made))(made, live, label, "")
+        (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
         return out
     return _draft_extend_for_decode
 

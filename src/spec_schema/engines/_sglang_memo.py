@@ -27,13 +27,16 @@ READ_NAMES = {m.engine_cls: tuple(sorted(
     | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
 """sglang class -> the attributes of the object its check reads."""
 _HOST = "seq_lens_cpu"  # read by value: a FULL_MASK's length check may sum the host lengths
+_HANDLE = "future_indices"  # read as `is None`: the check reads only that and whether it holds the resolve
+# mark (an unresolved handle is unchecked, so never remembered); no contract field is this tensor
 
 _TENSOR, _PLAIN = torch.Tensor, (int, str, bool)
 
 
 def _sig(value: Any) -> Any:
-    """A value's part of a signature: a tensor's (dtype, shape, device); a list as a tuple; ints, strings,
-    bools and None as they are; anything else by its type."""
+    """A value's part of a signature, when it is not an exact tensor (`_flat` lays those out): a tensor
+    subclass's (dtype, shape, device); a list as a tuple; ints, strings, bools and None as they are;
+    anything else by its type."""
     if isinstance(value, _TENSOR):
         return value.dtype, value.shape, value.device
     if value is None or isinstance(value, _PLAIN):
@@ -46,34 +49,61 @@ def _lengths(value: Any) -> Any:
     return tuple(value.tolist()) if isinstance(value, _TENSOR) else _sig(value)
 
 
-def _part(var: str, attr: str) -> str:
-    """The generated expression of one attribute's signature part: an exact torch.Tensor, None and an int
-    inline (the common cases: no call), anything else through `_sig` (`_lengths` for host lengths)."""
+_ACCELERATOR = tuple(f"device {i}" for i in range(64))  # interned: keys compare them by identity
+
+
+def _device(t: Any) -> str:
+    """A tensor's device as the contract compares it (`_plan.check_fields`: an accelerator's index, else the
+    device type), as a string: 'cpu' for the common case, never an int (a key's dims are its only ints)."""
+    index = t.get_device()
+    if index < 0:
+        return "cpu" if t.is_cpu else t.device.type
+    return _ACCELERATOR[index] if index < len(_ACCELERATOR) else f"device {index}"
+
+
+def _flat(value: Any) -> list[Any]:
+    """A value's signature elements (plain Python, as the generated lines append them): an exact tensor's
+    dtype, then its dims, then its device string (the dims are told from the rest: ints between a dtype and a
+    string); anything else one element (`_sig`). Flat keys of small ints, dtypes and interned strings compare
+    element by element by identity, touching no old object."""
+    if type(value) is _TENSOR:
+        return [value.dtype, *value.shape, "cpu" if value.is_cpu else _device(value)]
+    return [value if value is None or type(value) is int else _sig(value)]
+
+
+def _part(var: str, attr: str) -> list[str]:
+    """Generated lines (one level of indent) appending one attribute's signature elements to `k` (`_flat`
+    inline for an exact tensor, None and an int: no call; `type(x)` is a specialised builtin call,
+    `x.__class__` a lookup through the class), host lengths by value (`_lengths`)."""
     if attr == _HOST:
-        return f"({var} if {var} is None else _lengths({var}))"
-    return (f"(({var}.dtype, {var}.shape, {var}.device) if {var}.__class__ is _T else {var} if {var} is None "
-            f"or {var}.__class__ is int else _sig({var}))")
+        return [f"    k.append({var} if {var} is None else _lengths({var}))"]
+    if attr == _HANDLE:
+        return [f"    k.append({var} is None)"]
+    return [f"    if type({var}) is _T:", f"        k.append({var}.dtype)", f"        k.extend({var}.shape)",
+            f"        k.append('cpu' if {var}.is_cpu else _device({var}))",
+            "    else:", f"        k.append({var} if {var} is None or type({var}) is int else _sig({var}))"]
 
 
-def key_lines(name: str) -> list[str]:
+def key_lines(name: str, head: str = "head") -> list[str]:
     """Source lines (one level of indent) that set `key` from `o` (an object of sglang class `name`), `b`
-    (its batch, or None) and `head`: `head`, the object's type, the signature part of each attribute in
-    `READ_NAMES[name]`, then (when `b` is not None) of each batch attribute its check reads; a batch
-    lacking one reads None, as the check does. One pass, one tuple: no per-field calls on an exact tensor."""
+    (its batch, or None) and `head` (expressions): one flat tuple of `head`, the object's type, the
+    signature elements of each attribute in `READ_NAMES[name]`, then (when `b` is not None) of each batch
+    attribute its check reads; a batch lacking one reads None, as the check does. One pass: no per-field
+    calls on an exact tensor."""
     own, shared = READ_NAMES[name], BATCH_READS[name]
     xs = [f"x{k}" for k in range(len(own))]
     ys = [f"y{k}" for k in range(len(shared))]
-    lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)]
-    obj_parts = ", ".join(_part(x, a) for x, a in zip(xs, own))
-    lines += ["    if b is None:", f"        key = (head, o.__class__, {obj_parts})", "    else:", "        try:"]
+    lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)] + [f"    k = [{head}, type(o)]"]
+    lines += [line for x, a in zip(xs, own) for line in _part(x, a)]
+    lines += ["    if b is not None:", "        try:"]
     lines += [f"            {y} = b.{a}" for y, a in zip(ys, shared)] or ["            pass"]
     lines += ["        except AttributeError:"]
     lines += [f"            {y} = getattr(b, {a!r}, None)" for y, a in zip(ys, shared)] or ["            pass"]
-    batch_parts = ", ".join(_part(y, a) for y, a in zip(ys, shared))
-    return lines + [f"        key = (head, o.__class__, {obj_parts}, {batch_parts})"]
+    lines += ["    " + line for y, a in zip(ys, shared) for line in _part(y, a)]
+    return lines + ["    key = tuple(k)"]
 
 
-NAMESPACE = {"_T": _TENSOR, "_sig": _sig, "_lengths": _lengths}
+NAMESPACE = {"_T": _TENSOR, "_sig": _sig, "_lengths": _lengths, "_device": _device}
 """What `key_lines` refers to."""
 
 
@@ -101,10 +131,13 @@ _READ = {name: operator.attrgetter(*names) for name, names in READ_NAMES.items()
 def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
     """What a strict-level-1 check of `obj` (sglang class `name`) against `batch` depends on, in plain
     Python (the generated `KEYS` read the same values): each tensor's dtype, shape and device, the host
-    lengths by value, and the sizes held as ints, on the object and on the batch."""
-    own = tuple(_lengths(v) if a == _HOST else _sig(v) for a, v in zip(READ_NAMES[name], _READ[name](obj)))
+    lengths by value, and the sizes held as ints, on the object and on the batch (flat: `_flat`)."""
+    def flat(attr: str, value: Any) -> list[Any]:
+        if attr == _HANDLE:
+            return [value is None]
+        return [_lengths(value)] if attr == _HOST and value is not None else _flat(value)
+
+    own = [e for a, v in zip(READ_NAMES[name], _READ[name](obj)) for e in flat(a, v)]
     if batch is None:
         return (type(obj), *own)
-    shared = tuple(_lengths(getattr(batch, a, None)) if a == _HOST else _sig(getattr(batch, a, None))
-                   for a in BATCH_READS[name])
-    return (type(obj), *own, *shared)
+    return (type(obj), *own, *(e for a in BATCH_READS[name] for e in flat(a, getattr(batch, a, None))))

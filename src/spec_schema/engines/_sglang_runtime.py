@@ -18,10 +18,26 @@ _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wra
 _STATE = SimpleNamespace(config=None, provider=None, mask_mode=None, draft_config=True)
 
 
+_FOLLOW: list[Any] = [None, None, None, None]
+"""[read, source, last read(source), its config] of a provider with `follows`, else [None, ...]."""
+
+
 def configure(config: Any, tree_mask_mode: Any, draft_config: bool) -> None:
-    """What the wrappers check against (`install()`'s arguments); a callable config is called at each check."""
+    """What the wrappers check against (`install()`'s arguments); a callable config is called at each check,
+    unless it has `follows = (read, source)` (a promise that its result depends on `read(source)` only,
+    e.g. `operator.attrgetter` of a worker's tree-shape attributes): then it is called when that read changes."""
     _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
     _STATE.provider = config if callable(config) and not isinstance(config, SpecConfig) else None
+    follows = getattr(_STATE.provider, "follows", None)
+    # (the list itself as the last read: equal to no read, so the first check calls the provider)
+    _FOLLOW[:] = [*follows, _FOLLOW, None] if follows is not None else [None, None, None, None]
+
+
+def _followed(read: Any) -> Any:
+    """The provider's config for `read` (its source's attributes as they are now), remembered in `_FOLLOW`."""
+    config = _STATE.provider()
+    _FOLLOW[2], _FOLLOW[3] = read, config
+    return config
 
 
 def installed() -> bool:
@@ -30,29 +46,35 @@ def installed() -> bool:
 
 
 def _config() -> Optional[SpecConfig]:
+    follow = _FOLLOW
+    if follow[0] is not None:
+        read = follow[0](follow[1])
+        return follow[3] if read == follow[2] else _followed(read)
     provider = _STATE.provider  # (no isinstance here: pydantic's ABC instance check is slow on every call)
     return _STATE.config if provider is None else provider()
 
 
 MASK_MODE = "_spec_schema_tree_mask_mode"
-"""The attribute under which the verify-input build records the tree-mask mode it built with."""
+"""The attribute under which the verify-input build records the tree-mask mode it built with (set and read
+as a plain attribute: an sglang object keeps its attributes inline, and reading its `__dict__` would build
+one for it, slowing every later attribute read of sglang's and ours)."""
 
 
 def _mask_mode(obj: Any) -> Any:
     """The tree-mask mode of `obj`: recorded at its build, else install()'s, else None (inferred)."""
-    mode = getattr(obj, "__dict__", {}).get(MASK_MODE)
+    mode = getattr(obj, MASK_MODE, None)
     if mode is not None:
         return mode
     mode = _STATE.mask_mode
     return mode() if callable(mode) else mode
 
 
-class _Local(threading.local):
-    depth = 0  # wrapped producers running on this thread (objects built inside them are checked at their exit)
-
-
-_LOCAL = _Local()
-_SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, signature) -> the config it passed under
+_DEPTH: dict[int, int] = {}
+"""Thread id -> wrapped producers running on that thread (objects built inside them are checked at their
+exit); no entry for a thread running none, so an inner boundary asks `_thread() in _DEPTH` (a builtin call
+and a lookup in a small dict: a `threading.local` attribute read goes through the thread's state dict)."""
+_thread = threading.get_ident
+_SEEN: dict[tuple[Any, ...], Any] = {}  # (config id, mask mode, *signature) -> the config it passed under
 _SEEN_SIZE = 256
 _LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last passing [key, config], per batch or none
 
@@ -60,7 +82,7 @@ _LAST: dict[str, tuple[list[Any], list[Any]]] = {}  # sglang class -> its last p
 def forget(name: Optional[str] = None) -> None:
     """Drop the remembered verdicts (the memo and the last passing keys) of sglang class `name`, or of every
     class: those signatures are checked again (benchmarks of the full check use it)."""
-    for key in [k for k in _SEEN if name is None or _CLASS_OF.get(k[1]) == name]:
+    for key in [k for k in _SEEN if name is None or _CLASS_OF.get(k[2]) == name]:
         del _SEEN[key]
     for slots in (_LAST.values() if name is None else [_LAST.get(name, ())]):
         for slot in slots:
@@ -73,15 +95,19 @@ def _remember(table: dict, key: Any, value: Any) -> None:
     table[key] = value
 
 
-_CONFIG_LINES = ["    provider = _STATE.provider  # (no isinstance: pydantic's ABC instance check is slow on every call)",
-                 "    cfg = _STATE.config if provider is None else provider()"]
+_CONFIG_LINES = ["    follow = _FOLLOW  # _config(), inline",
+                 "    if follow[0] is not None:",
+                 "        read = follow[0](follow[1])",
+                 "        cfg = follow[3] if read == follow[2] else _followed(read)",
+                 "    else:",
+                 "        provider = _STATE.provider  # (no isinstance: pydantic's ABC instance check is slow)",
+                 "        cfg = _STATE.config if provider is None else provider()"]
 _SOURCE = """def check(o, b=None, producer="", consumer=""):
 {config}
     if _strict.LEVEL >= 2:  # values are read: every boundary checks
         _full_check(o, b, cfg, producer, consumer)
         return
 {mode}
-    head = (id(cfg), mode)
 {key}
     last = _LAST[b is None]  # this class's last passing key (with / without a batch): a consumer's check of
     if key == last[0] and last[1] is cfg:  # the object its producer just checked compares with a fresh key
@@ -97,11 +123,14 @@ def _generated_check(name: str) -> Callable[..., None]:
     on a miss. The EagleDraftInput of per-step top-k drafts is checked without the config."""
     config = _CONFIG_LINES if name != "EagleDraftInput" else [
         "    cfg = None", "    if _STATE.draft_config:", *["    " + line for line in _CONFIG_LINES]]
-    mode = ["    mode = o.__dict__.get(MASK_MODE)", "    if mode is None:", "        mode = _mask_mode(o)"] \
-        if name == "EagleVerifyInput" else ["    mode = None"]
-    source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode), key="\n".join(key_lines(name)))
+    mode = ["    try:", f"        mode = o.{MASK_MODE}  # a plain attribute read (no instance dict built)",
+            "    except AttributeError:", "        mode = None",
+            "    if mode is None:", "        mode = _mask_mode(o)"] if name == "EagleVerifyInput" else ["    mode = None"]
+    source = _SOURCE.format(config="\n".join(config), mode="\n".join(mode),
+                            key="\n".join(key_lines(name, "id(cfg), mode")))  # flat: no head tuple to compare
     return generated(source, "check", f"check of {name}", {
-        "_STATE": _STATE, "_strict": _strict, "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
+        "_STATE": _STATE, "_FOLLOW": _FOLLOW, "_followed": _followed, "_strict": _strict,
+        "_full_check": _full_check, "_SEEN": _SEEN, "_miss": _miss,
         "MASK_MODE": MASK_MODE, "_mask_mode": _mask_mode, "_LAST": _LAST.setdefault(name, ([None, _SEEN], [None, _SEEN]))})
 
 
@@ -111,11 +140,11 @@ _CHECK_OF: dict[type, Callable[..., None]] = {}
 
 def _checker(obj: Any) -> Callable[..., None]:
     """The generated check of `obj`'s class (TypeError for a class the adapter does not map)."""
-    name = _CLASS_OF.get(obj.__class__) or adapter._engine_class(obj)
+    name = _CLASS_OF.get(type(obj)) or adapter._engine_class(obj)
     fn = _GENERATED.get(name)
     if fn is None:
         fn = _GENERATED[name] = _generated_check(name)
-    _CHECK_OF[obj.__class__] = fn
+    _CHECK_OF[type(obj)] = fn
     return fn
 
 
@@ -131,7 +160,7 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
     again, and each call reads the signature afresh (nothing is trusted by identity). Level 2 reads
     values: every boundary checks. (The hot wrappers call `_CHECK_OF[type(obj)]` directly.)
     """
-    (_CHECK_OF.get(obj.__class__) or _checker(obj))(obj, batch, producer, consumer)
+    (_CHECK_OF.get(type(obj)) or _checker(obj))(obj, batch, producer, consumer)
 
 
 def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any, key: Any) -> bool:
@@ -155,14 +184,24 @@ def _active() -> bool:
 
 def _inside(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a wrapped producer; objects it builds are checked once, when it returns them."""
-    _LOCAL.depth += 1
+    me = _thread()
+    _DEPTH[me] = _DEPTH.get(me, 0) + 1
     try:
         return fn(*args, **kwargs)
     finally:
-        _LOCAL.depth -= 1
+        _leave(me)
+
+
+def _leave(me: int) -> None:
+    """One wrapped producer of thread `me` returned (`_inside`'s exit, inline in the hot wrappers)."""
+    n = _DEPTH[me] - 1
+    if n:
+        _DEPTH[me] = n
+    else:
+        del _DEPTH[me]
 
 
 def _outermost() -> bool:
-    return _LOCAL.depth == 0 and _active()  # inside a wrapped producer: nothing more is read
+    return _thread() not in _DEPTH and _active()  # inside a wrapped producer: nothing more is read
 
 

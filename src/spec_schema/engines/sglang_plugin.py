@@ -17,6 +17,7 @@ against each other and the zero-step index policy. A config that cannot be built
 arguments stops the worker's start with one line naming the argument (`PluginConfigError`).
 """
 
+import operator
 import warnings
 from typing import Any, Optional
 
@@ -46,6 +47,9 @@ PER_STEP_TOPK = frozenset({"MultiLayerEagleWorkerV2", "FrozenKVMTPWorkerV2"})
 ALGORITHMS = {"EAGLE": SpecAlgorithm.EAGLE, "EAGLE3": SpecAlgorithm.EAGLE3,
               "STANDALONE": SpecAlgorithm.STANDALONE, "FROZEN_KV_MTP": SpecAlgorithm.EAGLE}
 _TREE_FLAGS = "--speculative-num-steps / --speculative-eagle-topk / --speculative-num-draft-tokens"
+_SHAPE_NAMES = ("speculative_num_steps", "topk", "speculative_num_draft_tokens")
+_TREE_SHAPE = operator.attrgetter(*_SHAPE_NAMES)
+"""A worker's tree shape (what adaptive speculation changes): the only worker state its config depends on."""
 
 
 class PluginConfigError(ValueError):
@@ -95,10 +99,21 @@ def attach(worker: Any) -> Optional["WorkerConfig"]:
     return config
 
 
+def _follows(worker: Any) -> tuple[Any, Any]:
+    """(read, source) of the worker's tree shape: its instance dict's items when the three attributes live
+    there (no class attribute can shadow them: none is a data descriptor), else attribute reads."""
+    own = getattr(worker, "__dict__", None)
+    if isinstance(own, dict) and all(n in own and not hasattr(getattr(type(worker), n, None), "__set__")
+                                     for n in _SHAPE_NAMES):
+        return operator.itemgetter(*_SHAPE_NAMES), own
+    return _TREE_SHAPE, worker
+
+
 class WorkerConfig:
     """The `SpecConfig` of a running sglang worker: the two models' dims read once from the configs
     the worker loaded, the tree shape read from the worker at every call (adaptive speculation changes
-    it), one SpecConfig per shape. None while `speculative_num_steps == 0`."""
+    it), one SpecConfig per shape. None while `speculative_num_steps == 0`. `follows` tells `install()` that
+    the config depends on that read only: its checks read the shape and call this when it changes."""
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
@@ -108,10 +123,10 @@ class WorkerConfig:
         self.draft = self._dims(worker._draft_worker.draft_runner.model_config, "--speculative-draft-model-path",
                                 "speculative_draft_model_path")
         self._built: dict[tuple[int, int, int], Optional[SpecConfig]] = {}
+        self.follows = _follows(worker)  # install()'s checks call this only when the shape read changes
 
     def __call__(self) -> Optional[SpecConfig]:
-        w = self.worker
-        key = (w.speculative_num_steps, w.topk, w.speculative_num_draft_tokens)
+        key = _TREE_SHAPE(self.worker)
         hit = self._built.get(key, self)
         if hit is self:
             hit = self._built[key] = self._build(*key)
