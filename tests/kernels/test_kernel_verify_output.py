@@ -74,7 +74,7 @@ def test_ahead_output_refuses_a_wrong_total():
 def test_ahead_output_kernel_builds_for_hopper():
     """The kernel builds for sm90 (the interpreter skips the compiler's type checks: the 3-D
     comparison, the cumulative sums, the uint8 and int32 stores, the gather's branch), with and
-    without the hidden gather."""
+    without the hidden gather, and with it to PTX."""
     from kernel_helpers import hopper_build
 
     names = ("acc_ptr", "tok_ptr", "nc_ptr", "seq_ptr", "slots_ptr", "ext_ptr", "o_acc_ptr", "o_tok_ptr", "o_seq_ptr",
@@ -86,6 +86,10 @@ def test_ahead_output_kernel_builds_for_hopper():
                        [dict(BB=1, BW=8, BN=8, GATHER=False, BR=8, BH=256),
                         dict(BB=4, BW=8, BN=16, GATHER=True, BR=8, BH=256)])
     assert all("tt.store" in ir for ir in irs)
+    # the gather's programs through the whole compilation too (ptxas included, about 5 s)
+    (ptx,) = hopper_build("spec_kernels.verify_output", "_ahead_output_kernel", types,
+                          [dict(BB=4, BW=8, BN=16, GATHER=True, BR=8, BH=256)], ptx=True)
+    assert ".entry" in ptx
 
 
 @pytest.mark.parametrize("bs,bucket,n,width", [(1, 1, 8, 6), (3, 4, 8, 6), (2, 8, 5, 5), (4, 4, 16, 4)])
