@@ -121,8 +121,7 @@ def _gather_hidden(acc_ptr, nc_ptr, cap_ptr, o_hid_ptr, bs, W, total, H, cap_str
     r = (tile // nh) * BR + tl.arange(0, BR)
     h = (tile % nh) * BH + tl.arange(0, BH)
     b = tl.arange(0, BB)
-    na = tl.where(b < bs, tl.load(nc_ptr + b, mask=b < bs, other=0).to(tl.int64) + 1, 0)
-    start = tl.cumsum(na, axis=0) - na
+    na, start = _counts_starts(nc_ptr, bs, BB)
     req = tl.sum(((start + na)[None, :] <= r[:, None]).to(tl.int64), axis=1)  # requests wholly before r
     first = tl.sum(tl.where(b[None, :] == req[:, None], start[None, :], 0), axis=1)
     mr = r < total
@@ -130,6 +129,15 @@ def _gather_hidden(acc_ptr, nc_ptr, cap_ptr, o_hid_ptr, bs, W, total, H, cap_str
     m = mr[:, None] & (h[None, :] < H)
     vals = tl.load(cap_ptr + src[:, None] * cap_stride + h[None, :], mask=m)
     tl.store(o_hid_ptr + r[:, None].to(tl.int64) * H + h[None, :], vals, mask=m)
+
+
+@triton.jit
+def _counts_starts(nc_ptr, bs, BB: tl.constexpr):
+    """`(BB,)` int64 tokens accepted per request (bonus included; 0 past `bs`) and each request's first
+    packed row (the sum of the counts before it): the draft-extend's ragged layout."""
+    b = tl.arange(0, BB)
+    na = tl.load(nc_ptr + b, mask=b < bs, other=-1).to(tl.int64) + 1
+    return na, tl.cumsum(na, axis=0) - na
 
 
 @triton.jit
@@ -142,7 +150,7 @@ def _ahead_rows(acc_ptr, tok_ptr, nc_ptr, seq_ptr, slots_ptr, ext_ptr, o_acc_ptr
     w = tl.arange(0, BW)
     mb = b < bs
     cell = mb[:, None] & (w[None, :] < W)
-    na = tl.load(nc_ptr + b, mask=mb, other=-1).to(tl.int64) + 1
+    na, start = _counts_starts(nc_ptr, bs, BB)
     seq = tl.load(seq_ptr + b, mask=mb, other=0).to(tl.int64)
     kept = cell & (w[None, :] < na[:, None])
     off2 = b[:, None] * W + w[None, :]
@@ -157,7 +165,6 @@ def _ahead_rows(acc_ptr, tok_ptr, nc_ptr, seq_ptr, slots_ptr, ext_ptr, o_acc_ptr
     tl.store(o_bonus_ptr + b, bonus.to(o_bonus_ptr.dtype.element_ty), mask=mb)
     tl.store(o_fin_ptr + b, tl.zeros([BB], tl.uint8), mask=mb)
     # the draft-extend's ragged rows: request b's start is the sum of the counts before it
-    start = tl.cumsum(tl.where(mb, na, 0), axis=0) - tl.where(mb, na, 0)
     dst = start[:, None] + w[None, :]
     tl.store(o_ids_ptr + dst, tok.to(o_ids_ptr.dtype.element_ty), mask=kept)
     tl.store(o_pos_ptr + dst, (seq[:, None] + w[None, :] + lead).to(o_pos_ptr.dtype.element_ty), mask=kept)

@@ -374,7 +374,7 @@ class LlamaForCausal(nn.Module):
         """`compute_logits(hidden).argmax(-1)` without the float32 copy of the logits: the argmax
         of the model-dtype logits is the same index (each float32 value is its bf16/fp16 value
         exactly; ties go to the first index either way), one launch fewer."""
-        return ops.argmax(ops.lm_head(self, hidden))
+        return ops.argmax(self.logits(hidden, ops))
 
 
 class StandaloneDraft(nn.Module):
