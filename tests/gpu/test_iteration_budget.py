@@ -2,7 +2,7 @@
 syncs counted with torch.profiler, never times.
 
 With launch-ahead (greedy, every request going on, no request joining), an iteration of the
-CUDA-graph executor is three graph replays (the draft-extend, the next draft, the verify), the few
+CUDA-graph executor is two graph replays (the draft-extend with the next draft, the verify), the few
 eager launches of the host bookkeeping (the next launch's slots staged, the verify output
 built with its hidden-state gather, the clones of the launched outputs), no host-to-device copy, and one
 device-to-host copy of the accepted tokens and counts, read with one wait.
@@ -19,12 +19,12 @@ from spec_runtime.runtime import Runtime
 pytestmark = pytest.mark.gpu
 
 ITERATIONS = 6
-GRAPH_REPLAYS = 3
-"""Graph replays per launched-ahead iteration: the draft-extend, the draft, the verify."""
+GRAPH_REPLAYS = 2
+"""Graph replays per launched-ahead iteration: the draft-extend with the next draft, the verify."""
 EAGER_LAUNCHES = {"EAGLE": 4, "EAGLE3": 4, "STANDALONE": 4}
 """Kernel launches outside the graphs per iteration: stage_slots, ahead_output (the hidden gather in
-the same launch), and the two multi-tensor clones (the launched draft-extend and draft, the launched
-verify)."""
+the same launch), and the two multi-tensor clones of the launched outputs (before and after the
+verify graph: the graphs share one memory pool)."""
 SHAPES = {"EAGLE": (3, 2, 5), "EAGLE3": (3, 2, 5), "STANDALONE": (3, 1, 4)}
 """(steps, topk, draft tokens): STANDALONE as a chain, whose drafts are sampled (`sampled_chain`),
 greedy here."""

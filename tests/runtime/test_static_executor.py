@@ -116,7 +116,7 @@ def test_static_greedy_matches_eager(request, load_pair, pair: str, first: int, 
     calls = engine.rt.runner.graphs.calls
     buckets = {key[-1] for key in calls}
     assert 8 in buckets and 4 in buckets if first == 3 else 8 in buckets, calls  # padded batches ran
-    assert {key[0] for key in calls} == {"draft", "verify", "extend", "ahead_extend", "ahead_draft"}
+    assert {key[0] for key in calls} == {"draft", "verify", "extend", "ahead"}
     ahead = engine.rt.runner.ahead_stats
     # every launch is used or discarded; most iterations (no request finishing) ran ahead
     assert ahead["launched"] == ahead["used"] + ahead["discarded"] and ahead["used"] >= 10, ahead
@@ -213,7 +213,7 @@ def test_greedy_chain_ahead_after_sampled_rows(request, load_pair) -> None:
         runs[executor] = (run.results(engine), run.log)
     assert runs["eager"] == runs["static"]
     ahead = engine.rt.runner.ahead_stats
-    assert ahead["used"] >= 5 and 4 in {k[-1] for k in engine.rt.runner.graphs.calls if k[0] == "ahead_extend"}, ahead
+    assert ahead["used"] >= 5 and 4 in {k[-1] for k in engine.rt.runner.graphs.calls if k[0] == "ahead"}, ahead
 
 
 @pytest.mark.parametrize("pair", ["eagle3", "aligned"])

@@ -27,7 +27,7 @@ from ..verify import stacked_rows
 from .ahead_torch import ahead_extend_in_torch, ahead_extend_out_torch, live_mask, live_or_pad
 from .graphs import copy_all, slice_rows, tensors_in
 
-__all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared"]
+__all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared", "VerifiedRows"]
 
 
 def _ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:
@@ -75,6 +75,14 @@ class HostRows:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+
+class VerifiedRows(NamedTuple):
+    """What the last verify read, kept by its graph for the launched draft-extend (`GraphRunner._verified`)."""
+
+    seq_lens: torch.Tensor  # (max_bs,) lengths before the verify
+    req_pool_indices: torch.Tensor  # (max_bs,) request rows
+    slots: torch.Tensor  # (max_bs, num_draft) target slots of the tree nodes
 
 
 class Prepared(NamedTuple):
@@ -288,12 +296,12 @@ class LaunchAhead:
     def launch_ahead(self) -> torch.Tensor:
         """After the greedy verify of `bs` requests (all going on), queue without a host read:
 
-        1. `ahead_extend`: the verify outputs -> the draft-extend buffers (rows num_steps + 1 per
-           request), the target slot-table commit of the accepted nodes, the draft-extend forward,
-           its draft slot-table commit, and its outputs -> the draft buffers;
-        2. `ahead_draft`: the next draft (multi-step loop, tree), its tree -> the verify buffers,
-           and the staged slots -> the verify buffers;
-        3. the next verify, on the target slots `prepare_ahead` allocated.
+        1. `ahead` (`_ahead_extend_fn`): the verify outputs -> the draft-extend buffers (rows
+           num_steps + 1 per request), the target slot-table commit of the accepted nodes, the
+           draft-extend forward, its draft slot-table commit, and its outputs -> the draft buffers;
+           then (`_ahead_draft_fn`) the next draft (multi-step loop, tree), its tree -> the verify
+           buffers, and the staged slots -> the verify buffers;
+        2. the next verify, on the target slots `prepare_ahead` allocated.
 
         Each is a CUDA graph per bucket (captured on first use) or an eager call ("static"). The
         results wait in `self.ahead` until the phase functions ask for them with the objects they
@@ -310,18 +318,22 @@ class LaunchAhead:
         self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
         tag = "simulated" if sim else "real"
-        # (one graph for both is not idempotent: its capture's warm-up runs would commit the next
-        # verify's slots, which the draft stages into the verify buffers the draft-extend reads)
-        ext = self.graphs.run(("ahead_extend", tag, bucket), lambda: self._ahead_extend_fn(bucket, sim))
-        dft = self.graphs.run(("ahead_draft", bucket), lambda: self._ahead_draft_fn(bucket))
-        ext, dft = slice_rows((ext, dft), bucket, bs)
+        # one graph for the draft-extend and the next draft: it may run again (capture's warm-up
+        # runs), since the draft-extend reads the verify's rows from `_verified`, not from the verify
+        # buffers the draft overwrites with the next verify's
+        ext, dft = self.graphs.run(("ahead", tag, bucket),
+                                   lambda: (self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)))
         if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
             self._after_draft = torch.cuda.Event()
             self._after_draft.record()
+        # cloned before the verify replays: the graphs share one memory pool, and a graph captured
+        # before this one (the verify, once requests joined) may have its intermediates where this
+        # graph keeps its outputs (one copy behind both graphs let the verify overwrite them on the GPU)
+        ext, dft = slice_rows((ext, dft), bucket, bs)
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
         vout = slice_rows(full, bucket, bs)
-        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind it
+        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind the clone
         self.ahead = Launched(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout, self._stacked[:bs]))
         self.ahead_stats["launched"] += 1
         return ext_slots
@@ -406,7 +418,7 @@ class LaunchAhead:
         outputs -> draft buffers. Padded requests (>= `_nlive`) get copy_in's padding. The steps
         around the forward are `kernels.bookkeeping`'s `ahead_extend_in` / `_out` (one launch
         each) or, with `FastOptions.bookkeeping="torch"`, their torch references."""
-        vb, eb, db = self.bufs.verify, self.bufs.extend, self.bufs.draft
+        vb, eb, db = self._verified, self.bufs.extend, self.bufs.draft
         vo = self._vout_full[(bucket, True, sim)]
         nlive = self._nlive_for(bucket)
         t_rt, d_rt = self.rt.target_cache.req_to_token, self.rt.draft_cache.req_to_token
@@ -443,7 +455,7 @@ class LaunchAhead:
             (vb.retrieve_next_sibling[:bucket], live_or_pad(live, out.retrieve_next_sibling, -1)),
             (vb.seq_lens[:bucket], live_or_pad(live, db.seq_lens[:bucket], 0)),
             (vb.req_pool_indices[:bucket], live_or_pad(live, db.req_pool_indices[:bucket], self.pad_row)),
-            (vb.slots[:bucket], self._next_slots[:bucket]),  # ahead_extend has read this verify's
+            (vb.slots[:bucket], self._next_slots[:bucket]),  # (the draft-extend reads `_verified`)
         ]
         if vb.sim_accept is not None:
             copies.append((vb.sim_accept[:bucket], self._next_sim[:bucket]))

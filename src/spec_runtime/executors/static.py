@@ -51,8 +51,8 @@ from ..gpu.models import FastOptions, build_fast_models
 from ..gpu.ops import build_tree_nosync, probs_nosync
 from ..state import RuntimeState
 from ..verify import stacked_rows, verify_core
-from .ahead import LaunchAhead, Launched, Prepared
-from .graphs import GraphSet, buckets_for, head, slice_rows
+from .ahead import LaunchAhead, Launched, Prepared, VerifiedRows
+from .graphs import GraphSet, buckets_for, copy_all, head, slice_rows
 
 __all__ = ["GraphRunner"]
 
@@ -146,11 +146,16 @@ class GraphRunner(LaunchAhead):
         self._nlive = torch.zeros((), **i64)  # live requests of a launch-ahead bucket
         self._ext_slots = torch.zeros(self.max_bs, config.num_steps + 1, **i64)  # its draft-extend slots
         # the next verify's slots (and simulated accepts), staged before the read and moved into the
-        # verify buffers by the ahead_draft graph, once ahead_extend has read this verify's
+        # verify buffers by the launched draft
         self._next_slots = torch.zeros(self.max_bs, config.num_draft_tokens, **i64)
         self._next_sim = torch.ones(self.max_bs, **i64)
         # the verify graph's accepted tokens and counts, stacked for the host's one read (`verify.stacked_rows`)
         self._stacked = torch.zeros(self.max_bs, config.num_steps + 2, **i64)
+        # the rows that verify read (its lengths, request rows, tree slots), kept by the verify graph:
+        # the launched draft-extend reads them there, since the draft launched in the same graph
+        # overwrites the verify buffers with the next verify's (the graph may run again: capture)
+        self._verified = VerifiedRows(torch.zeros(self.max_bs, **i64), torch.zeros(self.max_bs, **i64),
+                                      torch.zeros(self.max_bs, config.num_draft_tokens, **i64))
         # the reserved padding slots as host ints, for the bookkeeping kernels' arguments (read once here)
         self._pad_slots = (int(rt.reserved_slots["target"][0]), int(rt.reserved_slots["draft"][0]))
         self._hidden_expected = []  # (buffer, width-rule stand-in, what is copied into it), for launch-ahead
@@ -303,7 +308,10 @@ class GraphRunner(LaunchAhead):
             hidden_states=None if b.hidden_states is None else b.hidden_states[: bucket * n],
         )
         out = verify_core(self.ops, view)
-        self._stacked[:bucket].copy_(stacked_rows(out.accept_tokens, out.num_correct))
+        v = self._verified
+        copy_all([(self._stacked[:bucket], stacked_rows(out.accept_tokens, out.num_correct)),
+                  (v.seq_lens[:bucket], b.seq_lens[:bucket]), (v.req_pool_indices[:bucket], b.req_pool_indices[:bucket]),
+                  (v.slots[:bucket], b.slots[:bucket])])
         return out
 
     def _extend_fn(self, bucket: int, greedy: bool = True) -> ExtendCoreOut:
