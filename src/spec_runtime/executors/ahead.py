@@ -25,7 +25,7 @@ from ..core_types import DraftCoreOut, ExtendCoreOut, VerifyCoreOut
 from ..executor import StopRead
 from ..verify import stacked_rows
 from .ahead_torch import ahead_extend_in_torch, ahead_extend_out_torch, live_mask, live_or_pad
-from .graphs import copy_all, slice_rows, tensors_in
+from .graphs import copy_all, head_rows, tensors_in
 
 __all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared", "VerifiedRows"]
 
@@ -134,6 +134,7 @@ class LaunchAhead:
             self.cancel_ahead()
             prepared = False
         if not prepared:
+            self._save_verify(out)  # the host path reads it
             return (counts, finished, rows), None
         ext_slots = ext_slots if ext_slots is not None else self.launch_ahead()
         reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
@@ -320,23 +321,41 @@ class LaunchAhead:
         tag = "simulated" if sim else "real"
         # one graph for the draft-extend and the next draft: it may run again (capture's warm-up
         # runs), since the draft-extend reads the verify's rows from `_verified`, not from the verify
-        # buffers the draft overwrites with the next verify's
-        ext, dft = self.graphs.run(("ahead", tag, bucket),
-                                   lambda: (self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)))
+        # buffers the draft overwrites with the next verify's. It keeps its outputs, and the verify's
+        # before it, in `kept` (outside the graphs' shared pool): no clone between the replays.
+        self._unsaved = None  # (this graph saves it)
+        ext, dft = self.graphs.run(("ahead", tag, bucket), lambda: self._ahead_fn(bucket, sim))
         if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
             self._after_draft = torch.cuda.Event()
             self._after_draft.record()
-        # cloned before the verify replays: the graphs share one memory pool, and a graph captured
-        # before this one (the verify, once requests joined) may have its intermediates where this
-        # graph keeps its outputs (one copy behind both graphs let the verify overwrite them on the GPU)
-        ext, dft = slice_rows((ext, dft), bucket, bs)
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
-        vout = slice_rows(full, bucket, bs)
-        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind the clone
-        self.ahead = Launched(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout, self._stacked[:bs]))
+        # where the next ahead graph (or `_save_verify`, if none runs) saves this verify's outputs
+        vout = head_rows(self.kept.keep("verify", full, bucket, copy=False), bucket, bs)
+        self._unsaved = (vout, bucket, sim)
+        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind it
+        self.ahead = Launched(bs, "extend", None, *head_rows((ext, dft), bucket, bs), slots, vout, sim,
+                              self.host_rows(vout, self._stacked[:bs]))
         self.ahead_stats["launched"] += 1
         return ext_slots
+
+    def _ahead_fn(self, bucket: int, sim: bool) -> tuple[ExtendCoreOut, DraftCoreOut]:
+        """The `ahead` graph: save the verify before it (its pool outputs, which the next verify's
+        replay overwrites) in `kept`, then the draft-extend and the next draft, whose outputs it keeps
+        there too. A kept output stays valid until this graph runs again; the launched phases' objects
+        are used before that (the next launch is queued by the verify phase that takes them)."""
+        self.kept.keep("verify", self._vout_full[(bucket, True, sim)], bucket)
+        ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)
+        return self.kept.keep("extend", ext, bucket), self.kept.keep("draft", dft, bucket)
+
+    def _save_verify(self, out: VerifyCoreOut) -> None:
+        """If `out` is the launched verify's (`kept` views no ahead graph has filled yet), copy its
+        graph's outputs there now: the read refused the next launch, and the host path reads them.
+        (The verify graph has not run again since: only the next launch replays it.)"""
+        unsaved, self._unsaved = self._unsaved, None
+        if unsaved is not None and unsaved[0] is out:
+            _, bucket, sim = unsaved
+            self.kept.keep("verify", self._vout_full[(bucket, True, sim)], bucket)
 
     def take_extend(self, inp: Any) -> Optional[ExtendCoreOut]:
         """The launched draft-extend's outputs if `inp` is the input they belong to (else discard)."""
@@ -404,6 +423,7 @@ class LaunchAhead:
         if a is None:
             return
         self.ahead_stats["discarded"] += 1
+        self._unsaved = None
         self.rt.target_cache.free_slots(a.slots, check=False)
 
     def _nlive_for(self, bucket: int) -> Optional[torch.Tensor]:

@@ -52,7 +52,7 @@ from ..gpu.ops import build_tree_nosync, probs_nosync
 from ..state import RuntimeState
 from ..verify import stacked_rows, verify_core
 from .ahead import LaunchAhead, Launched, Prepared, VerifiedRows
-from .graphs import GraphSet, buckets_for, copy_all, head, slice_rows
+from .graphs import GraphSet, Kept, buckets_for, copy_all, head, slice_rows
 
 __all__ = ["GraphRunner"]
 
@@ -107,6 +107,8 @@ class GraphRunner(LaunchAhead):
         if self.before_read_bs > 0 and rt.device.type == "cuda":
             rt.target_cache.track_order = rt.draft_cache.track_order = True
         self._vout_full: dict[tuple, VerifyCoreOut] = {}
+        self.kept = Kept(self.max_bs)  # the launch-ahead graphs' outputs, outside the graphs' pool
+        self._unsaved: Optional[tuple] = None  # the launched verify's kept views, before a graph fills them
         self.linear_log: list = []
         self.setup_seconds = 0.0
 
@@ -343,5 +345,6 @@ class GraphRunner(LaunchAhead):
         """Drop the graphs and buffers (the runner sets up again on next use)."""
         self.discard_ahead()
         self._vout_full.clear()
+        self.kept.clear()
         self.graphs.close()
         self.bufs = None
