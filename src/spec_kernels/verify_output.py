@@ -10,8 +10,9 @@ gather of the accepted rows' captured hidden states; this is one launch with the
 Slots go back onto each pool's free stack in the order `KVCache.free_slots` pushes them (the freed
 list, in flat order, reversed), so later allocations hand out the same slots on both paths.
 
-`stage_slots` is the other half, before verify's read (`executors.ahead.LaunchAhead.prepare_ahead`):
-both pools' allocations for the next launch and their staging rows, one launch instead of nine.
+`stage_slots` is the other half, the first node of the launched `ahead` graph
+(`executors.ahead.LaunchAhead._stage_fn`): both pools' allocations for the next launch and their
+staging rows, from free counts the device keeps (`tops`), so no launch of its own.
 """
 
 from typing import NamedTuple, Optional
@@ -247,61 +248,73 @@ def ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_co
     return out
 
 
-# ---- the next launch's slots, staged before the read --------------------------------------------
+# ---- the next launch's slots, staged by the launched graph itself -------------------------------
 
 
 @triton.jit
-def _take_slots(stack_ptr, used_ptr, out_ptr, stage_ptr, base, count, rows, pad, BLOCK: tl.constexpr):
+def _take_slots(stack_ptr, used_ptr, stage_ptr, base, count, rows, pad, BLOCK: tl.constexpr):
     """As KVCache.alloc_slots: the top `count` entries of a pool's free stack (from `base`), top first,
-    into `out` and marked in use; the staging rows get them, then `pad` up to `rows`."""
+    marked in use, into the staging rows, then `pad` up to `rows`."""
     i = tl.arange(0, BLOCK)
     live = i < count
     s = tl.load(stack_ptr + base + count - 1 - i, mask=live, other=0)
-    tl.store(out_ptr + i, s, mask=live)
     tl.store(used_ptr + s, tl.full([BLOCK], 1, tl.uint8), mask=live)
     tl.store(stage_ptr + i, tl.where(live, s, pad), mask=i < rows)
 
 
-@triton.jit(do_not_specialize=["t_base", "d_base"])  # the pools' stack tops (as `_ahead_output_kernel`'s)
+@triton.jit
 def _stage_slots_kernel(
     t_stack_ptr, t_used_ptr,  # target pool: free stack, in_use uint8 (output)
     d_stack_ptr, d_used_ptr,  # draft pool: free stack, in_use uint8 (output)
-    slots_ptr,  # (bs*N,) int64 the next verify's target slots (output)
-    ext_ptr,  # (bs*W,) int64 the draft-extend's draft slots (output)
-    t_stage_ptr,  # (bucket*N,) int64 their staging rows, padding rows `pad_t` (output)
-    d_stage_ptr,  # (bucket*W,) int64 likewise, padding `pad_d` (output)
-    nlive_ptr,  # () int64 live requests (output)
-    t_base, d_base, bs, bucket, N, W, pad_t, pad_d,
-    BT: tl.constexpr, BD: tl.constexpr,
+    tops_ptr,  # (2, 2) int64: [0] both pools' free counts now, [1] after this iteration (output)
+    nlive_ptr,  # () int64 live requests
+    nc_ptr,  # (>= bucket,) int accepted drafts of the verify before
+    t_stage_ptr,  # (bucket*N,) int64 the next verify's target slots, padding rows `pad_t` (output)
+    d_stage_ptr,  # (bucket*W,) int64 the draft-extend's draft slots, padding `pad_d` (output)
+    bucket, N, W, pad_t, pad_d,
+    BT: tl.constexpr, BD: tl.constexpr, BB: tl.constexpr,
 ):
-    _take_slots(t_stack_ptr, t_used_ptr, slots_ptr, t_stage_ptr, t_base, bs * N, bucket * N, pad_t, BT)
-    _take_slots(d_stack_ptr, d_used_ptr, ext_ptr, d_stage_ptr, d_base, bs * W, bucket * W, pad_d, BD)
-    tl.store(nlive_ptr + tl.arange(0, 1), tl.full([1], 0, tl.int64) + bs)  # (bs may be a constant 1)
+    bs = tl.load(nlive_ptr)
+    t_top = tl.load(tops_ptr)
+    d_top = tl.load(tops_ptr + 1)
+    _take_slots(t_stack_ptr, t_used_ptr, t_stage_ptr, t_top - bs * N, bs * N, bucket * N, pad_t, BT)
+    _take_slots(d_stack_ptr, d_used_ptr, d_stage_ptr, d_top - bs * W, bs * W, bucket * W, pad_d, BD)
+    # `ahead_output` gives back all but the accepted tokens of each pool's allocation: the free
+    # counts once it has (read by the next launch, after the verify graph moves them to row 0)
+    b = tl.arange(0, BB)
+    total = tl.sum(tl.load(nc_ptr + b, mask=b < bs, other=-1).to(tl.int64) + 1, axis=0)
+    tl.store(tops_ptr + 2, t_top - total)
+    tl.store(tops_ptr + 3, d_top - total)
 
 
-def stage_slots(target_pool: tuple[torch.Tensor, torch.Tensor, int], draft_pool: tuple[torch.Tensor, torch.Tensor, int],
-                bs: int, bucket: int, n: int, width: int, t_stage: torch.Tensor, d_stage: torch.Tensor,
-                nlive: torch.Tensor, pads: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference_stage_slots` in one launch: allocate the next verify's `(bs, n)` target slots and the
-    draft-extend's `(bs, width)` draft slots (from each pool's `KVCache.alloc_on_device`), write them into
-    the staging buffers' first `bs` rows (`t_stage` `(>= bucket, n)`, `d_stage` `(>= bucket, width)`),
-    the padding rows up to `bucket` with `pads`, and `bs` into `nlive`. Returns `(slots, ext_slots)`."""
-    require(0 < bs <= bucket <= min(t_stage.shape[0], d_stage.shape[0]),
-            f"stage_slots: bs={bs}, bucket={bucket}, staging rows {t_stage.shape[0]} / {d_stage.shape[0]}")
+def stage_slots(target_pool: tuple[torch.Tensor, torch.Tensor], draft_pool: tuple[torch.Tensor, torch.Tensor],
+                tops: torch.Tensor, nlive: torch.Tensor, num_correct: torch.Tensor, bucket: int, n: int, width: int,
+                t_stage: torch.Tensor, d_stage: torch.Tensor, pads: tuple[int, int]) -> None:
+    """`reference_stage_slots` in one launch that reads no host value that changes between iterations,
+    so a CUDA graph can hold it (the launched `ahead` graph's first node): allocate the next verify's
+    `(nlive, n)` target slots and the draft-extend's `(nlive, width)` draft slots from each pool's
+    `(free stack, in_use)` at the free counts `tops[0]` (target, draft), as `alloc_slots` would, into
+    the staging buffers' first `nlive` rows (`t_stage` `(>= bucket, n)`, `d_stage` `(>= bucket,
+    width)`), the padding rows up to `bucket` with `pads`; and write `tops[1]`: the free counts once
+    `ahead_output` has given back all but the accepted tokens (`sum(num_correct[:nlive] + 1)`) of the
+    verify before. Running it again leaves the same state (it writes no value it reads)."""
     dev = t_stage.device
+    require(0 < bucket <= min(t_stage.shape[0], d_stage.shape[0], num_correct.shape[0]),
+            f"stage_slots: bucket={bucket}, staging rows {t_stage.shape[0]} / {d_stage.shape[0]}, "
+            f"num_correct rows {num_correct.shape[0]}")
     check_tensor("t_stage", t_stage, (torch.int64,), (None, n), dev)
     check_tensor("d_stage", d_stage, (torch.int64,), (None, width), dev)
+    check_tensor("tops", tops, (torch.int64,), (2, 2), dev)
     check_tensor("nlive", nlive, (torch.int64,), (), dev)
-    require(t_stage.is_contiguous() and d_stage.is_contiguous(), "stage_slots: staging buffers must be contiguous")
-    slots = torch.empty(bs, n, dtype=torch.int64, device=dev)
-    ext = torch.empty(bs, width, dtype=torch.int64, device=dev)
-    (t_stack, t_used, t_base), (d_stack, d_used, d_base) = target_pool, draft_pool
+    check_tensor("num_correct", num_correct, INDEX_DTYPES, (None,), dev)
+    require(t_stage.is_contiguous() and d_stage.is_contiguous() and tops.is_contiguous(),
+            "stage_slots: staging buffers and tops must be contiguous")
+    (t_stack, t_used), (d_stack, d_used) = target_pool, draft_pool
     _stage_slots_kernel[(1,)](
-        t_stack, t_used.view(torch.uint8), d_stack, d_used.view(torch.uint8), slots, ext, t_stage, d_stage, nlive,
-        t_base, d_base, bs, bucket, n, width, pads[0], pads[1],
-        BT=next_pow2(bucket * n), BD=next_pow2(bucket * width), num_warps=4,
+        t_stack, t_used.view(torch.uint8), d_stack, d_used.view(torch.uint8), tops, nlive, num_correct,
+        t_stage, d_stage, bucket, n, width, pads[0], pads[1],
+        BT=next_pow2(bucket * n), BD=next_pow2(bucket * width), BB=next_pow2(bucket), num_warps=4,
     )
-    return slots, ext
 
 
 def reference_stage_slots(target_cache, draft_cache, bs: int, bucket: int, n: int, width: int,  # noqa: ANN001

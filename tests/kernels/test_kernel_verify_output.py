@@ -94,22 +94,34 @@ def test_ahead_output_kernel_builds_for_hopper():
 
 @pytest.mark.parametrize("bs,bucket,n,width", [(1, 1, 8, 6), (3, 4, 8, 6), (2, 8, 5, 5), (4, 4, 16, 4)])
 def test_stage_slots_is_the_torch_path(bs, bucket, n, width):
-    """stage_slots == alloc_slots on both pools and the staging rows (padding past bs, rows past the
-    bucket untouched), nlive, and the pools afterwards (free counts, in_use, later allocations)."""
+    """stage_slots, at the free counts the device keeps, == alloc_slots on both pools and the staging
+    rows (padding past nlive, rows past the bucket untouched), and the pools afterwards (free counts,
+    in_use, later allocations); the counts it leaves for the next launch are those once all but the
+    verify's accepted tokens (padding rows' counts ignored) are back. A second run changes nothing."""
     from spec_kernels.verify_output import reference_stage_slots, stage_slots
 
+    num_correct = torch.tensor([2, 0, 4, 1, 3, 0, 1, 2][:bucket], dtype=torch.int32, device=DEVICE)
+    num_correct[bs:] = 9  # padding rows: junk
     results = []
     for kernel in (False, True):
         (tc, dc), _, _ = _pools(bs, n, width)
         t_stage = torch.full((8, n), 77, dtype=torch.int64, device=DEVICE)
         d_stage = torch.full((8, width), 77, dtype=torch.int64, device=DEVICE)
-        nlive = torch.zeros((), dtype=torch.int64, device=DEVICE)
-        args = (bs, bucket, n, width, t_stage, d_stage, nlive, (901, 902))
+        nlive = torch.full((), bs, dtype=torch.int64, device=DEVICE)
+        free = (tc.num_free_slots, dc.num_free_slots)
         if kernel:
-            got = stage_slots(tc.alloc_on_device(bs * n), dc.alloc_on_device(bs * width), *args)
+            tops = torch.tensor([free, [-1, -1]], dtype=torch.int64, device=DEVICE)
+            args = ((tc.alloc_on_device(0)[:2], dc.alloc_on_device(0)[:2], tops, nlive, num_correct, bucket, n, width,
+                     t_stage, d_stage, (901, 902)))
+            for _ in range(2):
+                stage_slots(*args)
+            tc.alloc_on_device(bs * n)
+            dc.alloc_on_device(bs * width)
+            total = int(num_correct[:bs].sum()) + bs
+            assert tops.tolist() == [list(free), [free[0] - total, free[1] - total]]
         else:
-            got = reference_stage_slots(tc, dc, *args)
-        results.append((*got, t_stage, d_stage, nlive, tc.in_use, dc.in_use, tc.num_free_slots, dc.num_free_slots,
+            reference_stage_slots(tc, dc, bs, bucket, n, width, t_stage, d_stage, nlive, (901, 902))
+        results.append((t_stage, d_stage, nlive, tc.in_use, dc.in_use, tc.num_free_slots, dc.num_free_slots,
                         tc.alloc_slots(5), dc.alloc_slots(5)))
     for i, (a, b) in enumerate(zip(*results)):
         assert (a == b) if isinstance(a, int) else (a.dtype == b.dtype and torch.equal(a, b)), i
@@ -118,8 +130,12 @@ def test_stage_slots_is_the_torch_path(bs, bucket, n, width):
 def test_stage_slots_kernel_builds_for_hopper():
     from kernel_helpers import hopper_build
 
-    types = {name: "*i64" for name in ("t_stack_ptr", "d_stack_ptr", "slots_ptr", "ext_ptr", "t_stage_ptr",
-                                       "d_stage_ptr", "nlive_ptr")}
-    types.update(t_used_ptr="*u8", d_used_ptr="*u8")
-    irs = hopper_build("spec_kernels.verify_output", "_stage_slots_kernel", types, [dict(BT=8, BD=8), dict(BT=64, BD=32)])
+    types = {name: "*i64" for name in ("t_stack_ptr", "d_stack_ptr", "tops_ptr", "nlive_ptr", "t_stage_ptr",
+                                       "d_stage_ptr")}
+    types.update(t_used_ptr="*u8", d_used_ptr="*u8", nc_ptr="*i32")
+    irs = hopper_build("spec_kernels.verify_output", "_stage_slots_kernel", types,
+                       [dict(BT=8, BD=8, BB=1), dict(BT=64, BD=32, BB=4)])
     assert all("tt.store" in ir for ir in irs)
+    (ptx,) = hopper_build("spec_kernels.verify_output", "_stage_slots_kernel", types, [dict(BT=64, BD=32, BB=4)],
+                          ptx=True)
+    assert ".entry" in ptx

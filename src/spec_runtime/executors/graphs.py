@@ -234,6 +234,13 @@ class Kept:
             copy_all(pairs)
         return type(out)(**values)
 
+    def keep_tensor(self, name: str, t: torch.Tensor, bucket: int, copy: bool = True) -> torch.Tensor:
+        """`keep` for one tensor of `bucket` requests' rows."""
+        dst = self._buffer(name, "", t, bucket)[: t.shape[0]]
+        if copy:
+            dst.copy_(t)
+        return dst
+
     def _buffer(self, name: str, field: str, like: torch.Tensor, bucket: int) -> torch.Tensor:
         per = like.shape[0] // bucket
         shape = (per * self.max_bs, *like.shape[1:])

@@ -146,6 +146,12 @@ class GraphRunner(LaunchAhead):
         )
         i64 = dict(dtype=torch.int64, device=device)
         self._nlive = torch.zeros((), **i64)  # live requests of a launch-ahead bucket
+        self._nlive_known: Optional[int] = None  # what `_nlive` holds (None: unknown)
+        # both pools' free counts on the device (target, draft): [0] now, [1] once the launched
+        # iteration gave back its unused slots (the ahead graph writes it, the verify graph moves it
+        # to [0]); `_tops_known`: what [0] will hold for the next launch, when the host knows it
+        self._tops = torch.zeros(2, 2, **i64)
+        self._tops_known: Optional[tuple[int, int]] = None
         self._ext_slots = torch.zeros(self.max_bs, config.num_steps + 1, **i64)  # its draft-extend slots
         # the next verify's slots (and simulated accepts), staged before the read and moved into the
         # verify buffers by the launched draft
@@ -313,7 +319,7 @@ class GraphRunner(LaunchAhead):
         v = self._verified
         copy_all([(self._stacked[:bucket], stacked_rows(out.accept_tokens, out.num_correct)),
                   (v.seq_lens[:bucket], b.seq_lens[:bucket]), (v.req_pool_indices[:bucket], b.req_pool_indices[:bucket]),
-                  (v.slots[:bucket], b.slots[:bucket])])
+                  (v.slots[:bucket], b.slots[:bucket]), (self._tops[0], self._tops[1])])
         return out
 
     def _extend_fn(self, bucket: int, greedy: bool = True) -> ExtendCoreOut:
