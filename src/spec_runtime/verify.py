@@ -170,19 +170,9 @@ def _ahead_rows_torch(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, sl
 
 def _ahead_rows_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
                        ext_slots: torch.Tensor, counts_h: list[int]) -> _AheadRows:
-    """`_ahead_rows_torch` in one Triton launch (`spec_kernels.verify_output.ahead_output`, the hidden
-    gather included): the same tensors, the same slots freed in the same order."""
-    from spec_kernels.verify_output import ahead_output
-
-    bs, width = out.accept_index.shape
-    total, flat = sum(counts_h), slots.reshape(-1)
-    tc, dc = rt.target_cache, rt.draft_cache
-    o = ahead_output(out.accept_index, out.accept_tokens, out.num_correct, inp.seq_lens, flat, ext_slots,
-                     rt.spec_config.traits.draft_kv_lead, total, tc.free_on_device(flat.shape[0] - total),
-                     dc.free_on_device(bs * width - total), out.captured)
-    tc.note_op()
-    dc.note_op()
-    return _AheadRows(*o)
+    """`_ahead_rows_torch`'s tensors as the launched graph built them (`spec_kernels.verify_output.
+    ahead_output`, a node of it, which also gave back the slots: `executors.ahead_slots`)."""
+    return _AheadRows(*rt.runner.ahead_rows(out.accept_index.shape[0], sum(counts_h)))
 
 
 def _prepare(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 ITERATIONS = 6
 GRAPH_REPLAYS = 2
 """Graph replays per launched-ahead iteration: the draft-extend with the next draft, the verify."""
-EAGER_LAUNCHES = {"EAGLE": 1, "EAGLE3": 1, "STANDALONE": 1}
+EAGER_LAUNCHES = {"EAGLE": 0, "EAGLE3": 0, "STANDALONE": 0}
 """Kernel launches outside the graphs per iteration: ahead_output (the hidden gather in the same launch).
 The next launch's slots are allocated by the `ahead` graph itself (`stage_slots`, from free counts the
 device keeps), and the launched outputs need no clone: that graph copies its own, and the verify's

@@ -22,6 +22,7 @@ from spec_schema import VerifyInput, VerifyOutput
 from .. import buffers as B
 from ..core_types import DraftCoreOut, ExtendCoreOut, VerifyCoreOut
 from ..executor import StopRead
+from .ahead_slots import AheadSlots
 from .ahead_state import HostRows, Launched, Prepared, VerifiedRows, ahead_allowed
 from .ahead_torch import ahead_extend_in_torch, ahead_extend_out_torch, live_mask, live_or_pad
 from .graphs import copy_all, head_rows, tensors_in
@@ -29,7 +30,7 @@ from .graphs import copy_all, head_rows, tensors_in
 __all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared", "VerifiedRows"]
 
 
-class LaunchAhead:
+class LaunchAhead(AheadSlots):
     """The launch-ahead protocol of `GraphRunner` (see the module docstring)."""
 
     # ---- the verify phase's read, and the launches around it ------------------------------------
@@ -74,8 +75,6 @@ class LaunchAhead:
         reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
         with self.bookkeeping(early, reads) as escape:
             vout = escape(build(ext_slots, counts))
-        if self.backend.bookkeeping == "triton":
-            self.note_built()
         return (counts, finished, rows), vout
 
     # ---- the steps: prepare, launch, settle or revoke, take -----------------------------------------
@@ -178,14 +177,17 @@ class LaunchAhead:
         self.ahead = None  # (launch_ahead moved what was prepared into `_launched`)
         self.ahead_stats["revoked"] += 1
         rt = self.rt
+        if not launched.staged:  # the graph's own slot work (its output overwrote `seq_lens`)
+            self._undo_graph_slots(launched, seq_lens)
         cols = torch.arange(rt.spec_config.num_steps + 1, device=seq_lens.device)
         rows = req_pool_indices.long()[:, None].expand(-1, cols.shape[0]).reshape(-1)
         at = (seq_lens.long()[:, None] + cols).reshape(-1)
         lead = rt.spec_config.traits.draft_kv_lead  # the draft's columns sit `lead` further
         for cache, shift in ((rt.target_cache, 0), (rt.draft_cache, lead)):
             cache.req_to_token.index_put_((rows, at + shift), torch.full_like(at, -1))
-        rt.draft_cache.free_slots(launched.ext_slots, check=False)
-        rt.target_cache.free_slots(launched.slots, check=False)
+        if launched.staged:
+            rt.draft_cache.free_slots(launched.ext_slots, check=False)
+            rt.target_cache.free_slots(launched.slots, check=False)
         if launched.sim_state is not None:
             rt.simulate_accept.set_state(rt.device, launched.sim_state)
 
@@ -256,12 +258,9 @@ class LaunchAhead:
         bs, sim, ext_slots, slots, _, staged = self._prepared
         self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
-        if not staged:  # the graph allocates them: count them out of the pools now
+        if not staged:  # the graph allocates them (the host counts them once the read allows it: `ahead_rows`)
             self._sync_tops()
-            config = self.rt.spec_config
-            self.rt.target_cache.alloc_on_device(bs * config.num_draft_tokens)
-            self.rt.draft_cache.alloc_on_device(bs * (config.num_steps + 1))
-            self._tops_known = None  # until `ahead_output` gives back what the graph counted on
+            self._tops_known = None
         tag = "simulated" if sim else "real"
         # one graph for the draft-extend and the next draft: it may run again (capture's warm-up
         # runs), since the draft-extend reads the verify's rows from `_verified`, not from the verify
@@ -288,14 +287,16 @@ class LaunchAhead:
         return ext_slots
 
     def _ahead_fn(self, bucket: int, sim: bool, staged: bool) -> tuple[ExtendCoreOut, DraftCoreOut]:
-        """The `ahead` graph: allocate this launch's slots (unless `staged`: `_stage_fn`), save the
-        verify before it (its pool outputs and slots, which the next verify's replay overwrites) in
-        `kept`, then the draft-extend and the next draft, whose outputs it keeps there too. A kept
+        """The `ahead` graph: save the verify before it (its pool outputs, slots and lengths, which the
+        next verify's replay overwrites) in `kept`; unless this launch's slots were `staged`, build that
+        verify's output and give back its unused slots (`_output_fn`) and allocate this launch's slots
+        (`_stage_fn`); then the draft-extend and the next draft, whose outputs it keeps too. A kept
         output stays valid until this graph runs again; the launched phases' objects are used
         before that (the next launch is queued by the verify phase that takes them)."""
-        if not staged:
-            self._stage_fn(bucket, sim)
         self._save_verify_fn(bucket, sim)
+        if not staged:
+            self._output_fn(bucket, sim)
+            self._stage_fn(bucket, sim)
         ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)
         return self.kept.keep("extend", ext, bucket), self.kept.keep("draft", dft, bucket)
 
@@ -306,37 +307,6 @@ class LaunchAhead:
         unsaved, self._unsaved = self._unsaved, None
         if unsaved is not None and unsaved[0] is out:
             self._save_verify_fn(*unsaved[1:])
-
-    def _save_verify_fn(self, bucket: int, sim: bool) -> None:
-        self.kept.keep("verify", self._vout_full[(bucket, True, sim)], bucket)
-        self.kept.keep_tensor("verify_slots", self._verified.slots[:bucket], bucket)
-
-    def _stage_fn(self, bucket: int, sim: bool) -> None:
-        """The ahead graph's first node (`bookkeeping="triton"`): `_nlive` requests' slots from both
-        pools into the staging rows, at the free counts the device keeps (`_tops`), which the verify
-        before it left (`spec_kernels.verify_output.stage_slots`)."""
-        from spec_kernels.verify_output import stage_slots
-
-        config, rt = self.rt.spec_config, self.rt
-        stage_slots(rt.target_cache.alloc_on_device(0)[:2], rt.draft_cache.alloc_on_device(0)[:2], self._tops,
-                    self._nlive, self._vout_full[(bucket, True, sim)].num_correct, bucket, config.num_draft_tokens,
-                    config.num_steps + 1, self._next_slots, self._ext_slots, self._pad_slots)
-
-    def _sync_tops(self) -> None:
-        """Before a launch whose graph allocates (`_stage_fn`): unless the device's free counts
-        (`_tops`, both rows) are known to equal the pools' (host) counts, write them. In a steady run
-        they are (the host counts what the graph and `ahead_output` did); the host path's allocations
-        and frees change the pools behind the device's back."""
-        want = (self.rt.target_cache.num_free_slots, self.rt.draft_cache.num_free_slots)
-        if self._tops_known != want:
-            for i, free in enumerate(want):
-                self._tops[:, i].fill_(free)
-            self._tops_known = want
-
-    def note_built(self) -> None:
-        """After `ahead_output` counted its frees back into the pools: the device's free counts, once
-        the launched verify moves them into `_tops[0]`, are the pools' counts."""
-        self._tops_known = (self.rt.target_cache.num_free_slots, self.rt.draft_cache.num_free_slots)
 
     def take_extend(self, inp: Any) -> Optional[ExtendCoreOut]:
         """The launched draft-extend's outputs if `inp` is the input they belong to (else discard)."""

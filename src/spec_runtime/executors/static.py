@@ -152,6 +152,7 @@ class GraphRunner(LaunchAhead):
         # to [0]); `_tops_known`: what [0] will hold for the next launch, when the host knows it
         self._tops = torch.zeros(2, 2, **i64)
         self._tops_known: Optional[tuple[int, int]] = None
+        self._rows = None  # the ahead graph's verify outputs (`ahead_output`), allocated on its first run
         self._ext_slots = torch.zeros(self.max_bs, config.num_steps + 1, **i64)  # its draft-extend slots
         # the next verify's slots (and simulated accepts), staged before the read and moved into the
         # verify buffers by the launched draft
@@ -352,5 +353,6 @@ class GraphRunner(LaunchAhead):
         self.discard_ahead()
         self._vout_full.clear()
         self.kept.clear()
+        self._rows = None
         self.graphs.close()
         self.bufs = None
