@@ -5,9 +5,11 @@ graphs but `ahead_output`. Against eager decoding through joins, finishes by len
 (a launch queued before the read revoked) and by the context limit, with the graphs sharing one
 memory pool emulated (`tests.helpers.emulate_graph_pool`) and every graph function run again
 (`rehearse_graph_functions`): the same tokens, accept lengths and events, both pools whole, no
-slot-table entry left behind."""
+slot-table entry left behind, and after every step each pool's free stack agreeing with its in_use
+and the host's count."""
 
 import pytest
+from kernel_helpers import DEVICE
 from tests.engine_harness import Job, drive
 from tests.helpers import emulate_graph_pool, first_seen_at, rehearse_graph_functions
 
@@ -23,11 +25,20 @@ def _models(tmp_path, algorithm: str):
 
     if algorithm == "STANDALONE":  # a draft that agrees with its target: several tokens an iteration
         target_dir, draft_dir = build_tiny_aligned_pair(tmp_path / "target", tmp_path / "draft")
-        target = load_target(target_dir)
-        return target, load_standalone(draft_dir, target)
+        target = load_target(target_dir, device=DEVICE)
+        return target, load_standalone(draft_dir, target, device=DEVICE)
     target_dir = build_tiny_target(tmp_path / "llama", num_layers=1, seed=3)
-    target = load_target(target_dir)
-    return target, load_eagle3(build_tiny_eagle3(tmp_path / "draft", target_dir), target)
+    target = load_target(target_dir, device=DEVICE)  # (on a GPU machine the kernels are compiled: CUDA tensors)
+    return target, load_eagle3(build_tiny_eagle3(tmp_path / "draft", target_dir), target, device=DEVICE)
+
+
+def _check_pools(rt: Runtime) -> None:
+    """Each pool's free stack and in_use agree (the host's count included): every slot below the
+    count is free and distinct, every other slot is in use."""
+    for cache in (rt.target_cache, rt.draft_cache):
+        free = cache._free_stack[: cache.num_free_slots]
+        assert free.unique().numel() == free.numel() and not bool(cache.in_use[free].any()), "free slots in use"
+        assert int(cache.in_use.sum()) + free.numel() == cache.num_slots, "slots neither free nor in use"
 
 
 def _runtime(target, draft, algorithm: str, executor: str) -> Runtime:
@@ -52,6 +63,8 @@ def test_triton_launch_ahead_matches_eager(tmp_path, monkeypatch, algorithm: str
             Job(tuple(PROMPTS[3]), 12, arrival=3, ignore_eos=True),  # joins mid-run
             Job(tuple(PROMPTS[4]), 7, after_idle=True, ignore_eos=True)]  # joins the idle engine
     (rehearse_graph_functions if emulate == "rehearse" else emulate_graph_pool)(monkeypatch)
+    real_step = SpecEngine.step
+    monkeypatch.setattr(SpecEngine, "step", lambda self: (real_step(self), _check_pools(self.rt))[0])
     runs = {}
     for executor in ("eager", "static"):
         rt = _runtime(target, draft, algorithm, executor)
