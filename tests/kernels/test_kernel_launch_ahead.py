@@ -1,7 +1,7 @@
 """Launch-ahead with the bookkeeping kernels (`FastOptions(bookkeeping="triton")`, the GPU's default):
-the launched `ahead` graph allocates its slots itself, from free counts the device keeps
-(`spec_kernels.verify_output.stage_slots`), so a steady iteration starts no kernel outside its two
-graphs but `ahead_output`. Against eager decoding through joins, finishes by length, by a stop token
+the launched `ahead` graph builds the verify's output, gives back its rejected nodes' slots and
+allocates its own, from free counts the device keeps (`spec_kernels.verify_output.ahead_output`,
+`stage_slots`), so a steady iteration starts no kernel outside its two graphs. Against eager decoding through joins, finishes by length, by a stop token
 (a launch queued before the read revoked) and by the context limit, with the graphs sharing one
 memory pool emulated (`tests.helpers.emulate_graph_pool`) and every graph function run again
 (`rehearse_graph_functions`): the same tokens, accept lengths and events, both pools whole, no

@@ -38,14 +38,15 @@ class LaunchAhead(AheadSlots):
     def read_verify(self, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor, host_rows: Optional["HostRows"],
                     greedy: bool, sim: bool, budget: Sequence[int], room: Optional[Sequence[int]],
                     read: Callable[[Optional["HostRows"]], StopRead],
-                    build: Callable[[torch.Tensor, list[int]], VerifyOutput]) -> tuple[StopRead, Optional[VerifyOutput]]:
+                    build: Callable[[torch.Tensor, list[int], Any], VerifyOutput]) -> tuple[StopRead, Optional[VerifyOutput]]:
         """`Executor.read_verify`: stage a launch before the read (`prepare_ahead`); for small batches
         that nothing but a stop token can stop this iteration, launch before the read
         (`may_launch_before_read`), so that the device goes on while the host reads; read (`read`, the
         one sync); then settle, launch or cancel as the read allows. When launched, the VerifyOutput is
         `build(ext_slots, counts)`, its device work queued beside the launched graphs (`bookkeeping`)."""
         bs = len(inp)
-        side = 0 < bs <= self.before_read_bs  # bookkeeping beside the launched graphs
+        # bookkeeping beside the launched graphs (with bookkeeping="triton" they do it themselves)
+        side = 0 < bs <= self.before_read_bs and self.backend.bookkeeping != "triton"
         with self.bookkeeping(side) as escape:
             prepared = self.prepare_ahead(greedy, room, bs, sim)
             if prepared:
@@ -73,8 +74,10 @@ class LaunchAhead(AheadSlots):
             return (counts, finished, rows), None
         ext_slots = ext_slots if ext_slots is not None else self.launch_ahead()
         reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
+        if self.backend.bookkeeping == "triton":  # the launched graph built the rows: nothing to queue
+            return (counts, finished, rows), build(ext_slots, counts, self.ahead_rows(bs, sum(counts)))
         with self.bookkeeping(early, reads) as escape:
-            vout = escape(build(ext_slots, counts))
+            vout = escape(build(ext_slots, counts, None))
         return (counts, finished, rows), vout
 
     # ---- the steps: prepare, launch, settle or revoke, take -----------------------------------------
@@ -237,18 +240,21 @@ class LaunchAhead(AheadSlots):
     def launch_ahead(self) -> torch.Tensor:
         """After the greedy verify of `bs` requests (all going on), queue without a host read:
 
-        1. `ahead` (`_ahead_extend_fn`): the verify outputs -> the draft-extend buffers (rows
+        1. `ahead` (`_ahead_fn`; with `bookkeeping="triton"` it first builds the verify's output,
+           gives back its rejected nodes' slots and allocates this launch's: `executors.ahead_slots`),
+           then (`_ahead_extend_fn`) the verify outputs -> the draft-extend buffers (rows
            num_steps + 1 per request), the target slot-table commit of the accepted nodes, the
            draft-extend forward, its draft slot-table commit, and its outputs -> the draft buffers;
            then (`_ahead_draft_fn`) the next draft (multi-step loop, tree), its tree -> the verify
            buffers, and the staged slots -> the verify buffers;
-        2. the next verify, on the target slots `prepare_ahead` allocated.
+        2. the next verify, on the target slots `prepare_ahead` (or the `ahead` graph) allocated.
 
         Each is a CUDA graph per bucket (captured on first use) or an eager call ("static"). The
         results wait in `self.ahead` until the phase functions ask for them with the objects they
         belong to (`take_extend`, `take_draft`, `take_verify`); anything else discards them.
-        Returns the `(bs, num_steps + 1)` draft slots allocated for this draft-extend (the caller
-        frees the ones past each request's count)."""
+        Returns the `(bs, num_steps + 1)` draft slots of this draft-extend (torch bookkeeping: the
+        caller frees the ones past each request's count; triton: the first count of each row are
+        the allocated ones, the rest padding)."""
         try:
             self.discard_ahead()
             self._check_hidden_buffers()

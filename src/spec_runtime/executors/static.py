@@ -353,6 +353,6 @@ class GraphRunner(LaunchAhead):
         self.discard_ahead()
         self._vout_full.clear()
         self.kept.clear()
-        self._rows = None
+        self._rows, self._unsaved = None, None
         self.graphs.close()
         self.bufs = None
