@@ -44,7 +44,7 @@ def _check_pools(rt: Runtime) -> None:
 def _runtime(target, draft, algorithm: str, executor: str) -> Runtime:
     fast = {"bookkeeping": "triton", "linear": "torch", "launch_before_read": 8} if executor == "static" else None
     return Runtime.create(target, draft, algorithm, num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
-                          max_context=48, executor=executor, buckets=(1, 2, 4) if executor == "static" else None,
+                          max_context=32, executor=executor, buckets=(1, 2, 4) if executor == "static" else None,
                           seed=3, **({"fast": fast} if fast else {}))
 
 
