@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from spec_schema import SpecContractError, _strict
-from spec_schema.engines import _sglang_check
 from spec_schema.engines import sglang as adapter
 from spec_schema.engines._sglang_runtime import MASK_MODE
 from spec_schema.testing import example_config
@@ -57,13 +56,10 @@ def test_the_overlap_input_is_checked_once_filled(wrapped, monkeypatch):
     wide = copy.copy(live)  # a draft input twice the draft width, relayed and resolved
     wide.hidden_states = torch.cat([live.hidden_states, live.hidden_states], -1)
     fm, sb = _relay(sg, monkeypatch, wide, idx)
+    fm._resolve_spec_extras(sb)  # PROTOTYPE: the relay leaves the check to its consumer, the worker's entry
     with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states.*hidden_draft") as err:
-        fm._resolve_spec_extras(sb)
-    assert err.value.producer == "FutureMap._resolve_spec_extras"
-    _sglang_check.mark_resolved(sb.spec_info)
-    with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states") as err:
-        sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb)  # the worker's entry no longer skips it
-    assert err.value.consumer == "EagleDraftWorker.draft"
+        sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb)
+    assert (err.value.producer, err.value.consumer) == ("FutureMap._resolve_spec_extras", "EagleDraftWorker.draft")
 
 
 def test_a_stash_into_a_buffer_of_another_dtype_is_refused(wrapped, monkeypatch):

@@ -262,7 +262,7 @@ def _takes_and_makes(first: bool) -> Hook:
                 else:
                     del _DEPTH[me]
             made = out[0] if first and isinstance(out, tuple) else out
-            (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
+            made._spec_schema_producer = label  # PROTOTYPE (PRODUCER): checked at its consumer, naming us
             return out
         return method
     return make
