@@ -16,7 +16,8 @@ the median of the rounds' ratios: side-by-side medians from one process, without
 tokens/s counts decoded tokens over decode time (prefill timed apart); `same tokens` is the share of
 each algorithm's tokens equal to plain decode's at the same place (bf16 near-ties may differ: the
 re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md and bench_real.png
-(tokens/s per configuration and batch size) to --out.
+(tokens/s per configuration and batch size) to --out, and on CUDA the process's setup decisions (the
+linears' kernels, timed at setup) to tuning.json: runs in two processes can differ by those choices.
 
 `--profile` (CUDA) adds, per row, what one decode iteration costs in steady state, counted by
 torch.profiler over `--profile-iters` iterations after the timed run (`real_profile.py`): kernels,
@@ -27,6 +28,7 @@ call sites go to profile_sites.json. `--report RUN.json ...` merges runs of one 
 """
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -171,8 +173,29 @@ def same_share(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(x == y for x, y in pairs) / max(1, len(pairs))
 
 
+def parse_tree(text: str) -> tuple[str, int, int, int]:
+    """`ALGORITHM=STEPS/TOPK/TOKENS` (a --trees entry) as its four parts."""
+    alg, _, tree = text.partition("=")
+    parts = tree.split("/")
+    if len(parts) != 3 or not all(x.isdigit() for x in parts):
+        raise ValueError("expected ALGORITHM=STEPS/TOPK/TOKENS, e.g. EAGLE3=6/8/32")
+    return (alg, *(int(x) for x in parts))
+
+
+def spec_setups(args: argparse.Namespace) -> list:
+    """The spec rows: --trees as given, else the demo's trees of --algorithms."""
+    from spec_runtime.demo_real import SETUPS
+
+    by_alg = {s.algorithm: s for s in SETUPS}
+    if args.trees:
+        rows = [dataclasses.replace(by_alg[alg], num_steps=n, topk=k, num_draft_tokens=t)
+                for alg, n, k, t in map(parse_tree, args.trees)]
+        return list(dict.fromkeys(rows))  # a tree given twice runs once
+    return [s for s in SETUPS if s.algorithm in args.algorithms]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from spec_runtime.demo_real import SETUPS, chat_prompts, draft_dirs
+    from spec_runtime.demo_real import chat_prompts, draft_dirs
     from spec_runtime.models.loading import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -190,14 +213,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for bs in args.bs:
         prompts = (all_prompts * bs)[:bs]
         plain_decode(target, prompts, args.new_tokens, device)  # the warm-up run
-        setups = [s for s in SETUPS if s.algorithm in args.algorithms]
-        runs = {s.algorithm: SpecRun(target, s, dirs[s.algorithm], prompts, args.new_tokens, dtype, device, args.fast)
+        setups = spec_setups(args)
+        runs = {s: SpecRun(target, s, dirs[s.algorithm], prompts, args.new_tokens, dtype, device, args.fast)
                 for s in setups}
-        plain_runs, spec_runs = [], {s.algorithm: [] for s in setups}
-        for _ in range(args.rounds):  # plain and each algorithm in turn, round after round
+        plain_runs, spec_runs = [], {s: [] for s in setups}
+        for _ in range(args.rounds):  # plain and each row in turn, round after round
             plain_runs.append(plain_decode(target, prompts, args.new_tokens, device)[:2])
             for s in setups:
-                spec_runs[s.algorithm].append(runs[s.algorithm].timed())
+                spec_runs[s].append(runs[s].timed())
         plain = plain_runs[-1][0]
         base_each = [bs * (args.new_tokens - 1) / seconds for _, seconds in plain_runs]
         prof = None
@@ -209,12 +232,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      "vs_plain": 1.0, "same_tokens": 1.0, "draft": None, "profile": prof, "rounds_tok_s": base_each})
         print(f"[bench_real] bs={bs} plain {rows[-1]['tok_s']:.1f} tok/s (rounds {_fmt(base_each)})", flush=True)
         for s in setups:
-            each = spec_runs[s.algorithm]
+            each = spec_runs[s]
             tok_each = [sum(len(t) - 1 for t in tokens) / seconds for tokens, seconds, _, _ in each]
             tokens, _, accept, iterations = each[-1]
             prof = None
             if args.profile:
-                prof = runs[s.algorithm].profile(args.profile_iters)
+                prof = runs[s].profile(args.profile_iters)
                 prof.update(wall_ms=1e3 * statistics.median(x[1] for x in each) / iterations, iterations=iterations)
             d = dirs[s.algorithm]
             rows.append({"config": f"{s.algorithm} {s.num_steps}/{s.topk}/{s.num_draft_tokens}", "bs": bs,
@@ -296,12 +319,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "vs plain the median of the rounds' ratios")
     p.add_argument("--algorithms", nargs="+", default=["EAGLE3", "EAGLE", "STANDALONE"],
                    help="the spec rows to run (plain decode always runs)")
+    p.add_argument("--trees", nargs="+", default=None, metavar="ALG=S/K/N",
+                   help="the spec rows as algorithm and tree, e.g. EAGLE3=5/4/8 EAGLE3=6/8/32 (replaces --algorithms)")
     p.add_argument("--fast", type=json.loads, default=None, metavar="JSON",
                    help='the spec rows\' FastOptions fields, e.g. \'{"launch_before_read": 4}\' (default: the defaults)')
     p.add_argument("--profile", action="store_true", help="count each row's per-iteration device work (CUDA)")
     p.add_argument("--profile-iters", type=int, default=12, help="steady-state iterations profiled per row")
     p.add_argument("--save-tuning", type=Path, default=None, metavar="FILE",
-                   help="write the linears' setup decisions here (SPEC_TUNING_FILE=FILE loads them in a later run)")
+                   help="write the linears' setup decisions here (default: tuning.json in --out, on CUDA; "
+                        "SPEC_TUNING_FILE=FILE loads them in a later run)")
     p.add_argument("--report", type=Path, nargs="+", default=None, metavar="RUN.json",
                    help="merge these bench_real.json files into --out (median per tree) and run nothing")
     args = p.parse_args(argv)
@@ -312,11 +338,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_args(p, args)
     data = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.save_tuning is not None:
-        from spec_kernels.tuning_file import save_decisions
+    from spec_kernels.tuning_file import save_decisions
 
-        args.save_tuning.parent.mkdir(parents=True, exist_ok=True)
-        save_decisions(args.save_tuning)
+    tuning = args.save_tuning if args.save_tuning is not None else args.out / "tuning.json"
+    tuning.parent.mkdir(parents=True, exist_ok=True)
+    data["meta"]["decisions"] = save_decisions(tuning)  # the setup's kernel choices, to compare runs by
     (args.out / "bench_real.json").write_text(json.dumps(data, indent=2))
     (args.out / "bench_real.md").write_text(markdown(data))
     from real_profile import merge
@@ -333,6 +359,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     unknown = sorted(set(args.algorithms) - {s.algorithm for s in SETUPS})
     if unknown:
         p.error(f"--algorithms {' '.join(unknown)}: not one of {', '.join(s.algorithm for s in SETUPS)}")
+    for text in args.trees or []:
+        check_tree(p, text, {s.algorithm for s in SETUPS})
     if args.fast is not None:
         from spec_runtime.options import FastOptions
 
@@ -348,11 +376,26 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--bs {args.bs}: batch sizes are at least 1")
     if args.profile and not torch.cuda.is_available():
         p.error("--profile counts CUDA work: no CUDA device here")
-    most = max(s.num_steps + 1 for s in SETUPS)  # tokens one iteration may emit
+    most = max(s.num_steps + 1 for s in spec_setups(args))  # tokens one iteration may emit
     if args.profile and not (0 < args.profile_iters and (PROFILE_WARM + args.profile_iters) * most < args.new_tokens):
         p.error(f"--profile-iters {args.profile_iters}: {PROFILE_WARM} warm-up + that many iterations of up to "
                 f"{most} tokens must stay under --new-tokens {args.new_tokens}, so no request finishes inside the "
                 "profiled window")
+
+
+def check_tree(p: argparse.ArgumentParser, text: str, algorithms: set) -> None:
+    """A --trees entry: a known algorithm and a tree SpecConfig's rule accepts."""
+    from spec_schema.config import check_tree_shape
+
+    try:
+        alg, n, k, t = parse_tree(text)
+        if min(n, k) < 1:
+            raise ValueError("steps and topk are at least 1")
+        check_tree_shape(n, k, t)
+    except ValueError as err:
+        p.error(f"--trees {text}: {err}")
+    if alg not in algorithms:
+        p.error(f"--trees {text}: {alg!r} is not one of {', '.join(sorted(algorithms))}")
 
 
 if __name__ == "__main__":

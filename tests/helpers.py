@@ -34,3 +34,113 @@ def rehearse_graph_functions(monkeypatch) -> None:
         return real_run(self, key, fn)
 
     monkeypatch.setattr(GraphSet, "run", rehearsed)
+
+
+def emulate_graph_pool(monkeypatch) -> None:
+    """Give the static executor's `GraphSet` the semantics of CUDA graphs in one shared memory pool,
+    on the CPU, so code that is only wrong on a GPU fails here too:
+
+    - the runners capture on padding before the first step as on CUDA (`GraphRunner._capture_all`,
+      `DecodeRunner.capture`), and a capture
+      runs its function twice (warm-up), once more (the capture: its outputs become the graph's
+      fixed outputs) and once again (the upload replay), each on the live buffers;
+    - a replay runs the function and writes its results into the graph's fixed outputs, so an
+      output kept across the graph's next replay changes as it would on the GPU;
+    - a replay of graph A also overwrites the outputs of every graph captured after A (with NaN, a
+      huge integer or flipped booleans): a later capture may place its outputs in pool memory that
+      A's intermediates use. Only tensors the function allocated are treated so, not views of
+      buffers that outlive it. Code must clone a graph's outputs before an earlier graph replays."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from spec_runtime.executors.decode import DecodeRunner
+    from spec_runtime.executors.graphs import GraphSet, _Graph, tensors_in
+    from spec_runtime.executors.static import GraphRunner
+
+    class Births(TorchDispatchMode):
+        """Storages of the tensors ops allocate (outputs whose storage is none of the op's inputs')."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.born: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {storage(t) for t in tensors_in([list(args), kwargs or {}])}
+            self.born.update(storage(t) for t in tensors_in([out]) if storage(t) not in inputs)
+            return out
+
+    def storage(t: torch.Tensor) -> int:
+        return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
+
+    def poison(t: torch.Tensor) -> None:
+        if t.dtype == torch.bool:
+            t.logical_not_()
+        elif t.is_floating_point():
+            t.fill_(float("nan"))
+        else:
+            t.fill_(torch.iinfo(t.dtype).max // 3)
+
+    def state(self):
+        return self.__dict__.setdefault("_emulated", {"order": [], "owned": {}})
+
+    def replay(self, key, fn):
+        st = state(self)
+        later = st["order"][st["order"].index(key) + 1:]
+        for other in later:  # A's intermediates may lie under the outputs of graphs captured after A
+            for t in st["owned"].get(other, ()):
+                poison(t)
+        fresh = tensors_in([fn()])
+        fixed = tensors_in([self.graphs[key].out])
+        assert len(fresh) == len(fixed), key
+        for f, n in zip(fixed, fresh):
+            if f.data_ptr() != n.data_ptr():
+                f.copy_(n)
+        return self.graphs[key].out
+
+    def capture(self, key, fn, warmup: int = 2):
+        if self.executor != "static" and not getattr(self, "_emulating", False):
+            return real_capture(self, key, fn, warmup)
+        for _ in range(warmup):
+            fn()
+        births = Births()
+        with births:
+            out = fn()
+        st = state(self)
+        st["order"].append(key)
+        st["owned"][key] = [t for t in tensors_in([out]) if storage(t) and storage(t) in births.born]
+        self.graphs[key] = _Graph(None, out)
+        replay(self, key, fn)
+        return self.graphs[key]
+
+    def run(self, key, fn):
+        if self.executor != "static":
+            return real_run(self, key, fn)
+        self.calls[key] += 1
+        if key not in self.graphs:
+            capture(self, key, fn)
+        return replay(self, key, fn)
+
+    def setup(self):
+        done = self.bufs is not None
+        real_setup(self)
+        if not done and self.executor == "static":
+            self._capture_all()
+        return self
+
+    def decode_capture(self, buckets=None):  # plain decode captures on padding before its first step, as on CUDA
+        graphs = self.graphs
+        if graphs.executor != "static":
+            return real_decode_capture(self, buckets)
+        graphs.executor, graphs._emulating = "cuda_graph", True
+        try:
+            return real_decode_capture(self, buckets)
+        finally:
+            graphs.executor, graphs._emulating = "static", False
+
+    real_capture, real_run, real_setup = GraphSet.capture, GraphSet.run, GraphRunner.setup
+    real_decode_capture = DecodeRunner.capture
+    monkeypatch.setattr(GraphSet, "capture", capture)
+    monkeypatch.setattr(GraphSet, "run", run)
+    monkeypatch.setattr(GraphRunner, "setup", setup)
+    monkeypatch.setattr(DecodeRunner, "capture", decode_capture)

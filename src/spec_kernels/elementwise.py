@@ -130,12 +130,24 @@ def trigger_first(rows: int) -> bool:
     return rows <= TRIGGER_FIRST_ROWS
 
 
-def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float, between_gemvs: bool = False):
+def _out(out: "torch.Tensor | None", t: int, h: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The normed rows' tensor: `out` when given (a `(t, h)` view with unit column stride, e.g. one
+    half of a wider buffer; rows at any stride), else a new one."""
+    if out is None:
+        return torch.empty((t, h), dtype=dtype, device=device)
+    if tuple(out.shape) != (t, h) or out.dtype != dtype or out.device != device or out.stride(1) != 1:
+        raise ValueError(f"rmsnorm: out must be ({t}, {h}) {dtype} on {device} with unit column stride, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}, strides {out.stride()}")
+    return out
+
+
+def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float, between_gemvs: bool = False,
+                 out: "torch.Tensor | None" = None):
     if x.dim() != 2 or weight.shape != (x.shape[1],):
         raise ValueError(f"rmsnorm: x must be (T, H) and weight (H,), got {tuple(x.shape)} and {tuple(weight.shape)}")
     t, h = x.shape
     x = _rows(x)
-    out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    out = _out(out, t, h, torch.promote_types(weight.dtype, x.dtype), x.device)
     nparts, s_part = 0, 0
     if isinstance(delta, SplitKParts):
         if delta.dtype != x.dtype or delta.parts.stride(-1) != 1:
@@ -187,12 +199,12 @@ def reference_embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torc
 
 
 def embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  eps: float, out: "torch.Tensor | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(table[ids], rmsnorm(table[ids]))` in one kernel (`reference_embed_rmsnorm`): a forward's
     embedding gather and its first RMSNorm, so the gather is not a launch of its own (torch's
     gather also launches without programmatic dependent launch). The ids are not checked here
     (no sync; `SpecEngine` checks prompts against the vocabulary): an id outside the table reads a
-    zero row."""
+    zero row. `out`: where the normed rows go (as `rmsnorm`'s)."""
     if ids.dim() != 1 or table.dim() != 2 or weight.shape != (table.shape[1],):
         raise ValueError(f"embed_rmsnorm: ids must be (T,), table (V, H) and weight (H,), got "
                          f"{tuple(ids.shape)}, {tuple(table.shape)} and {tuple(weight.shape)}")
@@ -201,7 +213,7 @@ def embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
     ids = ids if ids.stride(0) == 1 else ids.contiguous()  # the kernel reads ids[row] at unit stride
     t, (v, h) = ids.shape[0], table.shape
     x = torch.empty((t, h), dtype=table.dtype, device=table.device)
-    out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, table.dtype), device=table.device)
+    out = _out(out, t, h, torch.promote_types(weight.dtype, table.dtype), table.device)
     if t:
         block = _pow2(h)
         _rmsnorm_kernel[(t,)](
@@ -212,9 +224,10 @@ def embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
     return x, out
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of `(T, H)` rows (`reference_rmsnorm`)."""
-    return _norm_launch(x, None, weight, eps)[1]
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: "torch.Tensor | None" = None) -> torch.Tensor:
+    """RMSNorm of `(T, H)` rows (`reference_rmsnorm`), into `out` when given: a `(T, H)` view with unit
+    column stride, such as one half of a wider buffer (EAGLE-3's layer input, no concatenation)."""
+    return _norm_launch(x, None, weight, eps, out=out)[1]
 
 
 def add_rmsnorm(x: torch.Tensor, delta: "torch.Tensor | SplitKParts", weight: torch.Tensor,

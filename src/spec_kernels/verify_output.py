@@ -5,16 +5,16 @@ its `VerifyOutput` and the `DraftExtendInput` inside it from device counts: the 
 each count, the counts as int32, the new lengths and bonus tokens, the draft-extend's ragged rows
 (tokens, positions, the captured hidden rows to gather), and it returns the unused slots of both
 pools (the target slots of rejected nodes, the draft-extend slots past each count). The torch path
-(`reference_ahead_output`, the verify phase's own code) is about thirty-five small launches; this is
-one, plus the hidden-state gather. Slots go back onto each pool's free stack in the order
-`KVCache.free_slots` pushes them (the freed list, in flat order, reversed), so later allocations
-hand out the same slots on both paths.
+(`reference_ahead_output`, the verify phase's own code) is about thirty-five small launches and a
+gather of the accepted rows' captured hidden states; this is one launch with the gather in it.
+Slots go back onto each pool's free stack in the order `KVCache.free_slots` pushes them (the freed
+list, in flat order, reversed), so later allocations hand out the same slots on both paths.
 
 `stage_slots` is the other half, before verify's read (`executors.ahead.LaunchAhead.prepare_ahead`):
 both pools' allocations for the next launch and their staging rows, one launch instead of nine.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -39,6 +39,7 @@ class AheadOutput(NamedTuple):
     positions: torch.Tensor  # (total,) their draft positions (lead included)
     hidden_rows: torch.Tensor  # (total,) int64 captured rows of the accepted nodes
     finished: torch.Tensor  # (bs,) bool, all False
+    hidden: Optional[torch.Tensor]  # (total, H) the captured hidden rows of the accepted nodes (None: none captured)
 
 
 def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -47,7 +48,8 @@ def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 
 def reference_ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_correct: torch.Tensor,
-                           seq_lens: torch.Tensor, lead: int, total: int) -> AheadOutput:
+                           seq_lens: torch.Tensor, lead: int, total: int,
+                           captured: Optional[torch.Tensor] = None) -> AheadOutput:
     """Torch reference of `ahead_output`'s outputs (the frees: `reference_frees`)."""
     bs, width = accept_index.shape
     device = accept_index.device
@@ -59,10 +61,12 @@ def reference_ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tens
     req = torch.arange(bs, device=device)[:, None].expand(bs, width)[kept]
     j = cols[None, :].expand(bs, width)[kept]
     require(req.shape[0] == total, f"sum of the counts is {req.shape[0]}, not total={total}")
+    rows = index[req, j].long()
     return AheadOutput(index, tokens, num_accept.to(torch.int32), (num_accept - 1).to(torch.int32),
                        seq_lens + num_accept, tokens.gather(1, (num_accept - 1)[:, None]).squeeze(1),
-                       tokens[req, j], seq_lens[req] + j + lead, index[req, j].long(),
-                       torch.zeros(bs, dtype=torch.bool, device=device))
+                       tokens[req, j], seq_lens[req] + j + lead, rows,
+                       torch.zeros(bs, dtype=torch.bool, device=device),
+                       None if captured is None else captured.index_select(0, rows))
 
 
 def reference_frees(slots: torch.Tensor, ext_slots: torch.Tensor, out: AheadOutput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,9 +80,9 @@ def reference_frees(slots: torch.Tensor, ext_slots: torch.Tensor, out: AheadOutp
     return slots[~used], ext_slots[dead]
 
 
-# The pools' stack tops and free counts change every iteration: specialized (Triton's == 1 and % 16
-# variants), each new combination would compile in the middle of decoding.
-@triton.jit(do_not_specialize=["t_top", "t_n", "d_top", "d_n"])
+# The pools' stack tops and free counts and the accepted total change every iteration: specialized
+# (Triton's == 1 and % 16 variants), each new combination would compile in the middle of decoding.
+@triton.jit(do_not_specialize=["t_top", "t_n", "d_top", "d_n", "total"])
 def _ahead_output_kernel(
     acc_ptr,  # (bs, W) int accepted global rows (verify core), -1 padded
     tok_ptr,  # (bs, W) int accepted tokens
@@ -92,14 +96,61 @@ def _ahead_output_kernel(
     o_ids_ptr, o_pos_ptr, o_rows_ptr,  # (total,) draft-extend rows (output)
     t_stack_ptr, t_used_ptr,  # target pool: free stack, in_use uint8 (output)
     d_stack_ptr, d_used_ptr,  # draft pool: free stack, in_use uint8 (output)
-    bs, W, N, lead, t_top, t_n, d_top, d_n,
-    BB: tl.constexpr, BW: tl.constexpr, BN: tl.constexpr,
+    cap_ptr, o_hid_ptr,  # (rows, H) captured hidden states, (total, H) the accepted rows' (output; GATHER)
+    bs, W, N, lead, t_top, t_n, d_top, d_n, total, H, cap_stride,
+    BB: tl.constexpr, BW: tl.constexpr, BN: tl.constexpr, GATHER: tl.constexpr, BR: tl.constexpr,
+    BH: tl.constexpr,
 ):
+    """Program 0: the rows, counts and frees. Programs 1...: the hidden gather, a tile of BR packed
+    rows by BH columns each (GATHER)."""
+    if tl.program_id(0) == 0:
+        _ahead_rows(acc_ptr, tok_ptr, nc_ptr, seq_ptr, slots_ptr, ext_ptr, o_acc_ptr, o_tok_ptr, o_na_ptr,
+                    o_nc_ptr, o_seq_ptr, o_bonus_ptr, o_fin_ptr, o_ids_ptr, o_pos_ptr, o_rows_ptr, t_stack_ptr,
+                    t_used_ptr, d_stack_ptr, d_used_ptr, bs, W, N, lead, t_top, t_n, d_top, d_n, BB, BW, BN)
+    elif GATHER:
+        _gather_hidden(acc_ptr, nc_ptr, cap_ptr, o_hid_ptr, bs, W, total, H, cap_stride, tl.program_id(0) - 1,
+                       BB, BR, BH)
+
+
+@triton.jit
+def _gather_hidden(acc_ptr, nc_ptr, cap_ptr, o_hid_ptr, bs, W, total, H, cap_stride, tile,
+                   BB: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+    """Tile `tile` of the accepted rows' hidden states: packed row r (request-major, as the
+    draft-extend's rows) is request b's accepted node j, r = start(b) + j."""
+    nh = tl.cdiv(H, BH)
+    r = (tile // nh) * BR + tl.arange(0, BR)
+    h = (tile % nh) * BH + tl.arange(0, BH)
+    b = tl.arange(0, BB)
+    na, start = _counts_starts(nc_ptr, bs, BB)
+    req = tl.sum(((start + na)[None, :] <= r[:, None]).to(tl.int64), axis=1)  # requests wholly before r
+    first = tl.sum(tl.where(b[None, :] == req[:, None], start[None, :], 0), axis=1)
+    mr = r < total
+    src = tl.load(acc_ptr + req * W + (r - first), mask=mr, other=0).to(tl.int64)
+    m = mr[:, None] & (h[None, :] < H)
+    vals = tl.load(cap_ptr + src[:, None] * cap_stride + h[None, :], mask=m)
+    tl.store(o_hid_ptr + r[:, None].to(tl.int64) * H + h[None, :], vals, mask=m)
+
+
+@triton.jit
+def _counts_starts(nc_ptr, bs, BB: tl.constexpr):
+    """`(BB,)` int64 tokens accepted per request (bonus included; 0 past `bs`) and each request's first
+    packed row (the sum of the counts before it): the draft-extend's ragged layout."""
+    b = tl.arange(0, BB)
+    na = tl.load(nc_ptr + b, mask=b < bs, other=-1).to(tl.int64) + 1
+    return na, tl.cumsum(na, axis=0) - na
+
+
+@triton.jit
+def _ahead_rows(acc_ptr, tok_ptr, nc_ptr, seq_ptr, slots_ptr, ext_ptr, o_acc_ptr, o_tok_ptr, o_na_ptr, o_nc_ptr,
+                o_seq_ptr, o_bonus_ptr, o_fin_ptr, o_ids_ptr, o_pos_ptr, o_rows_ptr, t_stack_ptr, t_used_ptr,
+                d_stack_ptr, d_used_ptr, bs, W, N, lead, t_top, t_n, d_top, d_n,
+                BB: tl.constexpr, BW: tl.constexpr, BN: tl.constexpr):
+    """Program 0's work: the cut rows, counts, lengths, bonus tokens, draft-extend rows, both frees."""
     b = tl.arange(0, BB)
     w = tl.arange(0, BW)
     mb = b < bs
     cell = mb[:, None] & (w[None, :] < W)
-    na = tl.load(nc_ptr + b, mask=mb, other=-1).to(tl.int64) + 1
+    na, start = _counts_starts(nc_ptr, bs, BB)
     seq = tl.load(seq_ptr + b, mask=mb, other=0).to(tl.int64)
     kept = cell & (w[None, :] < na[:, None])
     off2 = b[:, None] * W + w[None, :]
@@ -114,7 +165,6 @@ def _ahead_output_kernel(
     tl.store(o_bonus_ptr + b, bonus.to(o_bonus_ptr.dtype.element_ty), mask=mb)
     tl.store(o_fin_ptr + b, tl.zeros([BB], tl.uint8), mask=mb)
     # the draft-extend's ragged rows: request b's start is the sum of the counts before it
-    start = tl.cumsum(tl.where(mb, na, 0), axis=0) - tl.where(mb, na, 0)
     dst = start[:, None] + w[None, :]
     tl.store(o_ids_ptr + dst, tok.to(o_ids_ptr.dtype.element_ty), mask=kept)
     tl.store(o_pos_ptr + dst, (seq[:, None] + w[None, :] + lead).to(o_pos_ptr.dtype.element_ty), mask=kept)
@@ -142,7 +192,7 @@ def _ahead_output_kernel(
 def ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_correct: torch.Tensor,
                  seq_lens: torch.Tensor, slots: torch.Tensor, ext_slots: torch.Tensor, lead: int, total: int,
                  target_pool: tuple[torch.Tensor, torch.Tensor, int], draft_pool: tuple[torch.Tensor, torch.Tensor, int],
-                 ) -> AheadOutput:
+                 captured: Optional[torch.Tensor] = None) -> AheadOutput:
     """`reference_ahead_output` and the two frees in one launch.
 
     Args:
@@ -152,6 +202,8 @@ def ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_co
         lead: the draft's KV lead; total: the host's sum of the counts (`sum(num_correct + 1)`).
         target_pool, draft_pool: `(free stack, in_use, top)` of each pool (`KVCache.free_on_device`,
             called with `bs*n - total` and `bs*W - total` slots).
+        captured: `(rows, H)` the verify's captured hidden states (rows indexed by `accept_index`), whose
+            accepted rows are gathered into `hidden` by the same launch; None: no hidden output.
     """
     require(accept_index.dim() == 2, f"accept_index must be (bs, W), got shape {tuple(accept_index.shape)}")
     bs, width = accept_index.shape
@@ -172,15 +224,25 @@ def ahead_output(accept_index: torch.Tensor, accept_tokens: torch.Tensor, num_co
                       e(bs, dtype=torch.promote_types(seq_lens.dtype, torch.int64), device=dev),
                       e(bs, dtype=accept_tokens.dtype, device=dev), e(total, dtype=accept_tokens.dtype, device=dev),
                       e(total, dtype=torch.promote_types(seq_lens.dtype, torch.int64), device=dev),
-                      e(total, dtype=torch.int64, device=dev), e(bs, dtype=torch.bool, device=dev))
+                      e(total, dtype=torch.int64, device=dev), e(bs, dtype=torch.bool, device=dev),
+                      None if captured is None else e(total, captured.shape[1], dtype=captured.dtype, device=dev))
     (t_stack, t_used, t_top), (d_stack, d_used, d_top) = target_pool, draft_pool
-    _ahead_output_kernel[(1,)](
+    h = 0 if captured is None else captured.shape[1]
+    if captured is not None:
+        require(captured.dim() == 2 and captured.stride(1) == 1 and captured.device == dev,
+                f"captured must be (rows, H) with unit column stride on {dev}, got shape {tuple(captured.shape)}")
+    br, bh = 8, min(256, next_pow2(max(h, 1)))
+    tiles = 0 if captured is None else triton.cdiv(total, br) * triton.cdiv(h, bh)
+    _ahead_output_kernel[(1 + tiles,)](
         accept_index.contiguous(), accept_tokens.contiguous(), num_correct.contiguous(), seq_lens.contiguous(),
         slots.contiguous(), ext_slots.contiguous(), out.accept_index, out.accept_tokens, out.num_accept,
         out.num_correct, out.seq_lens, out.bonus, out.finished.view(torch.uint8), out.input_ids, out.positions,
         out.hidden_rows, t_stack, t_used.view(torch.uint8), d_stack, d_used.view(torch.uint8),
-        bs, width, n, lead, t_top, bs * n - total, d_top, bs * width - total,
-        BB=next_pow2(bs), BW=next_pow2(width), BN=next_pow2(n), num_warps=4,
+        out.hidden_rows if captured is None else captured, out.hidden_rows if captured is None else out.hidden,
+        bs, width, n, lead, t_top, bs * n - total, d_top, bs * width - total, total, h,
+        0 if captured is None else captured.stride(0),
+        BB=next_pow2(bs), BW=next_pow2(width), BN=next_pow2(n), GATHER=captured is not None, BR=br, BH=bh,
+        num_warps=4,
     )
     return out
 

@@ -13,7 +13,43 @@ import torch
 
 from spec_runtime.kv_cache import KVCache
 
-__all__ = ["AttentionFn", "AttnBatch", "torch_attention"]
+__all__ = ["AttentionFn", "AttnBatch", "const_arange", "const_causal", "torch_attention"]
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+"""Index tensors that depend only on sizes, by (what, sizes, device): `const_arange`, `const_causal`."""
+
+
+def _constant(key: tuple, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`make()` on `device`, made once and kept (read-only), so that a CUDA graph that uses it reads it
+    instead of computing it at every replay. Never kept when first asked for while a graph is being
+    captured (it would live in the graph's memory pool, which other graphs' replays may overwrite):
+    the captures' warm-up runs ask first."""
+    key = (*key, str(device))
+    t = _CONSTANTS.get(key)
+    if t is None:
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable outside inference mode too
+            t = make()
+        if not _capturing(device):
+            _CONSTANTS[key] = t
+    return t
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on `device`'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def const_arange(n: int, step: int, device: torch.device) -> torch.Tensor:
+    """`torch.arange(n, dtype=torch.int64) * step` on `device`, kept (`_constant`): two kernels fewer
+    at every replay of a graph that needs it (batch offsets, `qo_indptr`). Read-only."""
+    return _constant(("arange", n, step), torch.device(device),
+                     lambda: torch.arange(n, dtype=torch.int64, device=device) * step)
+
+
+def const_causal(n: int, device: torch.device) -> torch.Tensor:
+    """`(n, n)` bool, `[j, i]` = i <= j (row j sees columns 0..j), kept (`_constant`). Read-only."""
+    return _constant(("causal", n), torch.device(device),
+                     lambda: torch.arange(n, device=device)[None, :] <= torch.arange(n, device=device)[:, None])
 
 
 def ragged_rows(counts: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +127,7 @@ class AttnBatch:
         if tuple(tree_mask.shape) != (bs, n, n):
             raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected {(bs, n, n)}")
         extra = torch.where(tree_mask, out_slots[:, None, :].expand(bs, n, n), -1)
-        qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=out_slots.device) * n
+        qo_indptr = const_arange(bs + 1, n, out_slots.device)
         return cls(req_pool_indices, seq_lens.to(torch.int64), qo_indptr,
                    out_slots.reshape(bs * n), extra.reshape(bs * n, n))
 
@@ -102,7 +138,7 @@ class AttnBatch:
         `branch_slots[b, k, :]` (`(bs, topk, s+1)`: ancestors' slots, then its own slot last,
         which is also where it stores its K/V; -1 entries are ignored)."""
         bs, topk, width = branch_slots.shape
-        qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=branch_slots.device) * topk
+        qo_indptr = const_arange(bs + 1, topk, branch_slots.device)
         extra = branch_slots.reshape(bs * topk, width)
         return cls(req_pool_indices, seq_lens.to(torch.int64), qo_indptr, extra[:, -1].clone(), extra)
 

@@ -19,7 +19,7 @@ import torch
 
 from spec_schema import DraftInput, VerifyInput, boundary
 
-from .attention import AttnBatch
+from .attention import AttnBatch, const_arange
 from .core_types import CoreOps, DraftCoreIn, DraftCoreOut, fields_of
 from .sampling import sample_from_probs, softmax_topk
 from .state import BatchSampling, RuntimeState
@@ -79,7 +79,7 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     for step in range(1, steps):
         branch_slots = torch.cat([history, c.temp_slots[:, :, step - 1 : step]], dim=2)
         h = _draft_forward(ops, c, tokens, hidden, branch_slots, step)
-        logits = logits_into(ops.draft.compute_logits(h), c.draft_logits)
+        logits = draft_logits(ops, h, c.draft_logits, raw_logits(ops, sampled, c.greedy))
         uniform = None if c.uniforms is None else c.uniforms[step - 1]
         p, ids, full = _propose(ops, logits, k, sampled, c, uniform)
         scores, tokens, parent, record = select_frontier(step, scores, p.view(bs, k, k), ids.view(bs, k, k))
@@ -104,20 +104,34 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     front = f.frontier_step(0, steps, records, c.topk_p, c.topk_index, c.temp_slots, draft_lens)
     hidden = None if c.hidden_states is None else c.hidden_states[:, None].expand(bs, k, -1)
     prefix = draft_lens.to(torch.int64)
-    qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=dev) * k
+    qo_indptr = const_arange(bs + 1, k, dev)
     d2t = ops.draft.d2t  # the fast drafts' to_target_ids as a table (None: the same vocabulary)
     for step in range(1, steps):
         attn = AttnBatch(c.req_pool_indices, prefix, qo_indptr, front.out_slots, front.branch_slots.view(bs * k, step))
         hidden_in = None if hidden is None else hidden.reshape(bs * k, -1)
         h = ops.draft.forward(front.tokens.reshape(-1), hidden_in, front.positions, attn, ops.draft_cache,
                               from_target=False)
-        logits = logits_into(ops.draft.compute_logits(h), c.draft_logits)
+        logits = draft_logits(ops, h, c.draft_logits, raw_logits(ops, False, c.greedy))
         p, ids = (ops.softmax_topk or softmax_topk)(logits, k)
         front = f.frontier_step(step, steps, records, p, ids, c.temp_slots, draft_lens, front.scores,
                                 front.branch_slots, d2t)
         if hidden is not None and front.parent is not None:
             hidden = gather_branches(h.view(bs, k, -1), front.parent)
     return _layout(ops, c, *f.organize_records(records, ops.config.num_draft_tokens), [])
+
+
+def raw_logits(ops: CoreOps, sampled: bool, greedy: bool) -> bool:
+    """Whether the draft's logits may stay in the model's dtype: the Triton top-k (`ops.softmax_topk`)
+    reads any float dtype and computes in float32, and an argmax (a greedy sampled chain's proposal)
+    picks the same index, as each float32 logit is its bf16/fp16 value exactly; a sampled batch's
+    distributions and the torch top-k take float32."""
+    return (sampled and greedy) or (not sampled and ops.softmax_topk is not None)
+
+
+def draft_logits(ops: CoreOps, h: torch.Tensor, out: Optional[torch.Tensor], raw: bool) -> torch.Tensor:
+    """The draft's logits at `h`: in the model's dtype when `raw` (no float32 copy, no scratch copy:
+    two kernels fewer per draft step on the GPU), else float32 landed in `out` (`logits_into`)."""
+    return ops.draft.logits(h) if raw else logits_into(ops.draft.compute_logits(h), out)
 
 
 def logits_into(logits: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:

@@ -16,9 +16,9 @@ import torch
 
 from spec_schema import DraftExtendInput, DraftInput, boundary
 
-from .attention import AttnBatch
+from .attention import AttnBatch, const_arange, const_causal
 from .core_types import CoreOps, ExtendCoreIn, ExtendCoreOut, fields_of
-from .draft import _propose, logits_into
+from .draft import _propose, draft_logits, raw_logits
 from .sampling import probs_from_logits_batched, sample_from_probs
 from .state import BatchSampling, RuntimeState
 
@@ -72,10 +72,10 @@ def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:
         last_rows = torch.cumsum(counts, 0) - 1
     else:
         attn = extend_fixed_stride(c.req_pool_indices, prefix, counts, c.out_slots, c.stride)
-        last_rows = torch.arange(counts.shape[0], device=counts.device) * c.stride + counts - 1
+        last_rows = const_arange(counts.shape[0], c.stride, counts.device) + (counts - 1)
     h = ops.draft.forward(c.input_ids, c.hidden_states, c.positions, attn, ops.draft_cache, from_target=True)
     last = h[last_rows]
-    logits = logits_into(ops.draft.compute_logits(last), c.draft_logits)
+    logits = draft_logits(ops, last, c.draft_logits, raw_logits(ops, c.sampled, c.greedy))
     topk_p, topk_index, full = _propose(ops, logits, ops.config.topk, c.sampled, c, c.uniform)
     keep_hidden = ops.config.traits.draft_reads_hidden
     return ExtendCoreOut(topk_p, topk_index, last if keep_hidden else None, full)
@@ -87,13 +87,13 @@ def extend_fixed_stride(req_pool_indices: torch.Tensor, prefix_lens: torch.Tenso
     request r sees the prefix and rows 0..j of r when j < counts[r]; rows at or beyond the count see
     only the prefix (their outputs are ignored). `out_slots` `(bs * stride,)`."""
     bs = req_pool_indices.shape[0]
-    local = torch.arange(stride, device=out_slots.device)
-    causal = local[None, :] <= local[:, None]  # (stride, stride): [row j, column i] i <= j
+    local = const_arange(stride, 1, out_slots.device)
+    causal = const_causal(stride, out_slots.device)  # (stride, stride): [row j, column i] i <= j
     live = local[None, :] < counts[:, None]  # (bs, stride)
     visible = causal[None] & live[:, :, None]
     by_req = out_slots.view(bs, 1, stride).expand(bs, stride, stride)
     extra = torch.where(visible, by_req, -1).reshape(bs * stride, stride)
-    qo_indptr = torch.arange(bs + 1, dtype=torch.int64, device=out_slots.device) * stride
+    qo_indptr = const_arange(bs + 1, stride, out_slots.device)
     return AttnBatch(req_pool_indices, prefix_lens.to(torch.int64), qo_indptr, out_slots, extra)
 
 

@@ -110,9 +110,8 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
         rows = _ahead_rows_kernel(rt, inp, out, slots, ext_slots, counts_h)
     else:
         rows = _ahead_rows_torch(rt, inp, out, slots, ext_slots, counts_h)
-    hidden = None
-    if out.captured is not None:
-        hidden = out.captured.index_select(0, rows.hidden_rows)
+    hidden = rows.hidden
+    if hidden is not None:
         rt.counters.add_hidden(hidden, copied=True)
     extend = DraftExtendInput(
         hidden_states=hidden, input_ids=rows.input_ids, positions=rows.positions, num_correct_drafts=rows.num_correct,
@@ -138,6 +137,7 @@ class _AheadRows(NamedTuple):
     positions: torch.Tensor
     hidden_rows: torch.Tensor
     finished: torch.Tensor
+    hidden: Optional[torch.Tensor]  # the accepted rows' captured hidden states (None: none captured)
 
 
 def _ahead_rows_torch(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
@@ -160,16 +160,18 @@ def _ahead_rows_torch(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, sl
     order = torch.sort(dead, stable=True, descending=True).indices
     rt.draft_cache.free_slots(ext_slots.reshape(-1)[order[: bs * width - total]], check=False)
     req, j = ragged_rows(num_accept, total)
+    hidden_rows = accept_index[req, j]
     return _AheadRows(accept_index, accept_tokens, num_accept.to(torch.int32), (num_accept - 1).to(torch.int32),
                       inp.seq_lens + num_accept, accept_tokens.gather(1, (num_accept - 1)[:, None]).squeeze(1),
                       accept_tokens[req, j], inp.seq_lens[req] + j + rt.spec_config.traits.draft_kv_lead,
-                      accept_index[req, j], torch.zeros(bs, dtype=torch.bool, device=device))
+                      hidden_rows, torch.zeros(bs, dtype=torch.bool, device=device),
+                      None if out.captured is None else out.captured.index_select(0, hidden_rows))
 
 
 def _ahead_rows_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
                        ext_slots: torch.Tensor, counts_h: list[int]) -> _AheadRows:
-    """`_ahead_rows_torch` in one Triton launch (`spec_kernels.verify_output.ahead_output`): the same
-    tensors, the same slots freed in the same order."""
+    """`_ahead_rows_torch` in one Triton launch (`spec_kernels.verify_output.ahead_output`, the hidden
+    gather included): the same tensors, the same slots freed in the same order."""
     from spec_kernels.verify_output import ahead_output
 
     bs, width = out.accept_index.shape
@@ -177,7 +179,7 @@ def _ahead_rows_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, s
     tc, dc = rt.target_cache, rt.draft_cache
     o = ahead_output(out.accept_index, out.accept_tokens, out.num_correct, inp.seq_lens, flat, ext_slots,
                      rt.spec_config.traits.draft_kv_lead, total, tc.free_on_device(flat.shape[0] - total),
-                     dc.free_on_device(bs * width - total))
+                     dc.free_on_device(bs * width - total), out.captured)
     tc.note_op()
     dc.note_op()
     return _AheadRows(*o)

@@ -243,6 +243,23 @@ def max_tree_nodes(num_steps: int, topk: int) -> int:
     return 1 + topk + (num_steps - 1) * topk * topk
 
 
+def check_tree_shape(num_steps: int, topk: int, num_draft_tokens: int) -> None:
+    """Raise ValueError unless the three numbers make a draft tree (SpecConfig's tree rule)."""
+    n, k, s = num_draft_tokens, topk, num_steps
+    if n < 2:
+        raise ValueError(f"num_draft_tokens must be >= 2 (the root and one draft), got {n}")
+    if k == 1 and n != s + 1:
+        raise ValueError(
+            f"topk 1 means a chain of num_steps + 1 = {s + 1} tokens, but num_draft_tokens is {n}"
+        )
+    limit = max_tree_nodes(s, k)
+    if n > limit:
+        raise ValueError(
+            f"num_draft_tokens {n} exceeds the largest tree for num_steps {s} and topk {k}: "
+            f"1 + topk + (num_steps - 1) * topk^2 = {limit}"
+        )
+
+
 class SpecConfig(BaseModel):
     """A speculative-decoding setup: the algorithm, both models' dims and the tree shape.
 
@@ -269,19 +286,7 @@ class SpecConfig(BaseModel):
         return self
 
     def _check_tree(self) -> None:
-        n, k, s = self.num_draft_tokens, self.topk, self.num_steps
-        if n < 2:
-            raise ValueError(f"num_draft_tokens must be >= 2 (the root and one draft), got {n}")
-        if k == 1 and n != s + 1:
-            raise ValueError(
-                f"topk 1 means a chain of num_steps + 1 = {s + 1} tokens, but num_draft_tokens is {n}"
-            )
-        limit = max_tree_nodes(s, k)
-        if n > limit:
-            raise ValueError(
-                f"num_draft_tokens {n} exceeds the largest tree for num_steps {s} and topk {k}: "
-                f"1 + topk + (num_steps - 1) * topk^2 = {limit}"
-            )
+        check_tree_shape(self.num_steps, self.topk, self.num_draft_tokens)
 
     def _check_vocab(self) -> None:
         t, d = self.target.vocab_size, self.draft.vocab_size

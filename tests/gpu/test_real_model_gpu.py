@@ -93,3 +93,20 @@ def test_real_model_bf16_rescoring(real) -> None:
         print(setup.algorithm, "bf16 re-scoring: mismatches", bad, "near-ties", ties,
               "of", sum(len(o) for o, _ in outs))
         assert bad == 0, (setup.algorithm, scores)
+
+
+def test_real_model_plain_decode_bf16_rescoring(real, monkeypatch) -> None:
+    """The benchmark's plain row (`bench_real.plain_decode`: the DecodeRunner's CUDA graphs of eight
+    steps, bf16) emits the target's argmax at every position too, near-ties excepted: the baseline
+    the spec rows' `same tokens` and ratios compare with."""
+    from spec_runtime.models.loading import load_target
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import bench_real
+
+    tdir, prompts, _ = real
+    target = load_target(tdir, torch.bfloat16, "cuda")
+    outs, _, _ = bench_real.plain_decode(target, prompts[:4], NEW_TOKENS, "cuda")
+    scores = [_rescore(target, p, o) for p, o in zip(prompts, outs)]
+    print("plain decode bf16 re-scoring:", scores)
+    assert sum(s[0] for s in scores) == 0, scores

@@ -107,3 +107,56 @@ def test_fast_forward_marks_only_the_layer_norms_between_gemvs(tmp_path, monkeyp
     # per layer: post-attention (between), then the next layer's input norm (between); the final norm not
     assert calls == [(3, True)] * (2 * model.num_layers - 1) + [(3, False)]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eagle3_input_in_two_launches_same_bits(tmp_path, dtype):
+    """EAGLE-3's layer input `cat([norm(embed(ids)), norm(h)])` with the Triton kernels: the gather
+    with its norm and the hidden's norm each write their half of one buffer (two launches, where the
+    fast ops ran a gather, two norm kernels and a concatenation), bit for bit what those gave, close
+    to the torch steps; and the head's fast forward equals its reference forward. A wrong `out` is
+    refused in one line."""
+    from spec_runtime.attention import AttnBatch
+    from spec_runtime.gpu.models import FastBackend, FastModel, FastOps, FastOptions
+    from spec_runtime.kv_cache import KVCache
+    from spec_runtime.models.loading import load_eagle3, load_target
+    from spec_runtime.models.ops import TORCH_OPS
+    from spec_runtime.tiny import build_tiny_eagle3, build_tiny_target
+
+    target_dir = build_tiny_target(tmp_path / "t", num_layers=2, seed=5)
+    target = load_target(target_dir, dtype, DEVICE)
+    head = load_eagle3(build_tiny_eagle3(tmp_path / "e", target_dir), target, dtype, DEVICE)
+    be = FastBackend(FastOptions(elementwise="triton", attention="reference" if not ON_GPU else "triton",
+                                 linear="torch"), DEVICE)
+    ops = FastOps(be, head, 64)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.tensor([5, 17, 99, 5], device=DEVICE)
+    h = torch.randn(4, head.hidden_size, generator=gen).to(dtype).to(DEVICE)
+    mid = head.midlayer
+    launches = []
+    real = ew.rmsnorm, ew.embed_rmsnorm
+    try:
+        ew.rmsnorm = lambda *a, **k: launches.append("rmsnorm") or real[0](*a, **k)
+        ew.embed_rmsnorm = lambda *a, **k: launches.append("embed_rmsnorm") or real[1](*a, **k)
+        fast = ops.embed_norm_cat(ids, head.embed_table, mid.input_layernorm, h, mid.hidden_norm, dtype)
+    finally:
+        ew.rmsnorm, ew.embed_rmsnorm = real
+    # what the fast ops computed before: each norm its own kernel, then the concatenation
+    eps = mid.input_layernorm.eps, mid.hidden_norm.eps
+    before = torch.cat([ew.rmsnorm(head.embed_table[ids], mid.input_layernorm.weight, eps[0]),
+                        ew.rmsnorm(h, mid.hidden_norm.weight, eps[1])], dim=-1)
+    assert launches == ["embed_rmsnorm", "rmsnorm"] and fast.dtype == before.dtype and torch.equal(fast, before)
+    want = TORCH_OPS.embed_norm_cat(ids, head.embed_table, mid.input_layernorm, h, mid.hidden_norm, dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fast, want, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="rmsnorm: out must be"):
+        ew.rmsnorm(h, mid.hidden_norm.weight, 1e-5, out=torch.empty(4, 2 * head.hidden_size, dtype=dtype,
+                                                                     device=DEVICE)[:, ::2])
+    cache = KVCache(1, head.num_kv_heads, head.head_dim, 16, 1, 16, dtype, DEVICE)
+    attn = AttnBatch.extend(torch.tensor([0], device=DEVICE), torch.tensor([0], device=DEVICE),
+                            torch.tensor([4], device=DEVICE), cache.alloc_slots(4))
+    with torch.inference_mode():
+        got = FastModel(head, ops).forward(ids, h, torch.arange(4, device=DEVICE), attn, cache, from_target=False)
+        ref = head.forward(ids, h, torch.arange(4, device=DEVICE), attn, cache, from_target=False)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol)

@@ -29,26 +29,31 @@ def _pools(bs, n, width):
     return pools, pools[0].alloc_slots(bs * n), pools[1].alloc_slots(bs * width).view(bs, width)
 
 
-@pytest.mark.parametrize("bs,n,width,lead,dtype", [(1, 8, 6, 0, torch.int64), (4, 8, 6, 1, torch.int32),
-                                                    (3, 5, 5, 0, torch.int64), (5, 16, 4, 1, torch.int64)])
-def test_ahead_output_is_the_torch_path(bs, n, width, lead, dtype):
+@pytest.mark.parametrize("bs,n,width,lead,dtype,hidden", [
+    (1, 8, 6, 0, torch.int64, 0), (4, 8, 6, 1, torch.int32, 300), (3, 5, 5, 0, torch.int64, 7),
+    (5, 16, 4, 1, torch.int64, 0), (6, 8, 6, 1, torch.int64, 40)])
+def test_ahead_output_is_the_torch_path(bs, n, width, lead, dtype, hidden):
     """Every output bit for bit (cut rows, int32 counts, lengths, bonus, ragged draft-extend rows,
-    hidden rows, finished), and both pools afterwards: the same free stacks, in_use and counts as
+    hidden rows, finished, and with `hidden` columns of captured states the accepted rows' states,
+    gathered by tiles of the same launch: 300 spans two tiles of columns, 6 requests of up to 6 rows
+    several tiles of rows), and both pools afterwards: the same free stacks, in_use and counts as
     free_slots leaves them with the reference's frees."""
     gen = torch.Generator().manual_seed(bs * 100 + n)
     acc, tokens, num_correct, total = (t.to(DEVICE) if torch.is_tensor(t) else t
                                        for t in _verify_out(gen, bs, n, width, dtype))
     seq = torch.randint(3, 40, (bs,), generator=gen).to(DEVICE)
-    ref = reference_ahead_output(acc, tokens, num_correct, seq, lead, total)
+    captured = torch.randn(bs * n, hidden, generator=gen).to(DEVICE) if hidden else None
+    ref = reference_ahead_output(acc, tokens, num_correct, seq, lead, total, captured)
     (rt, rd), slots, ext = _pools(bs, n, width)
     t_free, d_free = reference_frees(slots, ext, ref)
     rt.free_slots(t_free)
     rd.free_slots(d_free)
     (kt, kd), slots2, ext2 = _pools(bs, n, width)
     out = ahead_output(acc, tokens, num_correct, seq, slots2, ext2, lead, total,
-                       kt.free_on_device(bs * n - total), kd.free_on_device(bs * width - total))
+                       kt.free_on_device(bs * n - total), kd.free_on_device(bs * width - total), captured)
+    assert (out.hidden is None) == (captured is None)
     for name, a, b in zip(ref._fields, ref, out):
-        assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert a is b is None or (a.dtype == b.dtype and torch.equal(a, b)), name
     for ref_pool, pool in ((rt, kt), (rd, kd)):
         assert pool.num_free_slots == ref_pool.num_free_slots
         assert torch.equal(pool.in_use, ref_pool.in_use)
@@ -68,16 +73,23 @@ def test_ahead_output_refuses_a_wrong_total():
 
 def test_ahead_output_kernel_builds_for_hopper():
     """The kernel builds for sm90 (the interpreter skips the compiler's type checks: the 3-D
-    comparison, the cumulative sums, the uint8 and int32 stores)."""
+    comparison, the cumulative sums, the uint8 and int32 stores, the gather's branch), with and
+    without the hidden gather, and with it to PTX."""
     from kernel_helpers import hopper_build
 
     names = ("acc_ptr", "tok_ptr", "nc_ptr", "seq_ptr", "slots_ptr", "ext_ptr", "o_acc_ptr", "o_tok_ptr", "o_seq_ptr",
              "o_bonus_ptr", "o_ids_ptr", "o_pos_ptr", "o_rows_ptr", "t_stack_ptr", "d_stack_ptr")
     types = {name: "*i64" for name in names}
-    types.update(o_na_ptr="*i32", o_nc_ptr="*i32", o_fin_ptr="*u8", t_used_ptr="*u8", d_used_ptr="*u8")
+    types.update(o_na_ptr="*i32", o_nc_ptr="*i32", o_fin_ptr="*u8", t_used_ptr="*u8", d_used_ptr="*u8",
+                 cap_ptr="*bf16", o_hid_ptr="*bf16")
     irs = hopper_build("spec_kernels.verify_output", "_ahead_output_kernel", types,
-                       [dict(BB=1, BW=8, BN=8), dict(BB=4, BW=8, BN=16)])
+                       [dict(BB=1, BW=8, BN=8, GATHER=False, BR=8, BH=256),
+                        dict(BB=4, BW=8, BN=16, GATHER=True, BR=8, BH=256)])
     assert all("tt.store" in ir for ir in irs)
+    # the gather's programs through the whole compilation too (ptxas included, about 5 s)
+    (ptx,) = hopper_build("spec_kernels.verify_output", "_ahead_output_kernel", types,
+                          [dict(BB=4, BW=8, BN=16, GATHER=True, BR=8, BH=256)], ptx=True)
+    assert ".entry" in ptx
 
 
 @pytest.mark.parametrize("bs,bucket,n,width", [(1, 1, 8, 6), (3, 4, 8, 6), (2, 8, 5, 5), (4, 4, 16, 4)])

@@ -16,19 +16,26 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     import bench_real
 
     out = tmp_path / "run"
-    argv = ["--out", str(out), "--bs", "1", "--new-tokens", "5", "--rounds", "3", "--algorithms", "EAGLE3",
-            "--dtype", "float32"]
+    argv = ["--out", str(out), "--bs", "1", "--new-tokens", "5", "--rounds", "3", "--dtype", "float32",
+            "--trees", "EAGLE3=5/4/8", "EAGLE3=2/1/3"]
     monkeypatch.setattr(sys, "argv", ["bench_real.py", *argv])
     assert bench_real.main(argv) == 0
     data = json.loads((out / "bench_real.json").read_text())
     assert data["meta"]["rounds"] == 3
-    plain, eagle3 = data["rows"]
-    assert (plain["config"], eagle3["config"]) == ("plain decode", "EAGLE3 5/4/8")
-    for row in (plain, eagle3):
+    # the process's setup decisions go beside the numbers (none where nothing was timed)
+    if data["meta"]["decisions"]:
+        saved = json.loads((out / "tuning.json").read_text())
+        assert sum(len(saved[k]) for k in ("decisions", "tuned", "epilogues")) == data["meta"]["decisions"]
+    else:
+        assert not (out / "tuning.json").exists()
+    plain, eagle3, chain = data["rows"]
+    assert [r["config"] for r in data["rows"]] == ["plain decode", "EAGLE3 5/4/8", "EAGLE3 2/1/3"]
+    for row in (plain, eagle3, chain):
         assert len(row["rounds_tok_s"]) == 3 and row["tok_s"] == statistics.median(row["rounds_tok_s"])
     ratios = [s / p for s, p in zip(eagle3["rounds_tok_s"], plain["rounds_tok_s"])]
     assert eagle3["vs_plain"] == statistics.median(ratios)
-    assert eagle3["same_tokens"] == 1.0  # float32: the target's own greedy tokens
+    assert eagle3["same_tokens"] == chain["same_tokens"] == 1.0  # float32: the target's own greedy tokens
+    assert chain["accept_len"] <= 3  # a chain of two steps emits at most three tokens an iteration
     # the plot needs matplotlib (the `bench` extra); without it one line says so and the numbers stay
     try:
         import matplotlib  # noqa: F401
@@ -39,3 +46,22 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     assert plotted or "[bench_real] no plot bench_real.png: matplotlib is not installed" in capsys.readouterr().out
     assert bench_real.main(["--report", str(out / "bench_real.json"), "--out", str(tmp_path / "merged")]) == 0
     assert "EAGLE3 5/4/8" in (tmp_path / "merged" / "bench_real.md").read_text()
+
+
+def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
+    """Each bad --trees entry stops the run before the model loads, with a line naming it."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import bench_real
+
+    for tree, why in [("EAGLE3=5/4", "expected ALGORITHM=STEPS/TOPK/TOKENS"), ("MEDUSA=5/4/8", "'MEDUSA' is not one of"),
+                      ("EAGLE3=5/4/99", "exceeds the largest tree"), ("STANDALONE=4/1/6", "topk 1 means a chain"),
+                      ("EAGLE3=0/4/8", "at least 1")]:
+        try:
+            bench_real.main(["--trees", tree, "--out", "/nonexistent/never"])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"--trees {tree} ran")
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"bench_real.py: error: --trees {tree}: ") and why in err, err

@@ -129,3 +129,38 @@ def test_output_dtype_follows_q() -> None:
 def test_extend_checks_row_count() -> None:
     with pytest.raises(ValueError, match="out_slots has 2 rows, expected sum\\(extend_lens\\) = 3"):
         AttnBatch.extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([3]), torch.tensor([0, 1]))
+
+
+def test_constant_index_tensors_are_made_once_and_stay(monkeypatch, llama_dir, standalone_dir) -> None:
+    """`const_arange` / `const_causal` hand out one kept tensor per size (what a CUDA graph reads
+    instead of computing it), equal to what they replace; none is kept when first asked for during a
+    capture (it would sit in the graph pool); and a whole engine run writes none of them."""
+    from spec_runtime import attention as A
+    from spec_runtime.engine import SpecEngine
+    from spec_runtime.models.loading import load_standalone, load_target
+    from spec_runtime.runtime import Runtime
+
+    a = A.const_arange(5, 3, "cpu")
+    assert a is A.const_arange(5, 3, "cpu") and torch.equal(a, torch.arange(5) * 3) and a.dtype == torch.int64
+    c = A.const_causal(4, "cpu")
+    assert c is A.const_causal(4, "cpu") and torch.equal(c, torch.ones(4, 4, dtype=torch.bool).tril())
+    with torch.inference_mode():
+        assert not A.const_arange(7, 2, "cpu").is_inference()  # usable outside inference mode too
+    monkeypatch.setattr(A, "_capturing", lambda device: True)
+    first = A.const_arange(11, 4, "cpu")
+    assert torch.equal(first, torch.arange(11) * 4) and A.const_arange(11, 4, "cpu") is not first
+    monkeypatch.undo()
+
+    target = load_target(llama_dir)
+    rt = Runtime.create(target, load_standalone(standalone_dir, target), "STANDALONE", num_steps=3, topk=2, num_draft_tokens=5, max_batch_size=4,
+                        max_context=64, executor="static", buckets=(1, 2, 4), seed=3)
+    engine = SpecEngine(rt)
+    for i, p in enumerate([[5, 17, 99, 3], [7, 1, 88, 120, 64], [9, 2]]):
+        engine.add_request(p, 8 + 3 * i)
+    engine.run()
+    kept = dict(A._CONSTANTS)
+    assert any(k[0] == "arange" for k in kept) and any(k[0] == "causal" for k in kept), list(kept)
+    for key, t in kept.items():
+        n = key[1]
+        fresh = torch.arange(n) * key[2] if key[0] == "arange" else torch.ones(n, n, dtype=torch.bool).tril()
+        assert torch.equal(t.cpu(), fresh), key

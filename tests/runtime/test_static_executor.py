@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from tests.engine_harness import Job, drive
-from tests.helpers import drop_generated, first_seen_at, rehearse_graph_functions
+from tests.helpers import drop_generated, emulate_graph_pool, first_seen_at, rehearse_graph_functions
 
 import spec_runtime.engine as engine_module
 import spec_schema
@@ -140,6 +140,24 @@ def test_graph_functions_may_run_again(request, load_pair, monkeypatch, pair: st
     sampling = [SamplingParams(temperature=0.8, top_k=20), SamplingParams(temperature=0.0)]
     _compare(algorithm, target, draft, 3, 1, sampling, num_steps=4, topk=1 if pair == "aligned" else 2,
              num_draft_tokens=5)
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+@pytest.mark.parametrize("first,joins", [(3, 2), (5, 0)])
+def test_graphs_sharing_one_pool(request, load_pair, monkeypatch, pair: str, first: int, joins: int) -> None:
+    """CUDA graphs share one memory pool: a graph's outputs may lie where a graph captured before it
+    keeps its intermediates, and are overwritten by that graph's next replay. The static executor
+    with `emulate_graph_pool` (every bucket captured at setup, captures and replays as on CUDA, the
+    outputs of later-captured graphs overwritten by each replay) still gives eager's tokens,
+    accept lengths and events with launch-ahead, both pools whole."""
+    emulate_graph_pool(monkeypatch)
+    algorithm, target, draft = _models(request, load_pair, pair)
+    engine = _compare(algorithm, target, draft, first, joins, budget=24 if pair == "aligned" else 6)
+    runner = engine.rt.runner
+    assert runner.ahead_stats["used"] >= 5, runner.ahead_stats
+    order = runner.graphs._emulated["order"]
+    assert order[0][-1] == max(BUCKETS) and len(order) > 3 * len(BUCKETS), order  # setup captured all, largest first
+    assert any(runner.graphs._emulated["owned"].values())
 
 
 @pytest.mark.parametrize("pair,steps,topk,n", [("standalone", 3, 1, 4), ("eagle3", 3, 2, 6), ("aligned", 4, 1, 5)])
@@ -386,7 +404,12 @@ def test_cuda_graph_needs_cuda(request, load_pair) -> None:
 # ---- the fast models and the plain decode runner ------------------------------------------------------
 
 
-def test_decode_runner_matches_target_only(request, load_pair) -> None:
+@pytest.mark.parametrize("pool", [False, True])
+def test_decode_runner_matches_target_only(request, load_pair, monkeypatch, pool: bool) -> None:
+    """Plain decode's graphs (one step, and eight) give target-only tokens; `pool`: with the CUDA graph
+    pool emulated (`emulate_graph_pool`: captured on padding, outputs overwritten as on CUDA)."""
+    if pool:
+        emulate_graph_pool(monkeypatch)
     _, target, _ = _models(request, load_pair, "standalone")
     prompts = _prompts(3)
     want = target_only_generate(target, prompts, 10, max_context=96)

@@ -239,6 +239,21 @@ class FastOps(TorchOps):
             return self._ew.rmsnorm(x, norm.weight, norm.eps)
         return super().norm(x, norm)
 
+    def embed_norm_cat(self, ids: torch.Tensor, table: torch.Tensor, norm_e: nn.Module, h: torch.Tensor,
+                       norm_h: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """With the Triton kernels two launches, each norm writing its half of one buffer: the
+        embedding gather with its norm (`elementwise.embed_rmsnorm`) and the hidden's norm, where the
+        torch steps are a gather, two norms and a concatenation. The same bits."""
+        out_dtype = torch.promote_types(norm_e.weight.dtype, table.dtype)
+        if (self._ew is None or table.dtype != dtype or table.stride(1) != 1
+                or torch.promote_types(norm_h.weight.dtype, h.dtype) != out_dtype):
+            return super().embed_norm_cat(ids, table, norm_e, h, norm_h, dtype)
+        width = table.shape[1]
+        x = torch.empty((ids.shape[0], width + h.shape[1]), dtype=out_dtype, device=h.device)
+        self._ew.embed_rmsnorm(ids, table, norm_e.weight, norm_e.eps, out=x[:, :width])
+        self._ew.rmsnorm(h, norm_h.weight, norm_h.eps, out=x[:, width:])
+        return x
+
     def embed_norm(self, ids: torch.Tensor, embedding: nn.Embedding,
                    norm: Optional[nn.Module]) -> tuple[torch.Tensor, torch.Tensor]:
         """With the Triton kernels one launch (`elementwise.embed_rmsnorm`). On the H200 the plain

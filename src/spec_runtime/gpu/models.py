@@ -48,6 +48,10 @@ class FastModel:
         """The model's `compute_logits` with the fast ops (float32)."""
         return self.model.compute_logits(hidden, ops=self.ops)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's `logits` with the fast ops (the model's dtype)."""
+        return self.model.logits(hidden, ops=self.ops)
+
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's `greedy_tokens` with the fast ops."""
         return self.model.greedy_tokens(hidden, ops=self.ops)

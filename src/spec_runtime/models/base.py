@@ -49,6 +49,11 @@ class DraftModel(Protocol):
         """`(T, hidden_size)` -> float32 `(T, vocab_size)` draft logits."""
         ...
 
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`compute_logits` in the model's dtype (before the float32 copy): for the Triton top-k and
+        an argmax, which give the same results on it."""
+        ...
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocabulary ids to target-vocabulary ids (any shape)."""
         ...

@@ -37,6 +37,11 @@ class EagleHeadBase(nn.Module):
         self.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
         self.num_layers, self.num_kv_heads, self.head_dim = 1, arch.num_key_value_heads, arch.head_dim
 
+    @property
+    def embed_table(self) -> torch.Tensor:
+        """The embedding `embed` reads: the head's own, or the target's (in the target's dtype)."""
+        return (self.embed_tokens if self.embed_tokens is not None else self._target.model.embed_tokens).weight
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """`(T,)` target-vocabulary ids -> `(T, H)` in the head dtype (own embedding or the target's)."""
         if self.embed_tokens is not None:
@@ -111,7 +116,11 @@ class Eagle1Head(EagleHeadBase):
 
     def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, vocab)`: the lm_head (own or target's) on the layer output, no norm."""
-        return ops.lm_head(self, h).float()
+        return self.logits(h, ops).float()
+
+    def logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
+        """`compute_logits` in the lm_head's dtype."""
+        return ops.lm_head(self, h)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Identity: EAGLE-1 drafts in the target vocabulary."""

@@ -90,10 +90,10 @@ class Eagle3Midlayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps, dtype)
         self.mlp = MLP(arch, dtype)
 
-    def forward(self, emb: torch.Tensor, h: torch.Tensor, rope: Rope, attn: AttnBatch, cache: KVCache,
+    def forward(self, x: torch.Tensor, h: torch.Tensor, rope: Rope, attn: AttnBatch, cache: KVCache,
                 attention_fn: AttentionFn, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
-        """`(T, H)` embeddings and `(T, H)` hidden -> `(T, H)` pre-norm output."""
-        x = torch.cat([ops.norm(emb, self.input_layernorm), ops.norm(h, self.hidden_norm)], dim=-1)
+        """`(T, 2H)` input (the normed embeddings beside the normed hidden, `Eagle3Head.forward`) and
+        `(T, H)` hidden (the residual) -> `(T, H)` pre-norm output."""
         a = self.self_attn(x, rope, attn, cache, 0, attention_fn, ops, defer=True)
         h, normed = ops.add_norm(h, a, self.post_attention_layernorm)
         return h + self.mlp(normed, ops)
@@ -192,7 +192,9 @@ class Eagle3Head(EagleHeadBase):
         if from_target:
             h = ops.linear(self.fc, h)
         rope = ops.rope(self.rotary, positions, h.dtype)
-        return self.midlayer(self.embed(input_ids), h, rope, attn, cache, self.attention_fn, ops)
+        mid = self.midlayer
+        x = ops.embed_norm_cat(input_ids, self.embed_table, mid.input_layernorm, h, mid.hidden_norm, self.dtype)
+        return mid(x, h, rope, attn, cache, self.attention_fn, ops)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -201,7 +203,11 @@ class Eagle3Head(EagleHeadBase):
 
     def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, draft_vocab)`: `lm_head(norm(h))`."""
-        return ops.lm_head(self, ops.norm(h, self.norm)).float()
+        return self.logits(h, ops).float()
+
+    def logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
+        """`compute_logits` in the head's dtype."""
+        return ops.lm_head(self, ops.norm(h, self.norm))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """`target_id = draft_id + d2t[draft_id]` (any shape)."""

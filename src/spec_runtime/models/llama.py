@@ -364,13 +364,17 @@ class LlamaForCausal(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """`(T, H)` post-norm hidden -> float32 `(T, vocab)` logits."""
-        return ops.lm_head(self, hidden).float()
+        return self.logits(hidden, ops).float()
+
+    def logits(self, hidden: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
+        """`compute_logits` in the lm_head's dtype."""
+        return ops.lm_head(self, hidden)
 
     def greedy_tokens(self, hidden: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """`compute_logits(hidden).argmax(-1)` without the float32 copy of the logits: the argmax
         of the model-dtype logits is the same index (each float32 value is its bf16/fp16 value
         exactly; ties go to the first index either way), one launch fewer."""
-        return ops.argmax(ops.lm_head(self, hidden))
+        return ops.argmax(self.logits(hidden, ops))
 
 
 class StandaloneDraft(nn.Module):
@@ -400,6 +404,10 @@ class StandaloneDraft(nn.Module):
     def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
         """float32 `(T, vocab)` logits."""
         return self.model.compute_logits(h, ops)
+
+    def logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
+        """`compute_logits` in the model's dtype."""
+        return self.model.logits(h, ops)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Identity: the vocabularies are the same."""

@@ -11,6 +11,8 @@ Steps and what they return:
 
 - `rope(rotary, positions, dtype)`: a `Rope` for the forward's rows;
 - `embed_norm(ids, embedding, norm)`: `(x, norm(x))` of the embedded ids (norm None: `(x, x)`);
+- `embed_norm_cat(ids, table, norm_e, h, norm_h, dtype)`: `cat([norm_e(table[ids]), norm_h(h)], -1)`
+  (EAGLE-3's layer input; the embedded rows in `dtype`);
 - `norm(x, norm)`, `add_norm(x, delta, norm, between_gemvs)`: RMSNorm, or `(x + delta, norm(x + delta))`;
 - `qkv_rope_store(attn_module, x, rope, attn, cache, layer)`: rotated q `(T, Hq, D)`, k/v stored
   (`qkv` then `rope_store`, unless the fast ops run RoPE and the store in the QKV GEMV's epilogue);
@@ -68,6 +70,11 @@ class TorchOps:
         """`(embedding(ids), norm(embedding(ids)))`."""
         x = embedding(ids)
         return x, self.norm(x, norm)
+
+    def embed_norm_cat(self, ids: torch.Tensor, table: torch.Tensor, norm_e: nn.Module, h: torch.Tensor,
+                       norm_h: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """`cat([norm_e(table[ids].to(dtype)), norm_h(h)], -1)`."""
+        return torch.cat([self.norm(F.embedding(ids, table).to(dtype), norm_e), self.norm(h, norm_h)], dim=-1)
 
     def add_norm(self, x: torch.Tensor, delta: Any, norm: Optional[nn.Module],
                  between_gemvs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
