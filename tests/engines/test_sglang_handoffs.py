@@ -78,6 +78,9 @@ def test_the_verify_input_is_checked_at_verify_unless_verify_is_unwrapped(sglang
             sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb)
         assert (err.value.producer, err.value.consumer) == (_DRAFT, None)
         return
+    with pytest.raises(SpecContractError, match=field) as err:  # pipeline parallelism's tail draft: its chain
+        sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb, with_topology=True)  # goes to other stages first
+    assert (err.value.producer, err.value.consumer) == (_DRAFT, None)
     sb.spec_info = sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb)  # left to verify's entry
     with pytest.raises(SpecContractError, match=field) as err:
         sg.eagle_worker_v2.EAGLEWorkerV2.verify(None, sb)

@@ -71,7 +71,7 @@ BOUNDARIES: tuple[Boundary, ...] = (
        "the draft-extend input with the batch and its input ids"),
     _b(_V2 + "EagleDraftWorker.draft", ("self", "batch"), "draft",
        "`batch.spec_info` (consumer), the verify input (producer: checked at verify's entry, naming draft, when "
-       "every verify it reaches is wrapped; else at draft's exit)"),
+       "every verify it reaches is wrapped; else, and for pipeline parallelism's tail draft, at draft's exit)"),
     _b(_V2 + "EagleDraftWorker._draft_extend_for_prefill", ("self", "batch", "target_hidden_states"),
        "extend_prefill", "the EagleDraftExtendInput it builds from the target's hidden states (consumer), "
        "the next EagleDraftInput (producer)"),

@@ -240,7 +240,10 @@ def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
 
 def _takes_and_makes(first: bool) -> Hook:
     """A worker method that consumes `batch.spec_info` and produces the next phase's object: what it
-    returns, or (`first`) the first item of the tuple it returns."""
+    returns, or (`first`) the first item of the tuple it returns. That object is checked at the consumer's
+    entry when install() deferred it (`_DEFER`), except a draft called with keywords (pipeline parallelism's
+    tail draft, `with_topology=True`: its chain is relayed to other stages before any verify) and a verify
+    of a worker at zero draft steps (`_drafts`): those are checked at the exit."""
 
     def make(fn: Any, get: Bound, label: str) -> Any:
         at = get.position("batch")
@@ -264,8 +267,8 @@ def _takes_and_makes(first: bool) -> Hook:
                 else:
                     del _DEPTH[me]
             made = out[0] if first and isinstance(out, tuple) else out
-            if label in _DEFER and (first or _drafts(args)):  # the consumer's entry checks it, naming us
-                made._spec_schema_producer = label  # (PRODUCER, a plain store)
+            if label in _DEFER and (not kwargs if first else _drafts(args)):  # the consumer's entry checks it,
+                made._spec_schema_producer = label  # naming us (PRODUCER, a plain store)
             else:
                 (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
             return out
