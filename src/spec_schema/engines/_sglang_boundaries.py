@@ -131,20 +131,19 @@ class HandOff:
 
     `producer`: "spec.<method>" / "draft.<method>" of a pair, or a dotted target; `consumers`: "side.method"
     of the same pair that may receive it first; `optional`: those a worker may lack (it never takes that
-    path); `what`: the object, for the docs."""
+    path)."""
 
     producer: str
     consumers: tuple[str, ...]
     optional: tuple[str, ...] = ()
-    what: str = ""
 
 
 HAND_OFFS: tuple[HandOff, ...] = (
-    HandOff("draft.draft", ("spec.verify",), what="the verify input"),
-    HandOff("spec.verify", ("draft._draft_extend_for_decode",), what="the verify result"),
+    HandOff("draft.draft", ("spec.verify",)),  # the verify input
+    HandOff("spec.verify", ("draft._draft_extend_for_decode",)),  # the verify result
+    # the relay-filled EagleDraftInput (at zero draft steps the trivial verify input's build takes it, not draft)
     HandOff(_OVERLAP + "_resolve_spec_extras", ("draft.draft", "spec._build_trivial_verify_input"),
-            optional=("spec._build_trivial_verify_input",), what="the relay-filled EagleDraftInput (at zero "
-            "draft steps the trivial verify input's build takes it instead of draft)"),
+            optional=("spec._build_trivial_verify_input",)),
 )
 """The checks deferred to the consumer when it is wrapped (one check per object instead of two)."""
 
