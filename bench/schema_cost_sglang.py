@@ -48,11 +48,11 @@ def iteration(objs: dict[str, tuple[Any, Any]]) -> list[tuple[Any, Any, str, str
         objs["verify result (GenerationBatchResult)"]
     e, n = objs["EagleDraftExtendInput (decode window)"], objs["next EagleDraftInput"]
     # build_eagle_verify_input (inside draft) and eagle_sample (inside verify) leave their objects to the
-    # enclosing worker method's check, so they add no check here
+    # enclosing worker method's check, and draft and verify leave theirs to the next worker method's entry
+    # (_sglang_boundaries.HAND_OFFS), so they add no check here
     return [
-        (*d, "", "EagleDraftWorker.draft"), (*v, "EagleDraftWorker.draft", ""),
-        (*v, "", "EAGLEWorkerV2.verify"),
-        (*r, "EAGLEWorkerV2.verify", ""), (*r, "", "EagleDraftWorker._draft_extend_for_decode"),
+        (*d, "", "EagleDraftWorker.draft"), (*v, "", "EAGLEWorkerV2.verify"),
+        (*r, "", "EagleDraftWorker._draft_extend_for_decode"),
         (*e, "", "eagle_worker_common.prepare_for_draft_extend"),
         (*n, "EagleDraftWorker._draft_extend_for_decode", ""),
     ]

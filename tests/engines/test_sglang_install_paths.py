@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from spec_schema import SpecContractError, _strict
-from spec_schema.engines import _sglang_check
 from spec_schema.engines import sglang as adapter
 from spec_schema.engines._sglang_runtime import MASK_MODE
 from spec_schema.testing import example_config
@@ -57,13 +56,41 @@ def test_the_overlap_input_is_checked_once_filled(wrapped, monkeypatch):
     wide = copy.copy(live)  # a draft input twice the draft width, relayed and resolved
     wide.hidden_states = torch.cat([live.hidden_states, live.hidden_states], -1)
     fm, sb = _relay(sg, monkeypatch, wide, idx)
+    fm._resolve_spec_extras(sb)  # the relay leaves the check to its consumer, the worker's entry, which names it
     with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states.*hidden_draft") as err:
-        fm._resolve_spec_extras(sb)
-    assert err.value.producer == "FutureMap._resolve_spec_extras"
-    _sglang_check.mark_resolved(sb.spec_info)
-    with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states") as err:
-        sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb)  # the worker's entry no longer skips it
-    assert err.value.consumer == "EagleDraftWorker.draft"
+        sg.eagle_worker_v2.EagleDraftWorker.draft(None, sb)
+    assert (err.value.producer, err.value.consumer) == (_RELAY, "EagleDraftWorker.draft")
+    fm, sb = _relay(sg, monkeypatch, wide, idx)
+    fm._resolve_spec_extras(sb)  # at zero draft steps the trivial verify input's build takes it instead
+    with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states.*hidden_draft") as err:
+        sg.eagle_worker_v2.EAGLEWorkerV2._build_trivial_verify_input(None, sb)
+    assert str(err.value).endswith(f"[producer: {_RELAY}; consumer: EAGLEWorkerV2._build_trivial_verify_input]")
+
+
+_RELAY = "FutureMap._resolve_spec_extras"
+
+
+@pytest.mark.parametrize("consumer", ["EagleDraftWorker.draft", "EAGLEWorkerV2._build_trivial_verify_input"])
+def test_the_relay_checks_its_input_itself_when_a_consumer_is_not_wrapped(sg, monkeypatch, consumer):
+    """An sglang where draft (or, at zero steps, the trivial build) could not be wrapped: resolve raises."""
+    cls, name = consumer.split(".")
+
+    def renamed(self, other_batch):  # the batch parameter renamed: probe() refuses it
+        return None
+
+    monkeypatch.setattr(getattr(sg.eagle_worker_v2, cls), name, renamed)
+    try:
+        with pytest.warns(UserWarning, match=name):
+            adapter.install(CONFIG)
+        live = env.draft_input(sg, CONFIG, 2, torch.Generator().manual_seed(17), torch.int32)
+        wide = copy.copy(live)
+        wide.hidden_states = torch.cat([live.hidden_states, live.hidden_states], -1)
+        fm, sb = _relay(sg, monkeypatch, wide, torch.tensor([3, 5]))
+        with pytest.raises(SpecContractError, match=r"hidden_states -> DraftInput\.hidden_states.*hidden_draft") as e:
+            fm._resolve_spec_extras(sb)
+        assert (e.value.producer, e.value.consumer) == (_RELAY, None)
+    finally:
+        adapter.uninstall()  # before monkeypatch puts sglang's method back
 
 
 def test_a_stash_into_a_buffer_of_another_dtype_is_refused(wrapped, monkeypatch):

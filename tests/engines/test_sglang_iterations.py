@@ -10,7 +10,9 @@ greedy generate of the target: the checks (and the harness's torch attention) ch
 """
 
 import contextlib
+import functools
 import re
+import warnings
 from typing import Any
 
 import pytest
@@ -170,9 +172,16 @@ PLANTS = [  # (producer method, where its object is, sglang class.attr, contract
 ]
 
 
-def _planting(fn: Any, where: str, attr: str, change: Any) -> Any:
-    """`fn` (an sglang worker method) with `change` applied to one attribute of the object it produces."""
+# the producers whose object the next boundary checks (HAND_OFFS: their consumers are wrapped), by consumer
+CONSUMER = {"draft": "EAGLEWorkerV2.verify", "verify": "EagleDraftWorker._draft_extend_for_decode"}
+
+
+def _planting(fn: Any, where: str, attr: str, change: Any, made: list[int]) -> Any:
+    """`fn` (an sglang worker method) with `change` applied to one attribute of the object it produces;
+    `made` counts its calls. (Its signature is `fn`'s, so install() wraps it as it wraps sglang's own.)"""
+    @functools.wraps(fn)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(1)
         out = fn(self, *args, **kwargs)
         obj = out if where == "out" else args[1].next_draft_input  # (batch, batch_result)
         setattr(obj, attr, change(getattr(obj, attr)))
@@ -192,7 +201,8 @@ class TestPlantedCorruptions:
     def test_is_named_in_both_vocabularies(self, plant_engine, monkeypatch, cls, method, where, engine_attr,
                                            contract, kind, change):
         """The object sglang's worker produces, with one field changed in one kind (width, dtype, rank,
-        batch), stops the iteration with an error naming sglang's attribute and the contract's field."""
+        batch), stops the iteration with an error naming sglang's attribute and the contract's field, the
+        producer and (for a check left to it) the consumer, before the producer runs again."""
         from sglang.srt.speculative import eagle_worker_v2
 
         from spec_schema.engines import sglang as adapter
@@ -201,12 +211,17 @@ class TestPlantedCorruptions:
         holder = getattr(eagle_worker_v2, cls)
         spec_worker = plant_engine.scheduler.draft_worker
         adapter.uninstall()  # the checks wrap the planted method, as they wrap sglang's own
+        made: list[int] = []
         monkeypatch.setattr(holder, method, _planting(holder.__dict__[method], where, engine_attr.split(".")[1],
-                                                      change))
-        sglang_plugin.attach(spec_worker)
+                                                      change, made))
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            sglang_plugin.attach(spec_worker)
+        assert not [str(w.message) for w in record if "spec_schema" in str(w.message)]  # the plant is wrapped
         try:
-            with pytest.raises(SpecContractError, match=re.escape(f"sglang {engine_attr} -> {contract}")):
+            with pytest.raises(SpecContractError, match=re.escape(f"sglang {engine_attr} -> {contract}")) as err:
                 plant_engine.run(requests([("a", 6, 0), ("b", 6, 0)]), limit=8)
+            assert (err.value.producer, err.value.consumer, len(made)) == (f"{cls}.{method}", CONSUMER.get(method), 1)
         finally:
             adapter.uninstall()
             monkeypatch.undo()

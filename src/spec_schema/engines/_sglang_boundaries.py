@@ -70,16 +70,19 @@ BOUNDARIES: tuple[Boundary, ...] = (
     _b(_COMMON + "prepare_for_draft_extend", ("draft_extend_input", "batch", "predict"), "prepare_extend",
        "the draft-extend input with the batch and its input ids"),
     _b(_V2 + "EagleDraftWorker.draft", ("self", "batch"), "draft",
-       "`batch.spec_info` (consumer), the verify input (producer)"),
+       "`batch.spec_info` (consumer), the verify input (producer: checked at verify's entry, naming draft, when "
+       "every verify it reaches is wrapped; else, and for pipeline parallelism's tail draft, at draft's exit)"),
     _b(_V2 + "EagleDraftWorker._draft_extend_for_prefill", ("self", "batch", "target_hidden_states"),
        "extend_prefill", "the EagleDraftExtendInput it builds from the target's hidden states (consumer), "
        "the next EagleDraftInput (producer)"),
     _b(_V2 + "EagleDraftWorker._draft_extend_for_decode", ("self", "batch", "batch_result"), "extend_decode",
        "the verify result (consumer), the next EagleDraftInput (producer)"),
     _b(_V2 + "EAGLEWorkerV2.verify", ("self", "batch"), "verify",
-       "`batch.spec_info` (consumer), the verify result (producer)"),
+       "`batch.spec_info` (consumer), the verify result (producer: checked at _draft_extend_for_decode's entry, "
+       "naming verify, when every one it reaches is wrapped and the worker drafts; else at verify's exit)"),
     _b(_V2 + "EAGLEWorkerV2._build_trivial_verify_input", ("self", "batch"), "trivial",
-       "the one-node verify input of speculative_num_steps == 0 (its own index policy: int32 draft_token)"),
+       "the one-node verify input of speculative_num_steps == 0 (its own index policy: int32 draft_token); "
+       "a relay-filled `batch.spec_info` (consumer)"),
     _b(_ML + "MultiLayerEagleDraftWorker.draft", ("self", "batch"), "draft",
        "as EagleDraftWorker.draft (its EagleDraftInput without the config: per-step top-k)"),
     _b(_ML + "MultiLayerEagleDraftWorker._draft_extend_for_prefill", ("self", "batch", "target_hidden_states"),
@@ -94,7 +97,8 @@ BOUNDARIES: tuple[Boundary, ...] = (
     _b(_FROZEN + "FrozenKVMTPDraftWorker._draft_extend_for_decode", ("self", "batch", "batch_result"),
        "extend_decode", "as EagleDraftWorker._draft_extend_for_decode"),
     _b(_OVERLAP + "_resolve_spec_extras", ("self", "batch"), "resolve",
-       "the overlap scheduler's EagleDraftInput once its tensors are gathered from the relay buffers"),
+       "the overlap scheduler's EagleDraftInput once its tensors are gathered from the relay buffers (at its "
+       "consumer's entry, draft's or at zero steps the trivial build's, naming the relay, when all are wrapped)"),
     _b(_OVERLAP + "stash", ("self", "payload"), "stash",
        "each payload field's dtype equals its relay buffer's (stash casts silently; bonus tokens may widen "
        "int32 -> int64)"),
@@ -109,6 +113,39 @@ BOUNDARIES: tuple[Boundary, ...] = (
        ".prepare", ("self", "forward_batch"), "graph_extend", "copy-in, as the draft-extend runner"),
 )
 """What `install()` wraps, in order."""
+
+
+_SA = "standalone_worker_v2."
+WORKER_PAIRS: tuple[tuple[str, str], ...] = tuple((_SPEC + s, _SPEC + d) for s, d in (
+    (_V2 + "EAGLEWorkerV2", _V2 + "EagleDraftWorker"), (_SA + "StandaloneWorkerV2", _SA + "StandaloneDraftWorker"),
+    (_ML + "MultiLayerEagleWorkerV2", _ML + "MultiLayerEagleDraftWorker"),
+    (_FROZEN + "FrozenKVMTPWorkerV2", _FROZEN + "FrozenKVMTPDraftWorker")))
+"""(speculative worker class, the draft worker class it drives): methods are looked up through each class."""
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """An object one wrapped boundary makes and the next receives in the same iteration: the producer leaves
+    its check to the consumers' entry (which names it) when, in every worker pair where the producer runs,
+    each consumer is wrapped too (`_sglang_install.deferred`).
+
+    `producer`: "spec.<method>" / "draft.<method>" of a pair, or a dotted target; `consumers`: "side.method"
+    of the same pair that may receive it first; `optional`: those a worker may lack (it never takes that
+    path)."""
+
+    producer: str
+    consumers: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+
+
+HAND_OFFS: tuple[HandOff, ...] = (
+    HandOff("draft.draft", ("spec.verify",)),  # the verify input
+    HandOff("spec.verify", ("draft._draft_extend_for_decode",)),  # the verify result
+    # the relay-filled EagleDraftInput (at zero draft steps the trivial verify input's build takes it, not draft)
+    HandOff(_OVERLAP + "_resolve_spec_extras", ("draft.draft", "spec._build_trivial_verify_input"),
+            optional=("spec._build_trivial_verify_input",)),
+)
+"""The checks deferred to the consumer when it is wrapped (one check per object instead of two)."""
 
 _NOT_WRAPPED: tuple[tuple[str, str], ...] = (
     (_V2 + "EAGLEWorkerV2.forward_batch_generation", "the orchestrator: every object it passes on crosses a "
@@ -171,6 +208,11 @@ _NOT_WRAPPED: tuple[tuple[str, str], ...] = (
 NOT_WRAPPED: tuple[tuple[str, str], ...] = tuple((t if t.startswith("sglang.") else _SPEC + t, why)
                                                  for t, why in _NOT_WRAPPED)
 """Speculative boundaries of sglang 0.5.23 that `install()` leaves, and why."""
+
+
+def label(target: str) -> str:
+    """A boundary's name in errors and in the boundary counts: `Class.method`, or `module.function`."""
+    return ".".join(target.split(".")[-2:])
 
 
 def resolve(target: str) -> tuple[Any, str, Any]:

@@ -17,7 +17,7 @@ from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
 from ._sglang_check import _CLASS_OF
 from ._sglang_memo import generated
-from ._sglang_runtime import _CHECK_OF, _SAVED, _STATE, _active, _checker, _config
+from ._sglang_runtime import _CHECK_OF, _DEFER, _SAVED, _STATE, _active, _checker, _config
 
 # (payload field, FutureMap buffer): the relay of the overlap scheduler
 RELAY = (("bonus_tokens", "output_tokens_buf"), ("topk_p", "topk_p_buf"), ("topk_index", "topk_index_buf"),
@@ -53,7 +53,9 @@ def _resolve(fn: Any, get: Bound, label: str) -> Any:
         if indices is None or (_CLASS_OF.get(type(spec)) != "EagleDraftInput" and not _eagle_draft_input(spec)):
             return  # nothing relayed, or another algorithm's input (ngram, DFLASH): not the contract's
         spec._spec_schema_resolved = indices  # adapter.mark_resolved(spec), inline (a hot path): RESOLVED
-        if _SAVED and not standing_aside() and indices.shape[0]:  # _active(), inline
+        if label in _DEFER:  # draft's entry (or the trivial build's, at zero steps) checks it, naming us
+            spec._spec_schema_producer = label  # (PRODUCER, a plain store)
+        elif _SAVED and not standing_aside() and indices.shape[0]:  # _active(), inline
             (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, None, label, "")  # the batch's own fields
             # are compared at draft's entry
     return _resolve_spec_extras

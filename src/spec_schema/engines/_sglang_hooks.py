@@ -19,9 +19,11 @@ from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
 from ._sglang_runtime import (
     _CHECK_OF,
+    _DEFER,
     _DEPTH,
     _SAVED,
     MASK_MODE,
+    PRODUCER,
     _active,
     _check,
     _checker,
@@ -238,7 +240,10 @@ def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
 
 def _takes_and_makes(first: bool) -> Hook:
     """A worker method that consumes `batch.spec_info` and produces the next phase's object: what it
-    returns, or (`first`) the first item of the tuple it returns."""
+    returns, or (`first`) the first item of the tuple it returns. That object is checked at the consumer's
+    entry when install() deferred it (`_DEFER`), except a draft called with keywords (pipeline parallelism's
+    tail draft, `with_topology=True`: its chain is relayed to other stages before any verify) and a verify
+    of a worker at zero draft steps (`_drafts`): those are checked at the exit."""
 
     def make(fn: Any, get: Bound, label: str) -> Any:
         at = get.position("batch")
@@ -262,10 +267,22 @@ def _takes_and_makes(first: bool) -> Hook:
                 else:
                     del _DEPTH[me]
             made = out[0] if first and isinstance(out, tuple) else out
-            (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
+            if label in _DEFER and (not kwargs if first else _drafts(args)):  # the consumer's entry checks it,
+                made._spec_schema_producer = label  # naming us (PRODUCER, a plain store)
+            else:
+                (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
             return out
         return method
     return make
+
+
+def _drafts(args: tuple[Any, ...]) -> bool:
+    """Whether the verifying worker (`args[0]`) drafts: at zero steps sglang may stub the draft-extend
+    (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND), so the verify result is checked at verify's exit."""
+    try:
+        return bool(args[0].speculative_num_steps)
+    except (AttributeError, IndexError):
+        return False
 
 
 def _extend_prefill(fn: Any, get: Bound, label: str) -> Any:
@@ -323,9 +340,12 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
 def _trivial(fn: Any, get: Bound, label: str) -> Any:
     @functools.wraps(fn)
     def _build_trivial_verify_input(*args: Any, **kwargs: Any) -> Any:
+        _, batch = get(args, kwargs)
+        spec = batch.spec_info  # the relay's EagleDraftInput, left to its consumer (draft, or this at zero steps)
+        if getattr(spec, PRODUCER, None) is not None and _active() and not batch.forward_mode.is_idle():
+            _check(spec, None, consumer=label)  # as the relay checked it (its rows; the batch is not compared)
         out = _inside(fn, *args, **kwargs)
         if _active():
-            _, batch = get(args, kwargs)
             _check(out, _live(batch), producer=label)
         return out
     return _build_trivial_verify_input

@@ -21,9 +21,9 @@ from typing import Any
 from .. import _strict
 from ..config import SpecConfig
 from . import _sglang_copyin, _sglang_hooks
-from ._sglang_boundaries import BOUNDARIES, Bound, Boundary, probe, resolve
+from ._sglang_boundaries import BOUNDARIES, HAND_OFFS, WORKER_PAIRS, Bound, Boundary, label, probe, resolve
 from ._sglang_memo import signature
-from ._sglang_runtime import _SAVED, _SEEN, _active, _check, configure, installed
+from ._sglang_runtime import _DEFER, _SAVED, _SEEN, _active, _check, configure, installed
 
 __all__ = ["install", "uninstall", "installed", "wrapped", "HOOKS", "signature", "_SEEN",
            "_active", "_check"]
@@ -60,6 +60,7 @@ def install(config: Any, tree_mask_mode: Any = None, *, draft_config: bool = Tru
     for b, why in probes:
         if why is None:
             _wrap(b)
+    _DEFER.update(deferred())
     if missing:
         warnings.warn("spec_schema.engines.sglang.install: this sglang lacks " + "; ".join(missing)
                       + ": those boundaries are not checked", stacklevel=2)
@@ -79,6 +80,39 @@ def uninstall() -> None:
     while _SAVED:
         holder, name, original = _SAVED.pop()
         setattr(holder, name, original)
+    _DEFER.clear()
+
+
+def deferred() -> set[str]:
+    """Labels of the wrapped producers that leave their object's check to its consumer (`HAND_OFFS`):
+    in every worker pair of this sglang where the producer runs, each consumer is a spec_schema wrapper
+    too (looked up through the worker classes, as sglang calls them). Else the producer checks at its exit."""
+    pairs = [p for p in ((_lookup(s), _lookup(d)) for s, d in WORKER_PAIRS) if None not in p]  # a worker this
+    out: set[str] = set()  # sglang lacks runs nowhere
+    for h in HAND_OFFS:
+        sound: dict[str, bool] = {}  # producer's boundary target -> every consumer of it wrapped
+        for spec_cls, draft_cls in pairs:
+            side = {"spec": spec_cls, "draft": draft_cls}
+            target = getattr(_method(side, h.producer), WRAPPED, None)
+            if target is not None:
+                sound[target] = sound.get(target, True) and all(
+                    getattr(_method(side, c), WRAPPED, None) is not None
+                    or (c in h.optional and _method(side, c) is None) for c in h.consumers)
+        out |= {label(t) for t, ok in sound.items() if ok}
+    return out
+
+
+def _lookup(path: str) -> Any:
+    try:
+        return resolve(path)[2]
+    except (ImportError, AttributeError, KeyError):
+        return None
+
+
+def _method(side: dict[str, type], where: str) -> Any:
+    """`side.method` of a worker pair (through the class's bases), or a dotted target; None if absent."""
+    kind, _, name = where.partition(".")
+    return getattr(side[kind], name, None) if kind in side else _lookup(where)
 
 
 def wrapped(b: Boundary) -> bool:
@@ -92,7 +126,7 @@ def wrapped(b: Boundary) -> bool:
 
 def _wrap(b: Boundary) -> None:
     holder, name, fn = resolve(b.target)
-    wrapper = HOOKS[b.hook](fn, Bound(fn, b.params), ".".join(b.target.split(".")[-2:]))
+    wrapper = HOOKS[b.hook](fn, Bound(fn, b.params), label(b.target))
     setattr(wrapper, WRAPPED, b.target)
     if isinstance(holder, type):
         raw = holder.__dict__[name]

@@ -172,7 +172,16 @@ def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode:
     return True
 
 
+PRODUCER = "_spec_schema_producer"
+"""The attribute under which a wrapped producer that leaves its object's check to the consumer (`_DEFER`)
+records its label on the object; the consumer's check names it as the producer."""
+_DEFER: set[str] = set()
+"""Labels of the wrapped producers whose object the next wrapped boundary checks at its entry instead of
+the producer at its exit (`_sglang_install.deferred`, decided at install from what was wrapped)."""
+
+
 def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any = None) -> Any:
+    producer = producer or getattr(obj, PRODUCER, "")  # a producer that left the check to this consumer
     BOUNDARY_CALLS["sglang " + (producer or consumer)] += 1
     return adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None,
                          tree_mask_mode=mode if mode is not None else _mask_mode(obj))
