@@ -65,7 +65,7 @@ def verify(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling, stops: S
     (counts_h, finished_h, rows_h), ahead = rt.runner.read_verify(
         inp, out, slots, host_rows, sampling.all_greedy, sim, stops.budget, stops.room,
         read=lambda rows: _stops_host(out.accept_tokens, out.num_correct, stops, host_rows=rows),
-        build=lambda ext_slots, counts: _ahead_output(rt, inp, out, slots, ext_slots, counts))
+        build=lambda ext_slots, counts, built: _ahead_output(rt, inp, out, slots, ext_slots, counts, built))
     if ahead is not None:
         return _emitted(rt, ahead, rows_h, counts_h, finished_h)
     host_counts = tuple(c for c, done in zip(counts_h, finished_h) if not done)
@@ -99,17 +99,14 @@ def _emitted(rt: RuntimeState, vout: VerifyOutput, rows_h: list[list[int]], coun
 
 
 def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
-                  ext_slots: torch.Tensor, counts_h: list[int]) -> VerifyOutput:
+                  ext_slots: torch.Tensor, counts_h: list[int], built: Any = None) -> VerifyOutput:
     """The VerifyOutput when every request goes on and the rest of the iteration was launched
     ahead (`executors.ahead.LaunchAhead.launch_ahead`, which also committed the accepted nodes' slots on the
     device). Built without a host read or a host-to-device copy, so the host works here while the
     device runs the launched phases: counts are the device's (no request was cut), ragged rows are
-    gathered with sizes the host knows, and unused slots are picked by a stable sort (in one Triton
-    launch with `FastOptions.bookkeeping="triton"`: `_ahead_rows_kernel`)."""
-    if getattr(getattr(rt.runner, "backend", None), "bookkeeping", None) == "triton":
-        rows = _ahead_rows_kernel(rt, inp, out, slots, ext_slots, counts_h)
-    else:
-        rows = _ahead_rows_torch(rt, inp, out, slots, ext_slots, counts_h)
+    gathered with sizes the host knows, and unused slots are picked by a stable sort; or `built`, the
+    same tensors the launched graphs built (`FastOptions.bookkeeping="triton"`: `executors.ahead_slots`)."""
+    rows = _AheadRows(*built) if built is not None else _ahead_rows_torch(rt, inp, out, slots, ext_slots, counts_h)
     hidden = rows.hidden
     if hidden is not None:
         rt.counters.add_hidden(hidden, copied=True)
@@ -166,23 +163,6 @@ def _ahead_rows_torch(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, sl
                       accept_tokens[req, j], inp.seq_lens[req] + j + rt.spec_config.traits.draft_kv_lead,
                       hidden_rows, torch.zeros(bs, dtype=torch.bool, device=device),
                       None if out.captured is None else out.captured.index_select(0, hidden_rows))
-
-
-def _ahead_rows_kernel(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
-                       ext_slots: torch.Tensor, counts_h: list[int]) -> _AheadRows:
-    """`_ahead_rows_torch` in one Triton launch (`spec_kernels.verify_output.ahead_output`, the hidden
-    gather included): the same tensors, the same slots freed in the same order."""
-    from spec_kernels.verify_output import ahead_output
-
-    bs, width = out.accept_index.shape
-    total, flat = sum(counts_h), slots.reshape(-1)
-    tc, dc = rt.target_cache, rt.draft_cache
-    o = ahead_output(out.accept_index, out.accept_tokens, out.num_correct, inp.seq_lens, flat, ext_slots,
-                     rt.spec_config.traits.draft_kv_lead, total, tc.free_on_device(flat.shape[0] - total),
-                     dc.free_on_device(bs * width - total), out.captured)
-    tc.note_op()
-    dc.note_op()
-    return _AheadRows(*o)
 
 
 def _prepare(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling) -> VerifyCoreIn:

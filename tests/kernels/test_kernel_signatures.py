@@ -54,9 +54,9 @@ def _unspecialized(kernel) -> set:
     return set(kernel.kwargs.get("do_not_specialize") or ())
 
 
+# (verify_output's ahead_output and stage_slots read what changes every iteration from the device:
+# nodes of the launched graph, they take no such integer)
 @pytest.mark.parametrize("kernel, varying", [
-    ("verify_output._ahead_output_kernel", {"t_top", "t_n", "d_top", "d_n"}),
-    ("verify_output._stage_slots_kernel", {"t_base", "d_base"}),
     ("bookkeeping._extend_after_decode_kernel", {"T"}),
 ])
 def test_per_iteration_integers_are_not_specialized(kernel: str, varying: set) -> None:

@@ -4,7 +4,7 @@ on the device before (or right after) the host reads the verify, with no host wo
 
 `LaunchAhead` is the part of `executors.static.GraphRunner` that runs this protocol: `read_verify`
 (the verify phase's one host read, and the launches around it), `prepare_ahead` / `cancel_ahead`
-(slots staged before the read), `launch_ahead` (the three launches), `settle_ahead` / `revoke_ahead`
+(slots staged before the read), `launch_ahead` (the two graph launches), `settle_ahead` / `revoke_ahead`
 (a launch queued before the read that the read allows or refuses), `take_*` / `note_output` /
 `discard_ahead` (the phases take launched results only with the very object they belong to). It
 uses the runner's buffers, graphs and bucket views (`bufs`, `graphs`, `_draft_fn`, `_verify_fn`,
@@ -13,8 +13,7 @@ uses the runner's buffers, graphs and bucket views (`bufs`, `graphs`, `_draft_fn
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -23,79 +22,15 @@ from spec_schema import VerifyInput, VerifyOutput
 from .. import buffers as B
 from ..core_types import DraftCoreOut, ExtendCoreOut, VerifyCoreOut
 from ..executor import StopRead
-from ..verify import stacked_rows
+from .ahead_slots import AheadSlots
+from .ahead_state import HostRows, Launched, Prepared, VerifiedRows, ahead_allowed
 from .ahead_torch import ahead_extend_in_torch, ahead_extend_out_torch, live_mask, live_or_pad
-from .graphs import copy_all, slice_rows, tensors_in
+from .graphs import copy_all, head_rows, tensors_in
 
 __all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared", "VerifiedRows"]
 
 
-def _ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:
-    """Whether a verify's read allows the launched rest of the iteration: every request goes on and
-    stays inside its context next iteration (`room[b]` tokens)."""
-    return room is not None and not any(finished) and all(c <= r for c, r in zip(counts, room))
-
-
-@dataclass
-class Launched:
-    """Launched results waiting for their phase call: `expect` names the phase that takes them next
-    and `key` the object it must be called with (identity)."""
-
-    bs: int
-    expect: str
-    key: Any
-    extend: ExtendCoreOut
-    draft: DraftCoreOut
-    slots: torch.Tensor  # (bs, num_draft) target slots of the launched verify
-    verify: VerifyCoreOut
-    sim: bool
-    rows: "HostRows"  # the launched verify's tokens and counts, copied to the host as it finishes
-
-
-class HostRows:
-    """`cat(accept_tokens, num_correct)` of a verify, copied to the host right behind it.
-
-    The copy (into pinned memory, with an event, on CUDA) is queued before the host bookkeeping's
-    own kernels, so the host's read waits for the verify only, not for everything queued after it."""
-
-    def __init__(self, accept_tokens: torch.Tensor, num_correct: torch.Tensor, pinned: Optional[torch.Tensor],
-                 stacked: Optional[torch.Tensor] = None) -> None:
-        # `stacked`: the rows already stacked on the device (inside the verify graph), else stacked here
-        both = stacked if stacked is not None else stacked_rows(accept_tokens, num_correct)
-        self.event = None
-        if pinned is None or not both.is_cuda:
-            self.host = both.cpu() if both.is_cuda else both.clone()  # (`stacked` is overwritten by the next verify)
-            return
-        self.host = pinned[: both.numel()].view(both.shape)
-        self.host.copy_(both, non_blocking=True)
-        self.event = torch.cuda.Event()
-        self.event.record()
-
-    def tolist(self) -> list:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host.tolist()
-
-
-class VerifiedRows(NamedTuple):
-    """What the last verify read, kept by its graph for the launched draft-extend (`GraphRunner._verified`)."""
-
-    seq_lens: torch.Tensor  # (max_bs,) lengths before the verify
-    req_pool_indices: torch.Tensor  # (max_bs,) request rows
-    slots: torch.Tensor  # (max_bs, num_draft) target slots of the tree nodes
-
-
-class Prepared(NamedTuple):
-    """What `prepare_ahead` allocated and staged for one launch."""
-
-    bs: int
-    sim: bool
-    ext_slots: torch.Tensor  # (bs, num_steps + 1) draft slots of the launched draft-extend
-    slots: torch.Tensor  # (bs, num_draft) target slots of the launched verify
-    sim_state: Optional[torch.Tensor]  # the simulated-acceptance generator before its draw
-
-
-class LaunchAhead:
+class LaunchAhead(AheadSlots):
     """The launch-ahead protocol of `GraphRunner` (see the module docstring)."""
 
     # ---- the verify phase's read, and the launches around it ------------------------------------
@@ -103,14 +38,15 @@ class LaunchAhead:
     def read_verify(self, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor, host_rows: Optional["HostRows"],
                     greedy: bool, sim: bool, budget: Sequence[int], room: Optional[Sequence[int]],
                     read: Callable[[Optional["HostRows"]], StopRead],
-                    build: Callable[[torch.Tensor, list[int]], VerifyOutput]) -> tuple[StopRead, Optional[VerifyOutput]]:
+                    build: Callable[[torch.Tensor, list[int], Any], VerifyOutput]) -> tuple[StopRead, Optional[VerifyOutput]]:
         """`Executor.read_verify`: stage a launch before the read (`prepare_ahead`); for small batches
         that nothing but a stop token can stop this iteration, launch before the read
         (`may_launch_before_read`), so that the device goes on while the host reads; read (`read`, the
         one sync); then settle, launch or cancel as the read allows. When launched, the VerifyOutput is
         `build(ext_slots, counts)`, its device work queued beside the launched graphs (`bookkeeping`)."""
         bs = len(inp)
-        side = 0 < bs <= self.before_read_bs  # bookkeeping beside the launched graphs
+        # bookkeeping beside the launched graphs (with bookkeeping="triton" they do it themselves)
+        side = 0 < bs <= self.before_read_bs and self.backend.bookkeeping != "triton"
         with self.bookkeeping(side) as escape:
             prepared = self.prepare_ahead(greedy, room, bs, sim)
             if prepared:
@@ -134,11 +70,14 @@ class LaunchAhead:
             self.cancel_ahead()
             prepared = False
         if not prepared:
+            self._save_verify(out)  # the host path reads it
             return (counts, finished, rows), None
         ext_slots = ext_slots if ext_slots is not None else self.launch_ahead()
         reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
+        if self.backend.bookkeeping == "triton":  # the launched graph built the rows: nothing to queue
+            return (counts, finished, rows), build(ext_slots, counts, self.ahead_rows(bs, sum(counts)))
         with self.bookkeeping(early, reads) as escape:
-            vout = escape(build(ext_slots, counts))
+            vout = escape(build(ext_slots, counts, None))
         return (counts, finished, rows), vout
 
     # ---- the steps: prepare, launch, settle or revoke, take -----------------------------------------
@@ -148,8 +87,10 @@ class LaunchAhead:
         greedy (a sampled chain's launched graphs are its greedy ones: argmax proposals), the
         engine knows every request's room, both KV pools hold what it allocates, no fault
         injected), allocate the draft-extend slots and the next verify's
-        slots now and stage them on the device, so that after the read the three launches follow
-        each other with no host work in between. `launch_ahead` uses them, `cancel_ahead` frees them."""
+        slots now and stage them on the device, so that after the read the launches follow
+        each other with no host work in between. `launch_ahead` uses them, `cancel_ahead` frees them.
+        With `bookkeeping="triton"` the launched graph allocates them itself (`_stage_fn`): only the
+        live count is staged here, and only when it changed."""
         from .. import faults
 
         self.cancel_ahead()
@@ -162,25 +103,24 @@ class LaunchAhead:
         if not (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit and not faults._ACTIVE):
             return False
         rt, bucket = self.rt, self.bucket_for(bs)
-        if self.backend.bookkeeping == "triton":  # both allocations and their staging in one launch
-            from spec_kernels.verify_output import stage_slots
-
-            slots, ext_slots = stage_slots(rt.target_cache.alloc_on_device(bs * n),
-                                           rt.draft_cache.alloc_on_device(bs * width), bs, bucket, n, width,
-                                           self._next_slots, self._ext_slots, self._nlive, self._pad_slots)
-            rt.target_cache.note_op()
-            rt.draft_cache.note_op()
+        staged = self.backend.bookkeeping != "triton"
+        if not staged:  # the ahead graph allocates them into the staging rows (`_stage_fn`)
+            ext_slots, slots = self._ext_slots[:bs], self._next_slots[:bs]
+            if self._nlive_known != bs:
+                self._nlive.fill_(bs)
+                self._nlive_known = bs
         else:  # (spec_kernels.verify_output.reference_stage_slots: the same steps)
             ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
             slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
             B.put_rows(self._ext_slots, ext_slots, bs, bucket, self._pad_slots[1])
             B.put_rows(self._next_slots, slots, bs, bucket, self._pad_slots[0])
             self._nlive.fill_(bs)
+            self._nlive_known = bs
         sim_state = None
         if sim:  # drawn now; a cancel rewinds the generator, so draws match the per-phase path's
             sim_state = rt.simulate_accept.get_state(rt.device)
             B.put_rows(self._next_sim, rt.simulate_accept.counts(bs, min(n, width), rt.device), bs, bucket, 1)
-        self._prepared = Prepared(bs, sim, ext_slots, slots, sim_state)
+        self._prepared = Prepared(bs, sim, ext_slots, slots, sim_state, staged)
         return True
 
     def prepared_tensors(self) -> tuple:
@@ -192,8 +132,9 @@ class LaunchAhead:
         prepared, self._prepared = self._prepared, None
         if prepared is not None:
             self.ahead_stats["cancelled"] += 1
-            self.rt.draft_cache.free_slots(prepared.ext_slots, check=False)
-            self.rt.target_cache.free_slots(prepared.slots, check=False)
+            if prepared.staged:
+                self.rt.draft_cache.free_slots(prepared.ext_slots, check=False)
+                self.rt.target_cache.free_slots(prepared.slots, check=False)
             if prepared.sim_state is not None:
                 self.rt.simulate_accept.set_state(self.rt.device, prepared.sim_state)
 
@@ -201,7 +142,7 @@ class LaunchAhead:
                          room: Optional[Sequence[int]]) -> bool:
         """After the read: whether the prepared launch may go (every request goes on, none
         finished, and each stays inside its context next iteration: `room[b]` tokens)."""
-        return self._prepared is not None and _ahead_allowed(finished, counts, room)
+        return self._prepared is not None and ahead_allowed(finished, counts, room)
 
     def may_launch_before_read(self, bs: int, budget: Sequence[int], room: Optional[Sequence[int]]) -> bool:
         """Whether the prepared launch may be queued before verify's read, so that the device goes
@@ -219,7 +160,7 @@ class LaunchAhead:
         """After the read, for a launch queued before it: keep it (True) if the read allows it (as
         `can_launch_ahead`), else revoke it (False). `seq_lens` and `req_pool_indices` are this
         verify's (device)."""
-        if _ahead_allowed(finished, counts, room):
+        if ahead_allowed(finished, counts, room):
             self._launched = None
             return True
         self.revoke_ahead(seq_lens, req_pool_indices)
@@ -239,14 +180,17 @@ class LaunchAhead:
         self.ahead = None  # (launch_ahead moved what was prepared into `_launched`)
         self.ahead_stats["revoked"] += 1
         rt = self.rt
+        if not launched.staged:  # the graph's own slot work (its output overwrote `seq_lens`)
+            self._undo_graph_slots(launched, seq_lens)
         cols = torch.arange(rt.spec_config.num_steps + 1, device=seq_lens.device)
         rows = req_pool_indices.long()[:, None].expand(-1, cols.shape[0]).reshape(-1)
         at = (seq_lens.long()[:, None] + cols).reshape(-1)
         lead = rt.spec_config.traits.draft_kv_lead  # the draft's columns sit `lead` further
         for cache, shift in ((rt.target_cache, 0), (rt.draft_cache, lead)):
             cache.req_to_token.index_put_((rows, at + shift), torch.full_like(at, -1))
-        rt.draft_cache.free_slots(launched.ext_slots, check=False)
-        rt.target_cache.free_slots(launched.slots, check=False)
+        if launched.staged:
+            rt.draft_cache.free_slots(launched.ext_slots, check=False)
+            rt.target_cache.free_slots(launched.slots, check=False)
         if launched.sim_state is not None:
             rt.simulate_accept.set_state(rt.device, launched.sim_state)
 
@@ -296,47 +240,79 @@ class LaunchAhead:
     def launch_ahead(self) -> torch.Tensor:
         """After the greedy verify of `bs` requests (all going on), queue without a host read:
 
-        1. `ahead` (`_ahead_extend_fn`): the verify outputs -> the draft-extend buffers (rows
+        1. `ahead` (`_ahead_fn`; with `bookkeeping="triton"` it first builds the verify's output,
+           gives back its rejected nodes' slots and allocates this launch's: `executors.ahead_slots`),
+           then (`_ahead_extend_fn`) the verify outputs -> the draft-extend buffers (rows
            num_steps + 1 per request), the target slot-table commit of the accepted nodes, the
            draft-extend forward, its draft slot-table commit, and its outputs -> the draft buffers;
            then (`_ahead_draft_fn`) the next draft (multi-step loop, tree), its tree -> the verify
            buffers, and the staged slots -> the verify buffers;
-        2. the next verify, on the target slots `prepare_ahead` allocated.
+        2. the next verify, on the target slots `prepare_ahead` (or the `ahead` graph) allocated.
 
         Each is a CUDA graph per bucket (captured on first use) or an eager call ("static"). The
         results wait in `self.ahead` until the phase functions ask for them with the objects they
         belong to (`take_extend`, `take_draft`, `take_verify`); anything else discards them.
-        Returns the `(bs, num_steps + 1)` draft slots allocated for this draft-extend (the caller
-        frees the ones past each request's count)."""
+        Returns the `(bs, num_steps + 1)` draft slots of this draft-extend (torch bookkeeping: the
+        caller frees the ones past each request's count; triton: the first count of each row are
+        the allocated ones, the rest padding)."""
         try:
             self.discard_ahead()
             self._check_hidden_buffers()
         except BaseException:
             self.cancel_ahead()
             raise
-        bs, sim, ext_slots, slots, _ = self._prepared
+        bs, sim, ext_slots, slots, _, staged = self._prepared
         self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
+        if not staged:  # the graph allocates them (the host counts them once the read allows it: `ahead_rows`)
+            self._sync_tops()
+            self._tops_known = None
         tag = "simulated" if sim else "real"
         # one graph for the draft-extend and the next draft: it may run again (capture's warm-up
         # runs), since the draft-extend reads the verify's rows from `_verified`, not from the verify
-        # buffers the draft overwrites with the next verify's
-        ext, dft = self.graphs.run(("ahead", tag, bucket),
-                                   lambda: (self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)))
+        # buffers the draft overwrites with the next verify's. It keeps its outputs, and the verify's
+        # before it, in `kept` (outside the graphs' shared pool): no clone between the replays.
+        self._unsaved = None  # (this graph saves it)
+        ext, dft = self.graphs.run(("ahead", tag, bucket), lambda: self._ahead_fn(bucket, sim, staged))
         if self.rt.device.type == "cuda":  # the staging buffers' last readers are queued
             self._after_draft = torch.cuda.Event()
             self._after_draft.record()
-        # cloned before the verify replays: the graphs share one memory pool, and a graph captured
-        # before this one (the verify, once requests joined) may have its intermediates where this
-        # graph keeps its outputs (one copy behind both graphs let the verify overwrite them on the GPU)
-        ext, dft = slice_rows((ext, dft), bucket, bs)
+        if not staged:  # (the pools' last device operation, for `KVCache.track_order`)
+            self.rt.target_cache.note_op()
+            self.rt.draft_cache.note_op()
         full = self.graphs.run(self._key("verify", bucket, True, sim), lambda: self._verify_fn(bucket, True, sim))
         self._vout_full[(bucket, True, sim)] = full
-        vout = slice_rows(full, bucket, bs)
-        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind the clone
-        self.ahead = Launched(bs, "extend", None, ext, dft, slots, vout, sim, self.host_rows(vout, self._stacked[:bs]))
+        # where the next ahead graph (or `_save_verify`, if none runs) saves this verify's outputs
+        vout = head_rows(self.kept.keep("verify", full, bucket, copy=False), bucket, bs)
+        vslots = self.kept.keep_tensor("verify_slots", self._verified.slots[:bucket], bucket, copy=False)[:bs]
+        self._unsaved = (vout, bucket, sim)
+        # the verify graph stacked its rows into `_stacked`: the host copy is the only launch behind it
+        self.ahead = Launched(bs, "extend", None, *head_rows((ext, dft), bucket, bs), slots, vout, vslots, sim,
+                              self.host_rows(vout, self._stacked[:bs]))
         self.ahead_stats["launched"] += 1
         return ext_slots
+
+    def _ahead_fn(self, bucket: int, sim: bool, staged: bool) -> tuple[ExtendCoreOut, DraftCoreOut]:
+        """The `ahead` graph: save the verify before it (its pool outputs, slots and lengths, which the
+        next verify's replay overwrites) in `kept`; unless this launch's slots were `staged`, build that
+        verify's output and give back its unused slots (`_output_fn`) and allocate this launch's slots
+        (`_stage_fn`); then the draft-extend and the next draft, whose outputs it keeps too. A kept
+        output stays valid until this graph runs again; the launched phases' objects are used
+        before that (the next launch is queued by the verify phase that takes them)."""
+        self._save_verify_fn(bucket, sim)
+        if not staged:
+            self._output_fn(bucket, sim)
+            self._stage_fn(bucket, sim)
+        ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)
+        return self.kept.keep("extend", ext, bucket), self.kept.keep("draft", dft, bucket)
+
+    def _save_verify(self, out: VerifyCoreOut) -> None:
+        """If `out` is the launched verify's (`kept` views no ahead graph has filled yet), copy its
+        graph's outputs there now: the read refused the next launch, and the host path reads them.
+        (The verify graph has not run again since: only the next launch replays it.)"""
+        unsaved, self._unsaved = self._unsaved, None
+        if unsaved is not None and unsaved[0] is out:
+            self._save_verify_fn(*unsaved[1:])
 
     def take_extend(self, inp: Any) -> Optional[ExtendCoreOut]:
         """The launched draft-extend's outputs if `inp` is the input they belong to (else discard)."""
@@ -360,7 +336,7 @@ class LaunchAhead:
         self._check_hidden_buffers()
         self.ahead = None
         self.ahead_stats["used"] += 1
-        return a.slots, a.verify, a.rows
+        return a.verify_slots, a.verify, a.rows
 
     def _pinned_rows(self, bs: int, width: int) -> Optional[torch.Tensor]:
         """A page-locked int64 buffer for `bs * width` values (CUDA only), grown as needed. Two are
@@ -404,6 +380,7 @@ class LaunchAhead:
         if a is None:
             return
         self.ahead_stats["discarded"] += 1
+        self._unsaved = None
         self.rt.target_cache.free_slots(a.slots, check=False)
 
     def _nlive_for(self, bucket: int) -> Optional[torch.Tensor]:

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["DEFAULT_BUCKETS", "GraphSet", "buckets_for", "copy_all", "copy_bytes", "head", "slice_rows", "tensors_in"]
+__all__ = ["DEFAULT_BUCKETS", "GraphSet", "Kept", "buckets_for", "copy_all", "copy_bytes", "head", "head_rows",
+           "slice_rows", "tensors_in"]
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 
@@ -191,6 +192,69 @@ def slice_rows(out: Any, bucket: int, bs: int) -> Any:
     sliced = tuple(one(o) for o in out) if isinstance(out, tuple) else one(out)
     copy_bytes(pairs)
     return sliced
+
+
+def head_rows(out: Any, bucket: int, bs: int) -> Any:
+    """The live rows of a core output, or of each in a tuple of them, as views (no copy): for outputs
+    that stay valid until the graph that wrote them runs again (`Kept`)."""
+    if isinstance(out, tuple):
+        return tuple(head_rows(o, bucket, bs) for o in out)
+    values = {}
+    for f in dataclasses.fields(out):
+        v = getattr(out, f.name)
+        values[f.name] = v[: v.shape[0] // bucket * bs] if isinstance(v, torch.Tensor) else v
+    return type(out)(**values)
+
+
+class Kept:
+    """Buffers outside every graph's memory pool that graph functions copy their outputs into (copy
+    nodes inside the graph: no launch of their own), so that no other graph's replay overwrites them,
+    only the next run of a function that keeps outputs under the same name.
+
+    Each `(name, field)` gets `max_bs` requests' rows, allocated on first use, never while a stream
+    captures (a capture's warm-up runs come first)."""
+
+    def __init__(self, max_bs: int) -> None:
+        self.max_bs = max_bs
+        self.bufs: dict[tuple[str, str], torch.Tensor] = {}
+
+    def keep(self, name: str, out: Any, bucket: int, copy: bool = True) -> Any:
+        """`out` (a core output dataclass of `bucket` requests) with each tensor replaced by its rows
+        of the buffer kept under `name`, the values copied there (`copy_all`); `copy=False`: the
+        views only (what the last copy under `name` left)."""
+        values, pairs = {}, []
+        for f in dataclasses.fields(out):
+            v = getattr(out, f.name)
+            if isinstance(v, torch.Tensor):
+                dst = self._buffer(name, f.name, v, bucket)[: v.shape[0]]
+                pairs.append((dst, v))
+                v = dst
+            values[f.name] = v
+        if copy:
+            copy_all(pairs)
+        return type(out)(**values)
+
+    def keep_tensor(self, name: str, t: torch.Tensor, bucket: int, copy: bool = True) -> torch.Tensor:
+        """`keep` for one tensor of `bucket` requests' rows."""
+        dst = self._buffer(name, "", t, bucket)[: t.shape[0]]
+        if copy:
+            dst.copy_(t)
+        return dst
+
+    def _buffer(self, name: str, field: str, like: torch.Tensor, bucket: int) -> torch.Tensor:
+        per = like.shape[0] // bucket
+        shape = (per * self.max_bs, *like.shape[1:])
+        buf = self.bufs.get((name, field))
+        if buf is None or buf.shape != shape or buf.dtype != like.dtype:
+            if like.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"Kept {name}.{field}: a buffer {shape} {like.dtype} is first needed while "
+                                   "a CUDA graph captures (allocate it in a warm-up run)")
+            buf = self.bufs[(name, field)] = like.new_empty(shape)
+        return buf
+
+    def clear(self) -> None:
+        """Drop the buffers."""
+        self.bufs.clear()
 
 
 def head(t: Optional[torch.Tensor], bucket: int) -> Optional[torch.Tensor]:

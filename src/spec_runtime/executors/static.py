@@ -52,7 +52,7 @@ from ..gpu.ops import build_tree_nosync, probs_nosync
 from ..state import RuntimeState
 from ..verify import stacked_rows, verify_core
 from .ahead import LaunchAhead, Launched, Prepared, VerifiedRows
-from .graphs import GraphSet, buckets_for, copy_all, head, slice_rows
+from .graphs import GraphSet, Kept, buckets_for, copy_all, head, slice_rows
 
 __all__ = ["GraphRunner"]
 
@@ -107,6 +107,8 @@ class GraphRunner(LaunchAhead):
         if self.before_read_bs > 0 and rt.device.type == "cuda":
             rt.target_cache.track_order = rt.draft_cache.track_order = True
         self._vout_full: dict[tuple, VerifyCoreOut] = {}
+        self.kept = Kept(self.max_bs)  # the launch-ahead graphs' outputs, outside the graphs' pool
+        self._unsaved: Optional[tuple] = None  # the launched verify's kept views, before a graph fills them
         self.linear_log: list = []
         self.setup_seconds = 0.0
 
@@ -144,6 +146,13 @@ class GraphRunner(LaunchAhead):
         )
         i64 = dict(dtype=torch.int64, device=device)
         self._nlive = torch.zeros((), **i64)  # live requests of a launch-ahead bucket
+        self._nlive_known: Optional[int] = None  # what `_nlive` holds (None: unknown)
+        # both pools' free counts on the device (target, draft): [0] now, [1] once the launched
+        # iteration gave back its unused slots (the ahead graph writes it, the verify graph moves it
+        # to [0]); `_tops_known`: what [0] will hold for the next launch, when the host knows it
+        self._tops = torch.zeros(2, 2, **i64)
+        self._tops_known: Optional[tuple[int, int]] = None
+        self._rows = None  # the ahead graph's verify outputs (`ahead_output`), allocated on its first run
         self._ext_slots = torch.zeros(self.max_bs, config.num_steps + 1, **i64)  # its draft-extend slots
         # the next verify's slots (and simulated accepts), staged before the read and moved into the
         # verify buffers by the launched draft
@@ -311,7 +320,7 @@ class GraphRunner(LaunchAhead):
         v = self._verified
         copy_all([(self._stacked[:bucket], stacked_rows(out.accept_tokens, out.num_correct)),
                   (v.seq_lens[:bucket], b.seq_lens[:bucket]), (v.req_pool_indices[:bucket], b.req_pool_indices[:bucket]),
-                  (v.slots[:bucket], b.slots[:bucket])])
+                  (v.slots[:bucket], b.slots[:bucket]), (self._tops[0], self._tops[1])])
         return out
 
     def _extend_fn(self, bucket: int, greedy: bool = True) -> ExtendCoreOut:
@@ -343,5 +352,7 @@ class GraphRunner(LaunchAhead):
         """Drop the graphs and buffers (the runner sets up again on next use)."""
         self.discard_ahead()
         self._vout_full.clear()
+        self.kept.clear()
+        self._rows, self._unsaved = None, None
         self.graphs.close()
         self.bufs = None
