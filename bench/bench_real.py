@@ -368,6 +368,12 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             FastOptions.of(args.fast)
         except (TypeError, ValueError) as err:
             p.error(f"--fast {json.dumps(args.fast)}: {err}")
+    from spec_runtime.demo_real import MissingDraftError, draft_dirs
+
+    try:
+        draft_dirs(Path(args.drafts))
+    except MissingDraftError as err:
+        p.error(f"--drafts {args.drafts}: {err}")
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: at least 1")
     if args.new_tokens < 2:

@@ -48,6 +48,23 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     assert "EAGLE3 5/4/8" in (tmp_path / "merged" / "bench_real.md").read_text()
 
 
+def test_bench_real_missing_drafts_fail_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+    """A --drafts folder without the drafts stops the run before the model loads, naming the flag."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import bench_real
+
+    try:
+        bench_real.main(["--drafts", str(tmp_path), "--out", str(tmp_path / "out")])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--drafts without drafts ran")
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"bench_real.py: error: --drafts {tmp_path}: no EAGLE3 draft in"), err
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
     """Each bad --trees entry stops the run before the model loads, with a line naming it."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))
