@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from spec_train import TrainConfig, train_draft
-from spec_train.config import DEFAULT_PROMPTS
+from spec_train.config import DEFAULT_PROMPTS, TrainError, check_init_from
 from spec_train.data import PromptRow, encode_prompts, first_per_kind, load_prompts, split_prompts
 from spec_train.evaluate import measure_acceptance
 
@@ -236,6 +236,20 @@ def main() -> int:
     missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
     if missing:
         p.error(f"--measure-drafts {args.measure_drafts}: no {', '.join(missing)} directory")
+    if args.gguf is None and args.target is None:
+        p.error("give --gguf FILE (converted into --work) or --target DIR (a converted target)")
+    if args.target is None and not args.gguf.is_file():
+        p.error(f"--gguf {args.gguf}: file not found")
+    if args.target is not None and not (args.target / "config.json").is_file():
+        p.error(f"--target {args.target}: no config.json (a directory --gguf converted into WORK/target)")
+    try:  # the prompts' split (as the trainer will make it) and the saved drafts, before the GGUF's conversion
+        split = TrainConfig.model_fields
+        split_prompts(load_prompts(args.prompts)[:args.max_prompts], split["held_out_every"].default,
+                      split["min_train_prompts"].default, f"--prompts {args.prompts}")
+        for directory in args.init_from.values():
+            check_init_from(directory)
+    except TrainError as err:
+        p.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     target = args.target or convert(args.gguf, args.work / "target")
