@@ -82,3 +82,41 @@ def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
             raise AssertionError(f"--trees {tree} ran")
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith(f"bench_real.py: error: --trees {tree}: ") and why in err, err
+
+
+def test_bench_real_tuning_file_choice(monkeypatch, capsys, tmp_path) -> None:
+    """`--tuning-file auto` loads $SPEC_TUNING_FILE, else the shipped file only on the GPU it was tuned on;
+    a file tuned elsewhere, missing or not a tuning file is a one-line error before the model loads."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import bench_real
+
+    shipped = bench_real.SHIPPED_TUNING
+    tuned_on = json.loads(shipped.read_text())["meta"]["device_name"]
+    choose = bench_real.tuning_choice
+    assert choose("auto", None, tuned_on) == shipped
+    assert choose("auto", None, "another GPU") is None and choose("auto", None, None) is None
+    assert choose("none", str(shipped), tuned_on) is None
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"meta": {"device_name": "GPU X"}, "decisions": [], "tuned": [], "epilogues": []}))
+    assert choose("auto", str(mine), "GPU X") == mine and choose(str(mine), None, None) == mine
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{}")
+    for arg, device, why in [(str(mine), tuned_on, f"{mine}: tuned on 'GPU X', this device is {tuned_on!r}"),
+                             (str(tmp_path / "no.json"), None, f"{tmp_path / 'no.json'}: No such file"),
+                             (str(garbage), None, f"{garbage}: not a tuning file")]:
+        try:
+            choose(arg, None, device)
+        except ValueError as err:
+            assert str(err).startswith(why), err
+        else:
+            raise AssertionError(f"{arg} on {device} chosen")
+    try:
+        bench_real.main(["--tuning-file", str(garbage), "--out", str(tmp_path / "out")])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("a garbage --tuning-file ran")
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"bench_real.py: error: --tuning-file {garbage}: {garbage}: not a tuning file"), err
+    assert not (tmp_path / "out").exists()
