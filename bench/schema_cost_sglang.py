@@ -341,9 +341,14 @@ def _other_build(src: Path) -> Any:
     from spec_schema_b.engines import sglang_plugin as plugin_b
 
     def attach(worker: Any) -> None:  # installed against the same worker as build A, nothing wrapped twice
+        from spec_schema.engines import _sglang_runtime
+
         runtime_b.configure(plugin_b.WorkerConfig(worker),
                             lambda: getattr(worker._draft_worker, "tree_mask_mode", None), True)
         runtime_b._SAVED.append((None, "paired", None))
+        # the hand-offs install() decided for build A (both builds wrap the same functions): without them
+        # build B checked the relay at its producer and again at draft's entry
+        getattr(runtime_b, "_DEFER", set()).update(_sglang_runtime._DEFER)
     return SimpleNamespace(HOOKS=install_b.HOOKS, attach=attach)
 
 
