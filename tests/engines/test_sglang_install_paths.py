@@ -231,3 +231,39 @@ def test_a_worker_method_compares_its_input_with_a_live_batch_only(wrapped, hook
     wrapper = HOOKS[hook](method, Bound(method, ("self", "batch")), f"Worker.{hook}")
     with pytest.raises(SpecContractError if mode == "DECODE" else _Reached):
         wrapper(None, sb)
+
+
+@pytest.mark.parametrize("while_", ["torch.compile compiles", "a CUDA graph is captured"])
+def test_the_hot_wrappers_stand_aside(wrapped, monkeypatch, while_):
+    """The hot wrappers read `standing_aside()`'s flags inline: while torch.compile compiles or a CUDA graph is
+    captured, a worker method's input and a compaction too wide for its block pass unchecked; refused after."""
+    from spec_schema.engines import _sglang_copyin, _sglang_hooks
+    from spec_schema.engines._sglang_boundaries import Bound
+    from spec_schema.engines._sglang_hooks import HOOKS
+
+    def method(self, batch):
+        raise _Reached
+
+    def compact(x, accept_index, bs, num_draft_tokens):
+        return x
+
+    sb = env.batch([5, 9])
+    sb.forward_mode = SimpleNamespace(is_idle=lambda: False)
+    sb.spec_info = env.idle_draft_input(wrapped, CONFIG)  # 0 rows against the batch's 2
+    draft = HOOKS["draft"](method, Bound(method, ("self", "batch")), "Worker.draft")
+    squeeze = HOOKS["compact"](compact, Bound(compact, ("x", "accept_index", "bs", "num_draft_tokens")), "compact")
+    calls = (lambda: draft(None, sb), lambda: squeeze(torch.zeros(6), torch.zeros(2, 4, dtype=torch.int64), 2,
+                                                      num_draft_tokens=3))
+    if while_ == "torch.compile compiles":
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    else:
+        for module in (_sglang_hooks, _sglang_copyin):
+            monkeypatch.setattr(module, "_HAS_CUDA", True)
+            monkeypatch.setattr(module, "_capturing", lambda: True)
+    with pytest.raises(_Reached):
+        calls[0]()
+    calls[1]()
+    monkeypatch.undo()
+    for call in calls:
+        with pytest.raises(SpecContractError):
+            call()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._contract import standing_aside
+from .._contract import _COMPILER, _HAS_CUDA, _dynamo_compiling, standing_aside
 from ..errors import SpecContractError
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
@@ -21,10 +21,12 @@ from ._sglang_runtime import (
     _CHECK_OF,
     _DEFER,
     _DEPTH,
+    _OLD_DYNAMO,
     _SAVED,
     MASK_MODE,
     PRODUCER,
     _active,
+    _capturing,
     _check,
     _checker,
     _config,
@@ -194,7 +196,8 @@ def _compact(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def _compact_accept_to_front(*args: Any, **kwargs: Any) -> Any:
-        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+        if _SAVED and not (_COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling()
+                or _HAS_CUDA and _capturing()):  # _active(), inline (standing_aside() too): a hot path
             if len(args) >= reach and "num_draft_tokens" in kwargs:  # sglang's call: get() inline
                 x, accept_index, bs, n = args[px], args[pa], args[pb], kwargs["num_draft_tokens"]
             else:
@@ -224,7 +227,8 @@ def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def prepare_for_draft_extend(*args: Any, **kwargs: Any) -> Any:
-        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+        if _SAVED and not (_COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling()
+                or _HAS_CUDA and _capturing()):  # _active(), inline (standing_aside() too): a hot path
             if len(args) >= reach:
                 extend_input, batch, predict = args[at[0]], args[at[1]], args[at[2]]
             else:
@@ -252,7 +256,8 @@ def _takes_and_makes(first: bool) -> Hook:
 
         @functools.wraps(fn)
         def method(*args: Any, **kwargs: Any) -> Any:
-            if not _SAVED or standing_aside():  # not _active(), inline: the hot path
+            if not _SAVED or _COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling() \
+                    or _HAS_CUDA and _capturing():  # not _active(), inline (standing_aside() too): the hot path
                 return fn(*args, **kwargs)
             batch = args[at] if len(args) > at else get(args, kwargs)[1]
             mode = batch.forward_mode  # _live(batch), inline: an sglang ForwardMode is IDLE when it is that member
@@ -334,7 +339,8 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def _draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
-        if not _SAVED or standing_aside():  # not _active(), inline: the hot path
+        if not _SAVED or _COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling() \
+                or _HAS_CUDA and _capturing():  # not _active(), inline (standing_aside() too): the hot path
             return fn(*args, **kwargs)
         if len(args) > max(at_batch, at_result):
             batch, result = args[at_batch], args[at_result]

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import torch
+
 from .. import _strict
-from .._contract import BOUNDARY_CALLS, standing_aside
+from .._contract import _FLAG_COVERS_DYNAMO, _HAS_CUDA, BOUNDARY_CALLS, standing_aside
 from ..config import SpecConfig
 from . import _sglang_check as adapter
 from ._sglang_check import _CLASS_OF
@@ -185,6 +187,12 @@ def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str,
     BOUNDARY_CALLS["sglang " + (producer or consumer)] += 1
     return adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None,
                          tree_mask_mode=mode if mode is not None else _mask_mode(obj))
+
+
+_OLD_DYNAMO = not _FLAG_COVERS_DYNAMO  # a torch whose Dynamo does not hold the compile flag while it traces
+_capturing = torch._C._cuda_isCurrentStreamCapturing if _HAS_CUDA else None
+# `standing_aside()` inline, in the hot wrappers (one Python call fewer per wrapped call; the same reads):
+#   _COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling() or _HAS_CUDA and _capturing()
 
 
 def _active() -> bool:
