@@ -140,19 +140,19 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
-        me = _thread()  # _inside(), inline (a hot path: inside EagleDraftWorker.draft every iteration)
-        depth = _DEPTH[me] = _DEPTH.get(me, 0) + 1
-        try:
+        me = _thread()
+        inner = me in _DEPTH  # inside a wrapped producer (EagleDraftWorker.draft every iteration: the hot path),
+        if inner:  # whose entry already tells the boundaries inside that their objects are checked later
             out = fn(*args, **kwargs)
-        finally:  # _leave(me), inline
-            d = _DEPTH[me] - 1
-            if d:
-                _DEPTH[me] = d
-            else:
+        else:
+            _DEPTH[me] = 1  # _inside(), inline
+            try:
+                out = fn(*args, **kwargs)
+            finally:  # _leave(me), inline: the boundaries inside left the count at 1
                 del _DEPTH[me]
         n = len(args)  # the mode its custom_mask was built in, for every later check (MASK_MODE, a plain store)
         out._spec_schema_tree_mask_mode = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
-        if depth == 1 and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
+        if not inner and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
             batch = args[at_batch] if n > at_batch else get(args, kwargs)[0]  # checks it
             _check(out, _live(batch), producer=label)
         return out
