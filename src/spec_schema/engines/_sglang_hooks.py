@@ -264,15 +264,14 @@ def _takes_and_makes(first: bool) -> Hook:
             live = None if mode is idle or type(mode) is not type(idle) and mode.is_idle() else batch
             spec = batch.spec_info  # _check(spec, live, consumer=label), inline:
             (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, live, "", label)
-            me = _thread()  # _inside(), inline
-            _DEPTH[me] = _DEPTH.get(me, 0) + 1
-            try:
+            me = _thread()  # _inside(), inline; nested in another wrapped producer, its entry serves (the
+            if me in _DEPTH:  # boundaries inside ask only whether this thread has one)
                 out = fn(*args, **kwargs)
-            finally:  # _leave(me), inline
-                d = _DEPTH[me] - 1
-                if d:
-                    _DEPTH[me] = d
-                else:
+            else:
+                _DEPTH[me] = 1
+                try:
+                    out = fn(*args, **kwargs)
+                finally:  # _leave(me), inline: the boundaries inside left the count at 1
                     del _DEPTH[me]
             made = out[0] if first and isinstance(out, tuple) else out
             if label not in _DEFER:
@@ -349,15 +348,14 @@ def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
         mode = batch.forward_mode  # _live(batch), inline (as in _takes_and_makes)
         live = None if mode is idle or type(mode) is not type(idle) and mode.is_idle() else batch
         (_CHECK_OF.get(type(result)) or _checker(result))(result, live, "", label)  # _check, inline
-        me = _thread()  # _inside(), inline
-        _DEPTH[me] = _DEPTH.get(me, 0) + 1
-        try:
+        me = _thread()  # _inside(), inline; nested in another wrapped producer, its entry serves (the
+        if me in _DEPTH:  # boundaries inside ask only whether this thread has one)
             out = fn(*args, **kwargs)
-        finally:  # _leave(me), inline
-            d = _DEPTH[me] - 1
-            if d:
-                _DEPTH[me] = d
-            else:
+        else:
+            _DEPTH[me] = 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:  # _leave(me), inline: the boundaries inside left the count at 1
                 del _DEPTH[me]
         made = result.next_draft_input
         (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
