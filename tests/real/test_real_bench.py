@@ -48,19 +48,24 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     assert "EAGLE3 5/4/8" in (tmp_path / "merged" / "bench_real.md").read_text()
 
 
+def _refused(bench_real, capsys, argv: list[str]) -> str:
+    """Runs bench_real with `argv`, which must stop with exit 2; returns its last stderr line."""
+    try:
+        bench_real.main(argv)
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError(f"{argv} ran")
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_bench_real_missing_drafts_fail_in_one_line(monkeypatch, capsys, tmp_path) -> None:
     """A --drafts folder without the drafts stops the run before the model loads, naming the flag."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     monkeypatch.setattr(sys, "argv", ["bench_real.py"])
     import bench_real
 
-    try:
-        bench_real.main(["--drafts", str(tmp_path), "--out", str(tmp_path / "out")])
-    except SystemExit as exc:
-        assert exc.code == 2
-    else:
-        raise AssertionError("--drafts without drafts ran")
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    err = _refused(bench_real, capsys, ["--drafts", str(tmp_path), "--out", str(tmp_path / "out")])
     assert err.startswith(f"bench_real.py: error: --drafts {tmp_path}: no EAGLE3 draft in"), err
     assert not (tmp_path / "out").exists()
 
@@ -74,13 +79,7 @@ def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
     for tree, why in [("EAGLE3=5/4", "expected ALGORITHM=STEPS/TOPK/TOKENS"), ("MEDUSA=5/4/8", "'MEDUSA' is not one of"),
                       ("EAGLE3=5/4/99", "exceeds the largest tree"), ("STANDALONE=4/1/6", "topk 1 means a chain"),
                       ("EAGLE3=0/4/8", "at least 1")]:
-        try:
-            bench_real.main(["--trees", tree, "--out", "/nonexistent/never"])
-        except SystemExit as exc:
-            assert exc.code == 2
-        else:
-            raise AssertionError(f"--trees {tree} ran")
-        err = capsys.readouterr().err.strip().splitlines()[-1]
+        err = _refused(bench_real, capsys, ["--trees", tree, "--out", "/nonexistent/never"])
         assert err.startswith(f"bench_real.py: error: --trees {tree}: ") and why in err, err
 
 
@@ -111,12 +110,6 @@ def test_bench_real_tuning_file_choice(monkeypatch, capsys, tmp_path) -> None:
             assert str(err).startswith(why), err
         else:
             raise AssertionError(f"{arg} on {device} chosen")
-    try:
-        bench_real.main(["--tuning-file", str(garbage), "--out", str(tmp_path / "out")])
-    except SystemExit as exc:
-        assert exc.code == 2
-    else:
-        raise AssertionError("a garbage --tuning-file ran")
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    err = _refused(bench_real, capsys, ["--tuning-file", str(garbage), "--out", str(tmp_path / "out")])
     assert err.startswith(f"bench_real.py: error: --tuning-file {garbage}: {garbage}: not a tuning file"), err
     assert not (tmp_path / "out").exists()
