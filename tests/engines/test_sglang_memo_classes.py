@@ -1,8 +1,8 @@
 """`install()`'s memo across batch sizes and prefill lengths (`_sglang_memo.shape_class`): an object whose
-check is parametric in bs (and, on the draft-extend's prefill path, in its rows) passes at a new batch size
-without the full check when the same shape passed at another; everything the class leaves concrete is still
-checked: a dim of another axis equal to bs, a stale dim of the bs axis, the draft-extend's decode window and
-the verify input's flat layouts (bs*num_draft), a prefill whose rows differ from its batch's."""
+check is parametric in bs (and a draft-extend in its rows) passes at a new batch size without the full check
+when the same shape passed at another; everything the class leaves concrete is still checked: a dim of another
+axis equal to bs, a stale dim of the bs axis, decode-window rows that are not bs*num_draft, the verify input
+(its flat layouts and mask), a prefill whose rows differ from its batch's."""
 
 import pytest
 import torch
@@ -35,8 +35,8 @@ def _verified(sg, sb, gen):
 
 
 def test_a_new_batch_size_of_a_parametric_class_is_a_known_shape(wrapped):
-    """Draft inputs, verify results and prefill draft-extends: one full check for every batch size (and
-    prefill length); the draft-extend's decode window (rows bs*num_draft) is checked at each batch size."""
+    """Draft inputs, verify results, prefill draft-extends and decode windows: one full check for every batch
+    size (and prefill length)."""
     sg, gen = wrapped, torch.Generator().manual_seed(11)
     BOUNDARY_CALLS.clear()
     for bs in (2, 3, 5):
@@ -49,7 +49,7 @@ def test_a_new_batch_size_of_a_parametric_class_is_a_known_shape(wrapped):
         hidden = env.extend_hidden(CONFIG, bs * CONFIG.num_draft_tokens, gen)
         _check(env.draft_extend_window(sg, CONFIG, sb, result, hidden), sb, "window")
     counts = [BOUNDARY_CALLS[f"sglang {k}"] for k in ("draft", "prefill", "eagle_utils.eagle_sample", "window")]
-    assert counts == [1, 1, 1, 2]
+    assert counts == [1, 1, 1, 1]
 
 
 def test_a_dim_of_another_axis_equal_to_bs_is_never_a_bs(wrapped):
@@ -72,9 +72,9 @@ def test_a_stale_bs_dim_at_a_new_batch_size_is_checked(wrapped):
         _check(grown, _lens(3), "stale")
 
 
-def test_the_decode_window_and_the_verify_input_are_not_parametric(wrapped):
-    """Their rows are bs*num_draft (no bs axis of their own): the old batch size's rows at a new batch size
-    are refused, though every bs dim of the object equals the new batch's."""
+def test_rows_of_another_batch_size_are_refused(wrapped):
+    """The verify input's flat layouts and the decode window's rows are bs*num_draft: the old batch size's
+    at a new batch size are refused, though every bs dim of the object equals the new batch's."""
     sg, gen = wrapped, torch.Generator().manual_seed(14)
     n, views = CONFIG.num_draft_tokens, {}
     for bs in (2, 3):
@@ -124,3 +124,18 @@ def test_the_decode_window_ignores_the_batchs_stale_prefill_length(wrapped):
         sb.extend_num_tokens = tokens
         _check(window, sb, "stale prefill")
     assert BOUNDARY_CALLS["sglang stale prefill"] == 1
+
+
+def test_a_window_of_another_num_tokens_per_req_is_refused(wrapped):
+    """The decode window's rows are bs*num_tokens_per_req in its class: a window of bs*4 rows with
+    num_tokens_per_req 4 (the config's num_draft is 6) is checked, though its rows fit its own count."""
+    sg, gen = wrapped, torch.Generator().manual_seed(17)
+    sb = _lens(2)
+    result = _verified(sg, sb, gen)[1]
+    window = env.draft_extend_window(sg, CONFIG, sb, result,
+                                     env.extend_hidden(CONFIG, 2 * CONFIG.num_draft_tokens, gen))
+    _check(window, sb, "count")
+    window.num_tokens_per_req = 4
+    window.hidden_states, sb.input_ids = window.hidden_states[:8], sb.input_ids[:8]
+    with pytest.raises(SpecContractError, match=r"num_tokens_per_req 4: sglang's decode window has num_draft = 6"):
+        _check(window, sb, "count")

@@ -190,9 +190,10 @@ def _axes_of(m: Any) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, .
 AXES = {m.engine_cls: _axes_of(m) for m in adapter.CLASS_MAPS}
 PARAMETRIC = ("EagleDraftInput", "GenerationBatchResult", "EagleDraftExtendInput")
 """The sglang classes whose level-1 check uses the batch size only as the `bs` axis, bound from the batch's
-`seq_lens` (no view of theirs multiplies it: not EagleVerifyInput's flat layouts nor the draft-extend's decode
-window, whose rows are bs*num_draft), and, on the draft-extend's prefill path, its rows only as the
-`num_accepted` axis, bound from the batch's `extend_num_tokens`."""
+`seq_lens`, and a draft-extend's rows only as the `num_accepted` axis: on the prefill path bound from the
+batch's `extend_num_tokens`, on the decode window required to be bs*num_tokens_per_req (with
+num_tokens_per_req equal to the config's num_draft). Not EagleVerifyInput: its mask's mode and length are
+told from bs*num_draft^2 and the host lengths."""
 
 
 def _segments(key: tuple[Any, ...], start: int) -> list[tuple[int, int]]:
@@ -216,8 +217,9 @@ _LAYOUTS: dict[tuple[Any, ...], Any] = {}  # (class, start, element types of a k
 
 def _layout(name: str, key: tuple[Any, ...], start: int) -> Any:
     """Where a key of this element-type sequence holds its sizes (the element types fix its segments):
-    (index of bs, of num_tokens_per_req or None, of extend_num_tokens or None, ((index, axis), ...) of the
-    dims of a bs or num_accepted axis), or False where the check is not parametric in them."""
+    (index of bs, of num_tokens_per_req or None, of extend_num_tokens or None, whether the rows are the decode
+    window's, ((index, axis), ...) of the dims of a bs or num_accepted axis), or False where the check is not
+    parametric in them."""
     own_names, shared_names = READ_NAMES[name], BATCH_READS[name]
     segs = _segments(key, start)
     if len(segs) != len(own_names) + len(shared_names):
@@ -229,29 +231,33 @@ def _layout(name: str, key: tuple[Any, ...], start: int) -> Any:
     if not isinstance(key[first], torch.dtype) or end - first < 3:
         return False  # not an exact tensor of rank >= 1: no bs to read
     per_req = rows = None
+    window = False
     if name == "EagleDraftExtendInput":
-        per_req, counts = where[("num_tokens_per_req", False)], where[("num_accept_tokens", False)]
-        if type(key[per_req[0]]) is not int or key[counts[0]] is not None:
-            return False  # the decode window (rows bs*num_draft) or an odd count: not parametric
-        per_req, rows = per_req[0], where[("extend_num_tokens", True)][0]
-        rows = rows if type(key[rows]) is int else None
+        per_req, counts = where[("num_tokens_per_req", False)][0], where[("num_accept_tokens", False)][0]
+        if type(key[per_req]) is not int:
+            return False  # the check compares it with ints: left concrete, and so is the class
+        window = key[counts] is not None  # accept counts: the decode window (`_extend_path`)
+        rows = None if window else where[("extend_num_tokens", True)][0]
+        rows = rows if rows is not None and type(key[rows]) is int else None
     dims = []
     for attr, on_batch, (i, j) in named:
         axes = AXES[name][on_batch].get(attr)
         if axes is not None and j - i == len(axes) + 2 and isinstance(key[i], torch.dtype):  # exact, contract rank
             dims += [(d, axis) for d, axis in enumerate(axes, i + 1) if axis in _SYMBOLS]
-    return first + 1, per_req, rows, tuple(dims)
+    return first + 1, per_req, rows, window, tuple(dims)
 
 
 def shape_class(name: str, key: tuple[Any, ...], start: int = 3) -> Any:
     """The key of `key`'s shape class, or None: each dim whose contract axis is `bs` and equals the batch's
-    bs (its `seq_lens` rows) becomes `BS`, and on the draft-extend's prefill path each `num_accepted` dim equal
-    to the batch's `extend_num_tokens` (and that int) becomes `ROWS`. `key`: a generated check's key (object
-    and batch; `start` its first attribute's index).
+    bs (its `seq_lens` rows) becomes `BS`, and a draft-extend's `num_accepted` dims equal to its rows become
+    `ROWS` (prefill: the batch's `extend_num_tokens`, which becomes `ROWS` too; decode window:
+    bs*num_tokens_per_req). `key`: a generated check's key (object and batch; `start` its first attribute's
+    index).
 
-    Sound where the check is parametric in those sizes (`PARAMETRIC`): it seeds `bs` (and `num_accepted`) from
-    the batch and compares each dim of that axis with it; no other comparison reads them, and every other
-    element stays as it is. So two keys of one class, all of whose such dims equal their batch's size, get
+    Sound where the check is parametric in those sizes (`PARAMETRIC`): it seeds `bs` from the batch (and
+    `num_accepted` from the rows) and compares each dim of that axis with it; no other comparison reads them,
+    and every other element stays as it is (num_tokens_per_req too: the window's rows are bs times it, and it
+    must equal the config's num_draft). So two keys of one class, all of whose such dims equal their batch's size, get
     one verdict: a dim of that axis that differs from it stays concrete (another class), and a dim of another
     axis (topk, a width) is never replaced, even where it equals bs."""
     if name not in PARAMETRIC:
@@ -264,12 +270,15 @@ def shape_class(name: str, key: tuple[Any, ...], start: int = 3) -> Any:
         layout = _LAYOUTS[types] = _layout(name, key, start)
     if layout is False:
         return None
-    bs_at, per_req, rows_at, dims = layout
-    if key[bs_at] < 1 or per_req is not None and key[per_req] < 0:
+    bs_at, per_req, rows_at, window, dims = layout
+    bs = key[bs_at]
+    if bs < 1 or per_req is not None and key[per_req] < 0:
         return None  # no rows, or an idle draft-extend
-    sizes = {"bs": key[bs_at]}
+    sizes = {"bs": bs}
     out = list(key)
-    if rows_at is not None and key[rows_at] >= 1:
+    if window:  # its rows: bs*num_tokens_per_req (a num_tokens_per_req that is not num_draft is refused)
+        sizes["num_accepted"] = bs * key[per_req]
+    elif rows_at is not None and key[rows_at] >= 1:
         sizes["num_accepted"] = key[rows_at]
         out[rows_at] = ROWS
     for d, axis in dims:
