@@ -139,3 +139,56 @@ def test_a_window_of_another_num_tokens_per_req_is_refused(wrapped):
     window.hidden_states, sb.input_ids = window.hidden_states[:8], sb.input_ids[:8]
     with pytest.raises(SpecContractError, match=r"num_tokens_per_req 4: sglang's decode window has num_draft = 6"):
         _check(window, sb, "count")
+
+
+def _verdict(fn, *args):
+    try:
+        fn(*args)
+    except SpecContractError:
+        return "refused"
+    return "passed"
+
+
+def _resized(holder, attr, dim, size):
+    """A shallow copy of `holder` whose tensor `attr` has `size` rows on `dim` (zeros of its dtype)."""
+    import copy
+
+    out = copy.copy(holder)
+    t = getattr(holder, attr)
+    setattr(out, attr, torch.zeros((*t.shape[:dim], size, *t.shape[dim + 1:]), dtype=t.dtype))
+    return out
+
+
+def test_the_class_verdict_is_the_full_checks_at_every_resized_dim(wrapped):
+    """After each parametric kind passed at bs 2, every dim of every tensor the check reads (object and batch)
+    resized at bs 3 (to 2, 3, 4, 6 or its size + 1) gets the verdict the memo-less check gives it (the
+    objects as built pass both ways)."""
+    from spec_schema.engines import sglang as adapter
+    from spec_schema.engines._sglang_check import _engine_class
+    from spec_schema.engines._sglang_memo import BATCH_READS, READ_NAMES
+
+    sg, gen = wrapped, torch.Generator().manual_seed(18)
+
+    def kinds(bs):
+        sb = _lens(bs)
+        result = _verified(sg, sb, gen)[1]
+        window = env.draft_extend_window(sg, CONFIG, sb, result, env.extend_hidden(CONFIG, bs * 6, gen))
+        return [(env.draft_input(sg, CONFIG, bs, gen, torch.int32), _lens(bs)), (result, _lens(bs)),
+                (window, sb), env.prefill_extend(sg, CONFIG, [3 + i for i in range(bs)], gen)]
+
+    for obj, sb in kinds(2):
+        _check(obj, sb, "seed")
+    compared = 0
+    for obj, sb in kinds(3):
+        name = _engine_class(obj)
+        assert _verdict(_check, obj, sb, "class") == _verdict(adapter.check, obj, CONFIG, sb) == "passed"
+        for holder, attrs in ((obj, READ_NAMES[name]), (sb, BATCH_READS[name])):
+            for attr in attrs:
+                t = getattr(holder, attr, None)
+                for dim in range(t.dim() if isinstance(t, torch.Tensor) else 0):
+                    for size in {2, 3, 4, 6, t.shape[dim] + 1} - {t.shape[dim]}:
+                        o, b = (_resized(obj, attr, dim, size), sb) if holder is obj else (obj, _resized(sb, attr, dim, size))
+                        want = _verdict(adapter.check, o, CONFIG, b)
+                        assert _verdict(_check, o, b, "resized") == want, (name, attr, dim, size)
+                        compared += 1
+    assert compared > 60
