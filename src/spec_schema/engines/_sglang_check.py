@@ -298,8 +298,10 @@ def _rows(ctx: _Ctx) -> Optional[tuple[int, str]]:
     path = _extend_path(ctx.obj, ctx.config)
     if path == "decode" and ctx.bs is not None and ctx.num_draft is not None:
         return ctx.bs * ctx.num_draft, f"sglang's decode window bs*num_draft = {ctx.bs}*{ctx.num_draft}"
-    tokens = getattr(ctx.batch, "extend_num_tokens", None) if ctx.batch is not None else None
-    if path == "prefill" and isinstance(tokens, int):
+    if path != "prefill" or ctx.batch is None:
+        return None
+    tokens = getattr(ctx.batch, "extend_num_tokens", None)  # read on this path only (the memo key's rule)
+    if isinstance(tokens, int):
         return tokens, f"the batch's extend_num_tokens = {tokens}"
     return None
 

@@ -236,8 +236,8 @@ def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
             mode = batch.forward_mode  # not _live(batch), inline (as in _takes_and_makes)
             if mode is not idle and (type(mode) is type(idle) or not mode.is_idle()):
                 view = _WithInputIds(_batch=batch, input_ids=predict, seq_lens=batch.seq_lens,
-                                     req_pool_indices=batch.req_pool_indices,
-                                     extend_num_tokens=getattr(batch, "extend_num_tokens", None))
+                                     req_pool_indices=batch.req_pool_indices)  # (extend_num_tokens: read
+                # from the batch on the prefill path only, which a decode window is not)
                 (_CHECK_OF.get(type(extend_input)) or _checker(extend_input))(extend_input, view, "", label)
         return fn(*args, **kwargs)
     return prepare_for_draft_extend

@@ -26,6 +26,11 @@ READ_NAMES = {m.engine_cls: tuple(sorted(
     {a for f in m.fields for on_batch, a in adapter._parts_of(f.engine) if not on_batch}
     | {a for a in _SCALARS if a in adapter._REQUIRED_ATTRS[m.engine_cls]})) for m in adapter.CLASS_MAPS}
 """sglang class -> the attributes of the object its check reads."""
+_ONLY_WHEN_NONE = {"extend_num_tokens": "num_accept_tokens"}
+"""Batch attribute -> the object attribute that must be None for the check to read it: a draft-extend input's
+rows come from `extend_num_tokens` on the prefill path only (no accept counts); on the decode window the
+batch's value is the last prefill's, which the check never reads (in the key it made a new verdict of every
+(batch size, last prompt length) pair)."""
 _HOST = "seq_lens_cpu"  # read by value: a FULL_MASK's length check may sum the host lengths
 _HANDLE = "future_indices"  # read as `is None`: the check reads only that and whether it holds the resolve
 # mark (an unresolved handle is unchecked, so never remembered); no contract field is this tensor
@@ -95,11 +100,17 @@ def key_lines(name: str, head: str = "head") -> list[str]:
     ys = [f"y{k}" for k in range(len(shared))]
     lines = [f"    {x} = o.{a}" for x, a in zip(xs, own)] + [f"    k = [{head}, type(o)]"]
     lines += [line for x, a in zip(xs, own) for line in _part(x, a)]
+    always = [(y, a) for y, a in zip(ys, shared) if a not in _ONLY_WHEN_NONE]
     lines += ["    if b is not None:", "        try:"]
-    lines += [f"            {y} = b.{a}" for y, a in zip(ys, shared)] or ["            pass"]
+    lines += [f"            {y} = b.{a}" for y, a in always] or ["            pass"]
     lines += ["        except AttributeError:"]
-    lines += [f"            {y} = getattr(b, {a!r}, None)" for y, a in zip(ys, shared)] or ["            pass"]
-    lines += ["    " + line for y, a in zip(ys, shared) for line in _part(y, a)]
+    lines += [f"            {y} = getattr(b, {a!r}, None)" for y, a in always] or ["            pass"]
+    for y, a in zip(ys, shared):
+        if a in _ONLY_WHEN_NONE:  # read only on the path whose check reads it
+            lines += [f"        if {xs[own.index(_ONLY_WHEN_NONE[a])]} is None:", f"            {y} = getattr(b, {a!r}, None)",
+                      *["        " + line for line in _part(y, a)], "        else:", "            k.append(None)"]
+        else:
+            lines += ["    " + line for line in _part(y, a)]
     return lines + ["    key = tuple(k)"]
 
 
@@ -137,7 +148,140 @@ def signature(name: str, obj: Any, batch: Any) -> tuple[Any, ...]:
             return [value is None]
         return [_lengths(value)] if attr == _HOST and value is not None else _flat(value)
 
+    def read(attr: str) -> Any:
+        when = _ONLY_WHEN_NONE.get(attr)
+        return None if when is not None and getattr(obj, when) is not None else getattr(batch, attr, None)
+
     own = [e for a, v in zip(READ_NAMES[name], _READ[name](obj)) for e in flat(a, v)]
     if batch is None:
         return (type(obj), *own)
-    return (type(obj), *own, *(e for a in BATCH_READS[name] for e in flat(a, getattr(batch, a, None))))
+    return (type(obj), *own, *(e for a in BATCH_READS[name] for e in flat(a, read(a))))
+
+
+# --- one verdict per shape class: a new batch size (or prefill length) where the check is parametric in it ---
+
+class _Symbol:
+    """A key element standing for every value of one size (`BS`, `ROWS`): unique, compared by identity."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+BS, ROWS = _Symbol("<bs>"), _Symbol("<rows>")
+_PARAMETRIC_VIEWS = tuple(adapter.VIEWS[v] for v in (adapter.AS_IS, adapter.RANK2_ONLY, adapter.WINDOW_ROWS))
+
+
+def _axes_of(m: Any) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """(object attribute -> contract axes, batch attribute -> contract axes) of the fields whose view is the
+    tensor as it is; the batch's `seq_lens` (where bs is read) is `bs` even when the class has no such field."""
+    plans = {f.name: f.axes for f in adapter.plan_for(m.contract_cls).fields}
+    own: dict[str, tuple[str, ...]] = {}
+    shared: dict[str, tuple[str, ...]] = {"seq_lens": ("bs",)}
+    for f in m.fields:
+        if adapter._layout_fn(f) in _PARAMETRIC_VIEWS:  # the tensor as it is (rank 2 only: else no view)
+            for on_batch, attr in adapter._parts_of(f.engine):
+                (shared if on_batch else own)[attr] = plans[f.contract]
+    return own, shared
+
+
+AXES = {m.engine_cls: _axes_of(m) for m in adapter.CLASS_MAPS}
+PARAMETRIC = ("EagleDraftInput", "GenerationBatchResult", "EagleDraftExtendInput")
+"""The sglang classes whose level-1 check uses the batch size only as the `bs` axis, bound from the batch's
+`seq_lens`, and a draft-extend's rows only as the `num_accepted` axis: on the prefill path bound from the
+batch's `extend_num_tokens`, on the decode window required to be bs*num_tokens_per_req (with
+num_tokens_per_req equal to the config's num_draft). Not EagleVerifyInput: its mask's mode and length are
+told from bs*num_draft^2 and the host lengths."""
+
+
+def _segments(key: tuple[Any, ...], start: int) -> list[tuple[int, int]]:
+    """(first, end) of each attribute's elements in a flat key from `start`: an exact tensor's dtype, dims and
+    device string; anything else one element (`_flat`)."""
+    out, i = [], start
+    while i < len(key):
+        j = i + 1
+        if isinstance(key[i], torch.dtype):
+            while not isinstance(key[j], str):
+                j += 1
+            j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+_SYMBOLS = {"bs": BS, "num_accepted": ROWS}
+_LAYOUTS: dict[tuple[Any, ...], Any] = {}  # (class, start, element types of a key) -> `_layout` (False: none)
+
+
+def _layout(name: str, key: tuple[Any, ...], start: int) -> Any:
+    """Where a key of this element-type sequence holds its sizes (the element types fix its segments):
+    (index of bs, of num_tokens_per_req or None, of extend_num_tokens or None, whether the rows are the decode
+    window's, ((index, axis), ...) of the dims of a bs or num_accepted axis), or False where the check is not
+    parametric in them."""
+    own_names, shared_names = READ_NAMES[name], BATCH_READS[name]
+    segs = _segments(key, start)
+    if len(segs) != len(own_names) + len(shared_names):
+        return False  # no batch: bs is bound from the first field
+    named = [(a, False, s) for a, s in zip(own_names, segs)]
+    named += [(a, True, s) for a, s in zip(shared_names, segs[len(own_names):])]
+    where = {(a, on_batch): s for a, on_batch, s in named}
+    first, end = where[("seq_lens", True)]
+    if not isinstance(key[first], torch.dtype) or end - first < 3:
+        return False  # not an exact tensor of rank >= 1: no bs to read
+    per_req = rows = None
+    window = False
+    if name == "EagleDraftExtendInput":
+        per_req, counts = where[("num_tokens_per_req", False)][0], where[("num_accept_tokens", False)][0]
+        if type(key[per_req]) is not int:
+            return False  # the check compares it with ints: left concrete, and so is the class
+        window = key[counts] is not None  # accept counts: the decode window (`_extend_path`)
+        rows = None if window else where[("extend_num_tokens", True)][0]
+        rows = rows if rows is not None and type(key[rows]) is int else None
+    dims = []
+    for attr, on_batch, (i, j) in named:
+        axes = AXES[name][on_batch].get(attr)
+        if axes is not None and j - i == len(axes) + 2 and isinstance(key[i], torch.dtype):  # exact, contract rank
+            dims += [(d, axis) for d, axis in enumerate(axes, i + 1) if axis in _SYMBOLS]
+    return first + 1, per_req, rows, window, tuple(dims)
+
+
+def shape_class(name: str, key: tuple[Any, ...], start: int = 3) -> Any:
+    """The key of `key`'s shape class, or None: each dim whose contract axis is `bs` and equals the batch's
+    bs (its `seq_lens` rows) becomes `BS`, and a draft-extend's `num_accepted` dims equal to its rows become
+    `ROWS` (prefill: the batch's `extend_num_tokens`, which becomes `ROWS` too; decode window:
+    bs*num_tokens_per_req). `key`: a generated check's key (object and batch; `start` its first attribute's
+    index).
+
+    Sound where the check is parametric in those sizes (`PARAMETRIC`): it seeds `bs` from the batch (and
+    `num_accepted` from the rows) and compares each dim of that axis with it; no other comparison reads them,
+    and every other element stays as it is (num_tokens_per_req too: the window's rows are bs times it, and it
+    must equal the config's num_draft). So two keys of one class, all of whose such dims equal their batch's size, get
+    one verdict: a dim of that axis that differs from it stays concrete (another class), and a dim of another
+    axis (topk, a width) is never replaced, even where it equals bs."""
+    if name not in PARAMETRIC:
+        return None
+    types = (name, start, *map(type, key))
+    layout = _LAYOUTS.get(types)
+    if layout is None:
+        if len(_LAYOUTS) >= 256:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[types] = _layout(name, key, start)
+    if layout is False:
+        return None
+    bs_at, per_req, rows_at, window, dims = layout
+    bs = key[bs_at]
+    if bs < 1 or per_req is not None and key[per_req] < 0:
+        return None  # no rows, or an idle draft-extend
+    sizes = {"bs": bs}
+    out = list(key)
+    if window:  # its rows: bs*num_tokens_per_req (a num_tokens_per_req that is not num_draft is refused)
+        sizes["num_accepted"] = bs * key[per_req]
+    elif rows_at is not None and key[rows_at] >= 1:
+        sizes["num_accepted"] = key[rows_at]
+        out[rows_at] = ROWS
+    for d, axis in dims:
+        if key[d] == sizes.get(axis):
+            out[d] = _SYMBOLS[axis]
+    return tuple(out)

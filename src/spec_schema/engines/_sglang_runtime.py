@@ -14,7 +14,7 @@ from .._contract import _FLAG_COVERS_DYNAMO, _HAS_CUDA, BOUNDARY_CALLS, standing
 from ..config import SpecConfig
 from . import _sglang_check as adapter
 from ._sglang_check import _CLASS_OF
-from ._sglang_memo import generated, key_lines
+from ._sglang_memo import generated, key_lines, shape_class
 
 _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wrapping order
 _STATE = SimpleNamespace(config=None, provider=None, mask_mode=None, draft_config=True)
@@ -228,11 +228,18 @@ def _check(obj: Any, batch: Any = None, *, producer: str = "", consumer: str = "
 
 
 def _miss(obj: Any, batch: Any, config: Any, producer: str, consumer: str, mode: Any, key: Any) -> bool:
-    """A key not seen under `config`: the full check (raises on a violation); True when it checked
-    something and so is remembered (an unresolved overlap handle checks nothing)."""
+    """A key not seen under `config`: passed if its shape class passed (`shape_class`: the same object at
+    another batch size or prefill length), else the full check (raises on a violation); True when it
+    checked something and so is remembered (an unresolved overlap handle checks nothing)."""
+    kind = shape_class(_CLASS_OF[type(obj)], key)
+    if kind is not None and _SEEN.get(kind, _SEEN) is config:
+        _remember(_SEEN, key, config)
+        return True
     if _full_check(obj, batch, config, producer, consumer, mode) is None:
         return False
     _remember(_SEEN, key, config)
+    if kind is not None:
+        _remember(_SEEN, kind, config)
     return True
 
 
