@@ -297,7 +297,7 @@ def markdown(data: dict[str, Any]) -> str:
     m = data["meta"]
     lines = [f"# {title(m)}", "",
              f"Command: `{m['command']}`; {m['new_tokens']} new tokens per request, greedy, the demo's "
-             f"{m['prompts']} chat prompts; torch {m['torch']}; {m['time']}; the linears' decisions "
+             f"{m['prompts']} chat prompts (bs=N decodes the first N, cycled: bs=1 the first alone); torch {m['torch']}; {m['time']}; the linears' decisions "
              + (f"from {m['tuning_file']}." if m.get("tuning_file") else "timed in this process."), "",
              "| config | bs | tokens/s | accept length | vs plain | same tokens as plain |",
              "|---|---:|---:|---:|---:|---:|"]
