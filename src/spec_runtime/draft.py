@@ -184,6 +184,9 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
         full = ops.probs(logits, params.temperature, params.top_k, params.top_p)
         ids = sample_from_probs(full, uniform)[:, None]
         return full.gather(1, ids), ids, full
+    d2t = getattr(ops.draft, "d2t", None) if ops.softmax_topk is not None else None
+    if d2t is not None:  # the Triton top-k maps the ids in its own launch
+        return (*ops.softmax_topk(logits, k, d2t=d2t), None)
     values, indices = (ops.softmax_topk or softmax_topk)(logits, k)
     return values, ops.draft.to_target_ids(indices), None
 

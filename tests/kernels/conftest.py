@@ -8,6 +8,7 @@ GPU-only tests carry `@pytest.mark.gpu` and are skipped without CUDA (`pytest -m
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -16,3 +17,16 @@ if not torch.cuda.is_available():
 # Interpreted kernels and tiny torch ops are dominated by per-op overhead: one thread is fastest on
 # a shared machine.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch):
+    """`torch.empty` int tensors hold 77 and bool ones True (not what a fresh allocation happens to
+    hold): a launcher whose kernel leaves an output element unwritten returns them."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(77) if t.dtype in (torch.int32, torch.int64) else t.fill_(True) if t.dtype == torch.bool else t
+
+    monkeypatch.setattr(torch, "empty", empty)

@@ -25,7 +25,7 @@ from ..executor import StopRead
 from .ahead_slots import AheadSlots
 from .ahead_state import HostRows, Launched, Prepared, VerifiedRows, ahead_allowed
 from .ahead_torch import ahead_extend_in_torch, ahead_extend_out_torch, live_mask, live_or_pad
-from .graphs import copy_all, head_rows, tensors_in
+from .graphs import copy_packed, head_rows, tensors_in
 
 __all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared", "VerifiedRows"]
 
@@ -303,8 +303,11 @@ class LaunchAhead(AheadSlots):
         if not staged:
             self._output_fn(bucket, sim)
             self._stage_fn(bucket, sim)
-        ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)
-        return self.kept.keep("extend", ext, bucket), self.kept.keep("draft", dft, bucket)
+        copies: list = []  # the draft's trees -> the verify buffers, the outputs -> `kept`: one launch
+        ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket, copies)
+        kept = self.kept.keep("extend", ext, bucket, into=copies), self.kept.keep("draft", dft, bucket, into=copies)
+        copy_packed(copies)
+        return kept
 
     def _save_verify(self, out: VerifyCoreOut) -> None:
         """If `out` is the launched verify's (`kept` views no ahead graph has filled yet), copy its
@@ -416,14 +419,23 @@ class LaunchAhead(AheadSlots):
             db.draft_probs[:bucket].copy_(out.draft_probs)
         return out
 
-    def _ahead_draft_fn(self, bucket: int) -> DraftCoreOut:
-        """The draft, and its trees -> the verify buffers (padded requests as copy_in pads them)."""
+    def _tree_eye(self, n: int, device: torch.device) -> torch.Tensor:
+        """The padding rows' tree mask (each node itself), made once (a warm-up run, before any
+        capture) instead of a fill in every replay."""
+        eye = getattr(self, "_eye", None)
+        if eye is None or eye.shape[0] != n or eye.device != device:
+            eye = self._eye = torch.eye(n, dtype=torch.bool, device=device)
+        return eye
+
+    def _ahead_draft_fn(self, bucket: int, copies: list) -> DraftCoreOut:
+        """The draft, and its trees -> the verify buffers (padded requests as copy_in pads them): the
+        `(dst, src)` pairs appended to `copies`, which the caller copies with its own."""
         out = self._draft_fn(bucket)
         vb, db = self.bufs.verify, self.bufs.draft
         n = vb.draft_token.shape[1]
         live = live_mask(self._nlive_for(bucket), bucket, self._nlive.device)  # None: no padding
-        eye = torch.eye(n, dtype=torch.bool, device=vb.tree_mask.device)
-        copies = [
+        eye = None if live is None else self._tree_eye(n, vb.tree_mask.device)
+        pairs = [
             (vb.draft_token[:bucket], live_or_pad(live, out.draft_token, 0)),
             (vb.positions[:bucket], live_or_pad(live, out.positions, 0)),
             (vb.tree_mask[:bucket], live_or_pad(live, out.tree_mask, eye)),
@@ -435,6 +447,6 @@ class LaunchAhead(AheadSlots):
             (vb.slots[:bucket], self._next_slots[:bucket]),  # (the draft-extend reads `_verified`)
         ]
         if vb.sim_accept is not None:
-            copies.append((vb.sim_accept[:bucket], self._next_sim[:bucket]))
-        copy_all(copies)
+            pairs.append((vb.sim_accept[:bucket], self._next_sim[:bucket]))
+        copies += pairs
         return out
