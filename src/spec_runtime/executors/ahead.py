@@ -294,16 +294,17 @@ class LaunchAhead(AheadSlots):
 
     def _ahead_fn(self, bucket: int, sim: bool, staged: bool) -> tuple[ExtendCoreOut, DraftCoreOut]:
         """The `ahead` graph: save the verify before it (its pool outputs, slots and lengths, which the
-        next verify's replay overwrites) in `kept`; unless this launch's slots were `staged`, build that
+        next verify's replay overwrites) in `kept` (copied at the end, with this graph's own); unless this launch's slots were `staged`, build that
         verify's output and give back its unused slots (`_output_fn`) and allocate this launch's slots
         (`_stage_fn`); then the draft-extend and the next draft, whose outputs it keeps too. A kept
         output stays valid until this graph runs again; the launched phases' objects are used
         before that (the next launch is queued by the verify phase that takes them)."""
-        self._save_verify_fn(bucket, sim)
+        # the verify's outputs -> `kept`, the draft's trees -> the verify buffers, this graph's outputs
+        # -> `kept`: one launch at the end (nothing in this graph writes what the first pairs read)
+        copies = self._save_verify_pairs(bucket, sim)
         if not staged:
             self._output_fn(bucket, sim)
             self._stage_fn(bucket, sim)
-        copies: list = []  # the draft's trees -> the verify buffers, the outputs -> `kept`: one launch
         ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket, copies)
         kept = self.kept.keep("extend", ext, bucket, into=copies), self.kept.keep("draft", dft, bucket, into=copies)
         copy_packed(copies)
@@ -432,20 +433,23 @@ class LaunchAhead(AheadSlots):
         `(dst, src)` pairs appended to `copies`, which the caller copies with its own."""
         out = self._draft_fn(bucket)
         vb, db = self.bufs.verify, self.bufs.draft
-        n = vb.draft_token.shape[1]
-        live = live_mask(self._nlive_for(bucket), bucket, self._nlive.device)  # None: no padding
-        eye = None if live is None else self._tree_eye(n, vb.tree_mask.device)
-        pairs = [
-            (vb.draft_token[:bucket], live_or_pad(live, out.draft_token, 0)),
-            (vb.positions[:bucket], live_or_pad(live, out.positions, 0)),
-            (vb.tree_mask[:bucket], live_or_pad(live, out.tree_mask, eye)),
-            (vb.retrieve_index[:bucket], live_or_pad(live, out.retrieve_index, vb.retrieve_index[:bucket])),
-            (vb.retrieve_next_token[:bucket], live_or_pad(live, out.retrieve_next_token, -1)),
-            (vb.retrieve_next_sibling[:bucket], live_or_pad(live, out.retrieve_next_sibling, -1)),
-            (vb.seq_lens[:bucket], live_or_pad(live, db.seq_lens[:bucket], 0)),
-            (vb.req_pool_indices[:bucket], live_or_pad(live, db.req_pool_indices[:bucket], self.pad_row)),
-            (vb.slots[:bucket], self._next_slots[:bucket]),  # (the draft-extend reads `_verified`)
-        ]
+        src = (out.draft_token, out.positions, out.tree_mask, out.retrieve_index, out.retrieve_next_token,
+               out.retrieve_next_sibling, db.seq_lens[:bucket], db.req_pool_indices[:bucket])
+        dst = (vb.draft_token, vb.positions, vb.tree_mask, vb.retrieve_index, vb.retrieve_next_token,
+               vb.retrieve_next_sibling, vb.seq_lens, vb.req_pool_indices)
+        nlive = self._nlive_for(bucket)
+        pairs = [(vb.slots[:bucket], self._next_slots[:bucket])]  # (the draft-extend reads `_verified`)
+        if nlive is None:  # no padding: plain copies, with the caller's
+            pairs += [(d[:bucket], s) for d, s in zip(dst, src)]
+        elif self.backend.bookkeeping == "triton":  # the padding rows in one launch
+            from spec_kernels.tree_rows import pad_tree_rows
+
+            pad_tree_rows(src, [d[:bucket] for d in dst], nlive, self.pad_row)
+        else:
+            live = live_mask(nlive, bucket, self._nlive.device)
+            pads = (0, 0, self._tree_eye(vb.draft_token.shape[1], vb.tree_mask.device), vb.retrieve_index[:bucket],
+                    -1, -1, 0, self.pad_row)
+            pairs += [(d[:bucket], live_or_pad(live, s, pad)) for d, s, pad in zip(dst, src, pads)]
         if vb.sim_accept is not None:
             pairs.append((vb.sim_accept[:bucket], self._next_sim[:bucket]))
         copies += pairs
