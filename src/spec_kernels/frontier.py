@@ -22,7 +22,7 @@ import triton.language as tl
 
 from spec_kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
 
-__all__ = ["DraftRecords", "Frontier", "frontier_step", "organize_records"]
+__all__ = ["DraftRecords", "Frontier", "chain_probs", "frontier_step", "organize_records"]
 
 
 @dataclass
@@ -231,3 +231,39 @@ def organize_records(records: DraftRecords, num_draft: int) -> tuple[torch.Tenso
         _organize_kernel[(bs,)](records.scores, records.tokens, selected, tokens, c, nsel,
                                 CP=max(2, next_pow2(c)), num_warps=1 if c <= 256 else 4)
     return records.parent_list, selected, tokens
+
+
+@triton.jit
+def _chain_probs_kernel(
+    root_ptr,  # (bs, V) float32 the root's distribution (row 0)
+    tok_ptr,  # (bs, N) int the chain's tokens (node i + 1 drawn at row i)
+    out_ptr,  # (bs, N, V) float32 (output)
+    N, V,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    cols = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < V
+    hot = tl.load(tok_ptr + b * N + i + 1, mask=(i >= 1) & (i < N - 1), other=-1)
+    value = tl.where(cols == hot, 1.0, 0.0)
+    value = tl.where(i == 0, tl.load(root_ptr + b * V + cols, mask=ok & (i == 0), other=0.0), value)
+    tl.store(out_ptr + (b * N + i) * V + cols, value, mask=ok)
+
+
+def chain_probs(root_probs: torch.Tensor, draft_token: torch.Tensor) -> torch.Tensor:
+    """A greedy chain's `draft_probs` `(bs, N, V)` float32 in one launch: row 0 the root's distribution
+    `root_probs` `(bs, V)` (node 1's), row i (1 <= i < N - 1) the one-hot of node i + 1's token (the
+    argmax it was proposed as), the last row zeros: what the torch path stacks from the steps'
+    one-hot distributions (`draft._propose` of a greedy batch)."""
+    bs, n = draft_token.shape
+    dev = draft_token.device
+    check_tensor("draft_token", draft_token, INDEX_DTYPES, (bs, n), dev)
+    check_tensor("root_probs", root_probs, (torch.float32,), (bs, None), dev)
+    v = root_probs.shape[1]
+    out = torch.empty((bs, n, v), dtype=torch.float32, device=dev)
+    if bs and n:
+        block = min(4096, next_pow2(v))
+        _chain_probs_kernel[(bs, n, -(-v // block))](root_probs.contiguous(), draft_token.contiguous(), out, n, v,
+                                                     BLOCK=block, num_warps=4)
+    return out

@@ -68,6 +68,11 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     `ops` are the sync-free ones)."""
     if ops.frontier is not None and c.draft_probs is None:
         return _draft_core_kernels(ops, c)
+    if ops.frontier is not None and _greedy_chain(ops, c):  # a greedy chain: its argmax proposals and
+        # their one-hot distributions, which `_propose` gives it, from the same kernels as a tree's
+        out = _draft_core_kernels(ops, c)
+        out.draft_probs = ops.frontier.chain_probs(c.draft_probs, out.draft_token)
+        return out
     bs, k = c.topk_p.shape
     steps = ops.config.num_steps
     sampled = c.draft_probs is not None
@@ -88,6 +93,14 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
         hidden = None if hidden is None else gather_branches(h.view(bs, k, -1), parent)
         history = gather_branches(branch_slots, parent)
     return _layout(ops, c, *organize(records, ops.config.num_draft_tokens), probs)
+
+
+def _greedy_chain(ops: CoreOps, c: DraftCoreIn) -> bool:
+    """A sampled chain's batch whose every request is greedy (one branch, one node per step): each step
+    proposes the draft's argmax, the top-1 of the Triton top-k (ties to the lowest id in both)."""
+    config = ops.config
+    return (c.draft_probs is not None and c.greedy and config.topk == 1
+            and config.num_draft_tokens == config.num_steps + 1 and ops.softmax_topk is not None)
 
 
 def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, gpu, needs_cuda
 
-from spec_kernels.frontier import DraftRecords, frontier_step, organize_records
+from spec_kernels.frontier import DraftRecords, chain_probs, frontier_step, organize_records
 from spec_runtime.tree import gather_branches, organize, select_frontier
 
 VOCAB = 50
@@ -102,3 +102,16 @@ def test_bad_arguments_raise():
 @pytest.mark.parametrize("bs,k,steps,num_draft", [(1, 4, 5, 8), (32, 4, 5, 8), (8, 8, 6, 64), (4, 16, 3, 60)])
 def test_gpu_matches_torch_expansion(bs, k, steps, num_draft):
     _expand(bs, k, steps, num_draft, seed=bs + k, nan=True, ties=True, d2t=True, device=DEVICE)
+
+
+@pytest.mark.parametrize("bs,n,vocab", [(2, 4, 100), (1, 2, 5000), (3, 3, 7)])
+def test_chain_probs_rows(bs: int, n: int, vocab: int) -> None:
+    """A greedy chain's distributions: row 0 the root's, then the one-hot of each next node's token,
+    the last row zeros (the torch loop's stack of `_propose`'s one-hots)."""
+    gen = torch.Generator().manual_seed(bs * n)
+    root = torch.rand(bs, vocab, generator=gen)
+    tokens = torch.randint(0, vocab, (bs, n), generator=gen)
+    rows = [root] + [torch.zeros(bs, vocab).scatter_(1, tokens[:, i + 1 : i + 2], 1.0) for i in range(1, n - 1)]
+    want = torch.stack(rows + [torch.zeros(bs, vocab)], dim=1)
+    got = chain_probs(root.to(DEVICE), tokens.to(DEVICE))
+    assert torch.equal(got.cpu(), want)
