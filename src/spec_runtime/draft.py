@@ -127,9 +127,8 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
         logits = draft_logits(ops, h, c.draft_logits, raw_logits(ops, False, c.greedy))
         p, ids = (ops.softmax_topk or softmax_topk)(logits, k)
         front = f.frontier_step(step, steps, records, p, ids, c.temp_slots, draft_lens, front.scores,
-                                front.branch_slots, d2t)
-        if hidden is not None and front.parent is not None:
-            hidden = gather_branches(h.view(bs, k, -1), front.parent)
+                                front.branch_slots, d2t, None if hidden is None else h.reshape(bs * k, -1).contiguous())
+        hidden = front.hidden  # (reordered by parent branch in the step's launch; None after the last)
     return _layout(ops, c, *f.organize_records(records, ops.config.num_draft_tokens), [])
 
 

@@ -35,7 +35,7 @@ def _expand(bs: int, k: int, steps: int, num_draft: int, seed: int, nan: bool, t
     p, ids = _probs(gen, bs, k, nan, ties), torch.randint(0, VOCAB, (bs, k), generator=gen)
     got = frontier_step(0, steps, records, on(p), on(ids), on(temp), on(seq))
     scores, tokens, parent, record = select_frontier(0, None, p, ids)
-    history, recs = temp[:, :, :0], [record]
+    history, recs, hidden = temp[:, :, :0], [record], None
     for step in range(1, steps + 1):
         branch = torch.cat([history, temp[:, :, step - 1:step]], dim=2)
         if step < steps:  # the frontier the next forward runs on
@@ -45,13 +45,16 @@ def _expand(bs: int, k: int, steps: int, num_draft: int, seed: int, nan: bool, t
             assert torch.equal(got.branch_slots.cpu(), branch)
             assert torch.equal(got.out_slots.cpu(), branch[:, :, -1].reshape(-1))
             assert torch.equal(got.positions.cpu(), (seq + step - 1)[:, None].expand(bs, k).reshape(-1))
+            if hidden is not None:  # the step's forward's rows, reordered by parent branch
+                assert torch.equal(got.hidden.cpu(), gather_branches(hidden.view(bs, k, -1), parent))
         else:
             assert got.scores is None and got.branch_slots is None  # the last step: records only
             break
         p, ids = _probs(gen, bs * k, k, nan, ties), torch.randint(0, VOCAB, (bs * k, k), generator=gen)
         target_ids = ids if table is None else ids + table[ids]
+        hidden = torch.randn(bs * k, 1100 if step == 2 else 3 + 40 * step, generator=gen)  # (1100: two blocks)
         got = frontier_step(step, steps, records, on(p), on(ids), on(temp), on(seq), got.scores,
-                            got.branch_slots, on(table))
+                            got.branch_slots, on(table), on(hidden))
         scores, tokens, parent, record = select_frontier(step, scores, p.view(bs, k, k), target_ids.view(bs, k, k))
         recs.append(record)
         history = gather_branches(branch, parent)
