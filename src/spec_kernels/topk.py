@@ -156,7 +156,8 @@ def _launch(x: torch.Tensor, k: int, softmax: bool,
     return vals.reshape(*lead, k), ids.reshape(*lead, k)
 
 
-def softmax_topk(logits: torch.Tensor, k: int, d2t: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(logits: torch.Tensor, k: int, *,
+                 d2t: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(probs, indices)` of the `k` largest entries of `softmax(logits.float(), -1)` along the last
     axis (`spec_runtime.sampling.softmax_topk`), values descending, ties in index order; `(..., k)` float32 and
     int64. Reads shapes only: capturable in a CUDA graph. `d2t` `(vocab,)`: each index `i` is returned
