@@ -24,7 +24,7 @@ Modules (one per kernel family; each Triton kernel sits above its launcher):
 - `topk`: `softmax_topk` (`spec_runtime.sampling.softmax_topk`) and `row_argmax`.
 - `frontier`: `frontier_step`, `organize_records` (the draft's expansion bookkeeping:
   `spec_runtime.tree.select_frontier`, `gather_branches`, `organize`), one launch per draft step;
-  `chain_probs` (a greedy chain's one-hot distributions).
+  `chain_probs`, `onehot_rows` (a greedy chain's one-hot distributions).
 - `tuning`, `tuning_file`: setup-time timings of the GEMV against cuBLAS and of each epilogue, per
   weight shape and row count, and the JSON files that keep them.
 - `inputs`: the duck types of the runtime's objects and the shape checks a kernel and its torch

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from spec_kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
 
-__all__ = ["DraftRecords", "Frontier", "chain_probs", "frontier_step", "organize_records"]
+__all__ = ["DraftRecords", "Frontier", "chain_probs", "frontier_step", "onehot_rows", "organize_records"]
 
 
 @dataclass
@@ -286,3 +286,34 @@ def chain_probs(root_probs: torch.Tensor, draft_token: torch.Tensor) -> torch.Te
         _chain_probs_kernel[(bs, n, -(-v // block))](root_probs.contiguous(), draft_token.contiguous(), out, n, v,
                                                      BLOCK=block, num_warps=4)
     return out
+
+
+@triton.jit
+def _onehot_kernel(
+    ids_ptr,  # (R,) int the chosen ids
+    ones_ptr,  # (R,) float32 1.0 each (output)
+    out_ptr,  # (R, V) float32 the one-hot rows (output)
+    V,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    cols = c * BLOCK + tl.arange(0, BLOCK)
+    hot = tl.load(ids_ptr + r)
+    tl.store(out_ptr + r * V + cols, tl.where(cols == hot, 1.0, 0.0), mask=cols < V)
+    if c == 0:
+        tl.store(ones_ptr + r, 1.0)
+
+
+def onehot_rows(ids: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(ones (R, 1), one-hot (R, vocab))` float32 of `ids` `(R, 1)` in one launch: a greedy chain's
+    proposal probability and distribution (`draft._propose`: a zeros, a scatter and a ones)."""
+    require(ids.dim() == 2 and ids.shape[1] == 1, f"ids must be (rows, 1), got {tuple(ids.shape)}")
+    check_tensor("ids", ids, INDEX_DTYPES, tuple(ids.shape), ids.device)
+    rows = ids.shape[0]
+    ones = torch.empty((rows, 1), dtype=torch.float32, device=ids.device)
+    full = torch.empty((rows, vocab), dtype=torch.float32, device=ids.device)
+    if rows and vocab:
+        block = min(4096, next_pow2(vocab))
+        _onehot_kernel[(rows, -(-vocab // block))](ids.contiguous(), ones, full, vocab, BLOCK=block, num_warps=4)
+    return ones, full

@@ -190,6 +190,9 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
     if sampled and params.greedy:  # every request greedy: what `ops.probs` gives at temperature 0 (the
         # one-hot at the argmax, ties to the lowest id) without its sort and softmax over the vocabulary
         ids = logits.argmax(-1, keepdim=True)
+        if ops.frontier is not None:  # the ones and the one-hot in one launch
+            ones, full = ops.frontier.onehot_rows(ids, logits.shape[-1])
+            return ones, ids, full
         full = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(1, ids, 1.0)
         return torch.ones(ids.shape, dtype=torch.float32, device=ids.device), ids, full
     if sampled:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, gpu, needs_cuda
 
-from spec_kernels.frontier import DraftRecords, chain_probs, frontier_step, organize_records
+from spec_kernels.frontier import DraftRecords, chain_probs, frontier_step, onehot_rows, organize_records
 from spec_runtime.tree import gather_branches, organize, select_frontier
 
 VOCAB = 50
@@ -118,3 +118,11 @@ def test_chain_probs_rows(bs: int, n: int, vocab: int) -> None:
     want = torch.stack(rows + [torch.zeros(bs, vocab)], dim=1)
     got = chain_probs(root.to(DEVICE), tokens.to(DEVICE))
     assert torch.equal(got.cpu(), want)
+
+
+def test_onehot_rows() -> None:
+    """A greedy chain's proposal: ones and the one-hot rows of the ids (zeros, scatter and ones in torch)."""
+    ids = torch.tensor([[3], [0], [4999]], device=DEVICE)
+    ones, full = onehot_rows(ids, 5000)
+    assert torch.equal(ones.cpu(), torch.ones(3, 1))
+    assert torch.equal(full.cpu(), torch.zeros(3, 5000).scatter_(1, ids.cpu(), 1.0))

@@ -26,6 +26,8 @@ def test_bookkeeping_kernels_build_for_hopper() -> None:
              constexprs=[dict(NP=8)]),
         dict(module="spec_kernels.frontier", name="_chain_probs_kernel",
              types={"root_ptr": "*fp32", "tok_ptr": "*i64", "out_ptr": "*fp32"}, constexprs=[dict(BLOCK=1024)]),
+        dict(module="spec_kernels.frontier", name="_onehot_kernel",
+             types={"ids_ptr": "*i64", "ones_ptr": "*fp32", "out_ptr": "*fp32"}, constexprs=[dict(BLOCK=1024)]),
         dict(module="spec_kernels.frontier", name="_frontier_kernel",
              types={**_ptrs("scores_ptr p_ptr rec_scores_ptr new_scores_ptr", "*fp32"),
                     **_ptrs("ids_ptr d2t_ptr slots_in_ptr temp_ptr seq_ptr rec_tokens_ptr plist_ptr new_tokens_ptr "
@@ -39,4 +41,4 @@ def test_bookkeeping_kernels_build_for_hopper() -> None:
              constexprs=[dict(K=4, KP=4, CP=32, SOFTMAX=True, D2T=True)]),
     ]
     irs = hopper_builds(jobs)
-    assert len(irs) == 7 and all("tt.store" in ir for ir in irs)
+    assert len(irs) == 8 and all("tt.store" in ir for ir in irs)
