@@ -17,7 +17,10 @@ tokens/s counts decoded tokens over decode time (prefill timed apart); `same tok
 each algorithm's tokens equal to plain decode's at the same place (bf16 near-ties may differ: the
 re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md and bench_real.png
 (tokens/s per configuration and batch size) to --out, and on CUDA the process's setup decisions (the
-linears' kernels, timed at setup) to tuning.json: runs in two processes can differ by those choices.
+linears' kernels, timed at setup) to tuning.json: runs in two processes can differ by those choices, so
+on the GPU the shipped file was tuned on (`bench/tuning/h200_smollm2.json`) a run loads its decisions
+unless told otherwise (`--tuning-file auto`, the default: `$SPEC_TUNING_FILE` when set, else the shipped
+file on its kind of GPU, else none; `none`: time them in this process; or a file `--save-tuning` wrote).
 
 `--profile` (CUDA) adds, per row, what one decode iteration costs in steady state, counted by
 torch.profiler over `--profile-iters` iterations after the timed run (`real_profile.py`): kernels,
@@ -30,6 +33,7 @@ call sites go to profile_sites.json. `--report RUN.json ...` merges runs of one 
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import statistics
 import sys
@@ -40,6 +44,36 @@ from typing import Any, Optional
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_TUNING = ROOT / "bench" / "tuning" / "h200_smollm2.json"
+"""The linears' decisions the README's table ran with (`--save-tuning` of an H200 run)."""
+
+
+def tuning_choice(arg: str, env: Optional[str], device_name: Optional[str]) -> Optional[Path]:
+    """The tuning file a run loads: `arg` a path, "none", or "auto" (`env`, i.e. `$SPEC_TUNING_FILE`,
+    when set, else `SHIPPED_TUNING` when it was tuned on `device_name`, the CUDA device's name).
+    Raises ValueError (naming the file) for a file that is missing, not a tuning file, or tuned on
+    another kind of device than `device_name`."""
+    if arg == "none":
+        return None
+    if arg == "auto" and not env:
+        if device_name is None or not SHIPPED_TUNING.is_file():
+            return None
+        return SHIPPED_TUNING if _tuned_on(SHIPPED_TUNING) == device_name else None
+    path = Path(env if arg == "auto" else arg)
+    tuned_on = _tuned_on(path)
+    if device_name is not None and tuned_on != device_name:
+        raise ValueError(f"{path}: tuned on {tuned_on!r}, this device is {device_name!r}")
+    return path
+
+
+def _tuned_on(path: Path) -> str:
+    """The device name a tuning file records; ValueError naming the file when it has none."""
+    try:
+        return str(json.loads(path.read_text())["meta"]["device_name"])
+    except OSError as err:
+        raise ValueError(f"{path}: {err.strerror or err}") from None
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{path}: not a tuning file (--save-tuning writes them)") from None
 
 
 def sync(device: str) -> None:
@@ -197,7 +231,13 @@ def spec_setups(args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from spec_runtime.demo_real import chat_prompts, draft_dirs
     from spec_runtime.models.loading import load_target
+    from spec_runtime.options import TUNING_FILE_ENV
 
+    tuning = getattr(args, "tuning", None)  # check_args' choice; FastOptions reads it from the environment
+    if tuning is None:
+        os.environ.pop(TUNING_FILE_ENV, None)
+    else:
+        os.environ[TUNING_FILE_ENV] = str(tuning)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
     tdir = target_dir(args.gguf)
@@ -208,7 +248,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(), "dtype": args.dtype, "new_tokens": args.new_tokens,
             "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.machine()})",
             "time": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(all_prompts), "label": args.label,
-            "fast": args.fast, "rounds": args.rounds}
+            "fast": args.fast, "rounds": args.rounds,
+            "tuning_file": None if tuning is None else str(tuning.relative_to(ROOT) if tuning.is_relative_to(ROOT) else tuning)}
     rows = []
     for bs in args.bs:
         prompts = (all_prompts * bs)[:bs]
@@ -256,7 +297,8 @@ def markdown(data: dict[str, Any]) -> str:
     m = data["meta"]
     lines = [f"# {title(m)}", "",
              f"Command: `{m['command']}`; {m['new_tokens']} new tokens per request, greedy, the demo's "
-             f"{m['prompts']} chat prompts; torch {m['torch']}; {m['time']}.", "",
+             f"{m['prompts']} chat prompts; torch {m['torch']}; {m['time']}; the linears' decisions "
+             + (f"from {m['tuning_file']}." if m.get("tuning_file") else "timed in this process."), "",
              "| config | bs | tokens/s | accept length | vs plain | same tokens as plain |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
@@ -325,6 +367,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help='the spec rows\' FastOptions fields, e.g. \'{"launch_before_read": 4}\' (default: the defaults)')
     p.add_argument("--profile", action="store_true", help="count each row's per-iteration device work (CUDA)")
     p.add_argument("--profile-iters", type=int, default=12, help="steady-state iterations profiled per row")
+    p.add_argument("--tuning-file", default="auto", metavar="FILE|auto|none",
+                   help="load the linears' setup decisions from FILE ('auto': $SPEC_TUNING_FILE when set, else "
+                        "bench/tuning/h200_smollm2.json on the GPU it was tuned on; 'none': time them here)")
     p.add_argument("--save-tuning", type=Path, default=None, metavar="FILE",
                    help="write the linears' setup decisions here (default: tuning.json in --out, on CUDA; "
                         "SPEC_TUNING_FILE=FILE loads them in a later run)")
@@ -368,6 +413,19 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             FastOptions.of(args.fast)
         except (TypeError, ValueError) as err:
             p.error(f"--fast {json.dumps(args.fast)}: {err}")
+    from spec_runtime.options import TUNING_FILE_ENV
+
+    try:
+        device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        args.tuning = tuning_choice(args.tuning_file, os.environ.get(TUNING_FILE_ENV), device_name)
+    except ValueError as err:
+        p.error(f"--tuning-file {args.tuning_file}: {err}")
+    from spec_runtime.demo_real import MissingDraftError, draft_dirs
+
+    try:
+        draft_dirs(Path(args.drafts))
+    except MissingDraftError as err:
+        p.error(f"--drafts {args.drafts}: {err}")
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: at least 1")
     if args.new_tokens < 2:

@@ -9,9 +9,17 @@ check: cold (every object's signature new: each checked once, later boundaries f
 steady (only the verify input is new: its FULL_MASK grows with the sequence every iteration).
 """
 
+import argparse
 import functools
 import json
+import os
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+import timeit
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +145,6 @@ class _CheckClock:
         self.by_label: dict[str, list[int]] = {}
 
     def timed(self, fn: Any, outer: bool, label: str = "") -> Any:
-        import time
-
         clock, stack = time.perf_counter_ns, self.stack
 
         @functools.wraps(fn)
@@ -205,10 +211,6 @@ def real_path(root: Path, null: bool = False) -> dict[str, Any]:
                 full_checks = sum(BOUNDARY_CALLS.values()) - full_before
     finally:
         mp.undo()
-    import os
-    import time
-    import timeit
-
     us = sum(v[0] for v in clock.by_label.values()) / 1000 / iterations
     timer_us = min(timeit.repeat(time.perf_counter_ns, number=20000, repeat=5)) / 20000 * 1e6
     return {"load_average": [round(x, 2) for x in os.getloadavg()], "timer_call_us": timer_us,
@@ -269,8 +271,6 @@ class _Paired:
     call timed as `_CheckClock` times it (own time: the wrapper's minus the sglang function's)."""
 
     def __init__(self) -> None:
-        import time
-
         self.clock, self.phase, self.stack = time.perf_counter_ns, 0, []
         self.iterations, self.times = [0, 0], ({}, {})
 
@@ -307,8 +307,6 @@ class _Paired:
     def summary(self) -> dict[str, Any]:
         """Per build: each boundary's median µs per call, and those medians times build A's calls per
         iteration summed over the decode boundaries (prefill, merge and filter run a few times a run)."""
-        import statistics
-
         med = [{k: statistics.median(v) / 1000 for k, v in t.items()} for t in self.times]
         calls = {k: len(v) / self.iterations[0] for k, v in self.times[0].items()}
         decode = [k for k in calls if not any(w in k for w in ("prefill", "merge", "filter"))]
@@ -329,8 +327,6 @@ def _null_build() -> Any:
 
 def _other_build(src: Path) -> Any:
     """Build B from `src`/spec_schema, copied and imported as spec_schema_b, configured like the plugin."""
-    import shutil
-    import tempfile
     from types import SimpleNamespace
 
     pkg = Path(tempfile.mkdtemp())
@@ -341,9 +337,14 @@ def _other_build(src: Path) -> Any:
     from spec_schema_b.engines import sglang_plugin as plugin_b
 
     def attach(worker: Any) -> None:  # installed against the same worker as build A, nothing wrapped twice
+        from spec_schema.engines import _sglang_runtime
+
         runtime_b.configure(plugin_b.WorkerConfig(worker),
                             lambda: getattr(worker._draft_worker, "tree_mask_mode", None), True)
         runtime_b._SAVED.append((None, "paired", None))
+        # the hand-offs install() decided for build A (both builds wrap the same functions): without them
+        # build B checked the relay at its producer and again at draft's entry
+        getattr(runtime_b, "_DEFER", set()).update(_sglang_runtime._DEFER)
     return SimpleNamespace(HOOKS=install_b.HOOKS, attach=attach)
 
 
@@ -352,8 +353,6 @@ def paired(other: Path, runs: int) -> list[dict[str, Any]]:
     spec_schema_b; `null`: wrappers that only call through) on one sglang serving loop, iterations alternating between them, `runs` runs after a
     warm-up: both builds see the same machine load, so their difference is measured to about a µs per
     boundary where separate runs differ by tens of µs per iteration."""
-    import tempfile
-
     import pytest
 
     sys.path.insert(0, str(ROOT))
@@ -402,12 +401,31 @@ def _paired_main(other: Path, runs: int, as_json: bool = False) -> None:
         a, b = r["decode_us"]["A"], r["decode_us"]["B"]
         print(f"decode boundaries, µs per iteration (per-call medians x calls): A {a:.1f}  B {b:.1f}  "
               f"B-A {b - a:+.1f}")
-    import statistics
-
     for label in sorted(results[0]["median_us"]["A"]):
         a = statistics.median(r["median_us"]["A"].get(label, 0.0) for r in results)
         b = statistics.median(r["median_us"]["B"].get(label, 0.0) for r in results)
         print(f"  {label:48s} A {a:7.2f}  B {b:7.2f}  {b - a:+7.2f} µs per call")
+
+
+def _both_ways(other: Path, runs: int) -> None:
+    """`--paired SRC --both-ways`: this tree as build A against SRC, then SRC as build A against this tree
+    (one process each). Each role has its own bias (an identical tree came out up to ~18 µs per iteration
+    cheaper as B than as A); half the difference of the two medians cancels it."""
+    import spec_schema
+
+    def run(src: Path, against: Path) -> list[float]:  # B - A per run, `src` as build A
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, __file__, "--paired", str(against), "--runs", str(runs),
+                               "--paired-json"], env=env, capture_output=True, text=True, timeout=1800)
+        if proc.returncode:
+            raise SystemExit(f"paired worker failed (build A {src}):\n{proc.stderr[-3000:]}")
+        return [r["decode_us"]["B"] - r["decode_us"]["A"] for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+    here = Path(spec_schema.__file__).resolve().parents[1]
+    as_a, as_b = run(here, other), run(other, here)  # SRC - this (+ bias), this - SRC (+ bias)
+    a, b = statistics.median(as_a), statistics.median(as_b)
+    print(f"this tree as A, SRC - this: {as_a}; as B, this - SRC: {as_b} µs per iteration (decode boundaries)\n"
+          f"this tree is {(a - b) / 2:.1f} µs per iteration cheaper than {other} (role bias {(a + b) / 2:+.1f})")
 
 
 def _real_worker(root: Path) -> None:
@@ -416,10 +434,6 @@ def _real_worker(root: Path) -> None:
 
 def main() -> None:
     """Run `real_path` in one interpreter per SPEC_STRICT value (unset, 1); write schema_cost_sglang.md/json."""
-    import argparse
-    import os
-    import subprocess
-    import tempfile
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -430,6 +444,8 @@ def main() -> None:
                              "checkout's src; 'null': wrappers that only call through) on one serving loop, "
                              "iterations alternating; run under SPEC_STRICT=1")
     parser.add_argument("--runs", type=int, default=3, help="runs of --paired (after a warm-up)")
+    parser.add_argument("--both-ways", action="store_true",
+                        help="with --paired SRC: also SRC as build A against this tree, and half the difference")
     parser.add_argument("--paired-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -441,6 +457,10 @@ def main() -> None:
             parser.error(f"--runs {args.runs}: at least 1 run")
         if os.environ.get("SPEC_STRICT") != "1":
             parser.error("--paired: run with SPEC_STRICT=1 (the checks are installed only then)")
+        if args.both_ways:
+            if str(args.paired) == "null":
+                parser.error("--both-ways: give a checkout's src directory to --paired, not null")
+            return _both_ways(args.paired.resolve(), args.runs)
         return _paired_main(args.paired, args.runs, args.paired_json)
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: at least 1 run")

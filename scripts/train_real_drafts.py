@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from spec_train import TrainConfig, train_draft
-from spec_train.config import DEFAULT_PROMPTS
+from spec_train.config import DEFAULT_PROMPTS, TrainError, check_init_from
 from spec_train.data import PromptRow, encode_prompts, first_per_kind, load_prompts, split_prompts
 from spec_train.evaluate import measure_acceptance
 
@@ -92,13 +92,19 @@ def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log:
     return entry
 
 
+def prompt_split(args: argparse.Namespace) -> tuple[list[PromptRow], list[PromptRow]]:
+    """(train, held out) of `--prompts` cut to `--max-prompts`, as the trainer splits them (its defaults);
+    raises `TrainError` naming the file when too few training or no held-out prompts remain."""
+    split = TrainConfig.model_fields
+    return split_prompts(load_prompts(args.prompts)[:args.max_prompts], split["held_out_every"].default,
+                         split["min_train_prompts"].default, f"--prompts {args.prompts}")
+
+
 def held_out_sample(args: argparse.Namespace, held_ids: list | None = None,
                     tokenizer_dir: Path | None = None) -> tuple[list, list[str]]:
     """(ids, kinds) of the first `--eval-prompts` held-out prompts of each kind of `--prompts`: from
     the trainer's held-out ids when given, else encoded here with the target's tokenizer."""
-    split = TrainConfig.model_fields  # the trainer's own split, so the rows match its held-out ids
-    rows: list[PromptRow] = split_prompts(load_prompts(args.prompts)[:args.max_prompts],
-                                          split["held_out_every"].default, split["min_train_prompts"].default)[1]
+    rows: list[PromptRow] = prompt_split(args)[1]  # the trainer's own split: the rows match its held-out ids
     keep = first_per_kind(rows, args.eval_prompts)
     if held_ids is None:
         from transformers import AutoTokenizer
@@ -236,6 +242,18 @@ def main() -> int:
     missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
     if missing:
         p.error(f"--measure-drafts {args.measure_drafts}: no {', '.join(missing)} directory")
+    if args.gguf is None and args.target is None:
+        p.error("give --gguf FILE (converted into --work) or --target DIR (a converted target)")
+    if args.target is None and not args.gguf.is_file():
+        p.error(f"--gguf {args.gguf}: file not found")
+    if args.target is not None and not (args.target / "config.json").is_file():
+        p.error(f"--target {args.target}: no config.json (a directory --gguf converted into WORK/target)")
+    try:  # the prompts' split (as the trainer will make it) and the saved drafts, before the GGUF's conversion
+        prompt_split(args)
+        for directory in args.init_from.values():
+            check_init_from(directory)
+    except TrainError as err:
+        p.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     target = args.target or convert(args.gguf, args.work / "target")

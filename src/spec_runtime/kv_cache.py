@@ -87,6 +87,13 @@ class KVCache:
         self._note_op()
         return slots
 
+    @property
+    def device_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(free stack, in_use)`: the tensors a kernel that takes or gives back slots itself works on
+        (`spec_kernels.verify_output.ahead_output`, `stage_slots`); the free slots are the stack's
+        first `num_free_slots`, its top at the end."""
+        return self._free_stack, self.in_use
+
     def free_on_device(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Count free `n` in-use slots that a kernel the caller launches next returns itself: it writes
         them to `free_stack[top:top + n]` in the order `free_slots` pushes them and clears their

@@ -202,3 +202,68 @@ def test_the_verify_preparation_checks_its_input(wrapped):
     with pytest.raises(SpecContractError, match=r"positions -> VerifyInput\.positions: flat length 11") as err:
         sg.eagle_utils.eagle_prepare_for_verify(vin, None, sb, None)
     assert err.value.consumer == "eagle_utils.eagle_prepare_for_verify"
+
+
+class _Reached(Exception):
+    """Raised by a stand-in worker method: the wrapper's entry check let the call through."""
+
+
+@pytest.mark.parametrize("hook", ["draft", "verify"])
+@pytest.mark.parametrize("mode", ["IDLE", "DECODE", "a mode with is_idle() only"])
+def test_a_worker_method_compares_its_input_with_a_live_batch_only(wrapped, hook, mode):
+    """The worker methods' wrappers tell an idle batch (data-parallel attention's empty rank) by identity with
+    sglang's `ForwardMode.IDLE`, and by `is_idle()` for a mode of another type: its input is checked alone.
+    On a DECODE batch the idle input's 0 rows are compared with the batch's 2 and refused."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from spec_schema.engines._sglang_boundaries import Bound
+    from spec_schema.engines._sglang_hooks import HOOKS
+
+    def method(self, batch):
+        raise _Reached
+
+    sb = env.batch([5, 9], idle=mode != "DECODE")
+    if mode != "a mode with is_idle() only":
+        sb.forward_mode = getattr(ForwardMode, mode)
+    sb.spec_info = env.idle_draft_input(wrapped, CONFIG) if hook == "draft" else \
+        wrapped.eagle_info.EagleVerifyInput.create_idle_input(CONFIG.topk, CONFIG.num_steps, CONFIG.num_draft_tokens,
+                                                              "cpu")
+    wrapper = HOOKS[hook](method, Bound(method, ("self", "batch")), f"Worker.{hook}")
+    with pytest.raises(SpecContractError if mode == "DECODE" else _Reached):
+        wrapper(None, sb)
+
+
+@pytest.mark.parametrize("while_", ["torch.compile compiles", "a CUDA graph is captured"])
+def test_the_hot_wrappers_stand_aside(wrapped, monkeypatch, while_):
+    """The hot wrappers read `standing_aside()`'s flags inline: while torch.compile compiles or a CUDA graph is
+    captured, a worker method's input and a compaction too wide for its block pass unchecked; refused after."""
+    from spec_schema.engines import _sglang_copyin, _sglang_hooks
+    from spec_schema.engines._sglang_boundaries import Bound
+    from spec_schema.engines._sglang_hooks import HOOKS
+
+    def method(self, batch):
+        raise _Reached
+
+    def compact(x, accept_index, bs, num_draft_tokens):
+        return x
+
+    sb = env.batch([5, 9])
+    sb.forward_mode = SimpleNamespace(is_idle=lambda: False)
+    sb.spec_info = env.idle_draft_input(wrapped, CONFIG)  # 0 rows against the batch's 2
+    draft = HOOKS["draft"](method, Bound(method, ("self", "batch")), "Worker.draft")
+    squeeze = HOOKS["compact"](compact, Bound(compact, ("x", "accept_index", "bs", "num_draft_tokens")), "compact")
+    calls = (lambda: draft(None, sb), lambda: squeeze(torch.zeros(6), torch.zeros(2, 4, dtype=torch.int64), 2,
+                                                      num_draft_tokens=3))
+    if while_ == "torch.compile compiles":
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    else:
+        for module in (_sglang_hooks, _sglang_copyin):
+            monkeypatch.setattr(module, "_HAS_CUDA", True)
+            monkeypatch.setattr(module, "_capturing", lambda: True)
+    with pytest.raises(_Reached):
+        calls[0]()
+    calls[1]()
+    monkeypatch.undo()
+    for call in calls:
+        with pytest.raises(SpecContractError):
+            call()

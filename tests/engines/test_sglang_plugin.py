@@ -123,6 +123,30 @@ def test_the_worker_hook_installs_with_the_workers_config_and_follows_its_runtim
         env.verify_input(sg, CONFIG, sb, bonus, gen)  # the old shape is a corruption now
 
 
+@pytest.mark.skipif(not _strict.LEVEL, reason="the plugin hooks only under SPEC_STRICT")
+def test_the_checks_read_the_tree_shape_again_after_any_assignment(plugins, sg):
+    """The plugin's checks take the config without reading the worker's tree shape until one of its three
+    attributes is assigned (a watch on the worker's class, no `__get__`: reads and the values are sglang's);
+    uninstall removes the watches."""
+    from spec_schema.engines import _sglang_runtime
+
+    worker, cls = env.worker(sg, CONFIG), sg.eagle_worker_v2.EAGLEWorkerV2
+    assert type(worker) is cls
+    _attach_through_the_hook(plugins, worker)
+    gen, sb, bonus = torch.Generator().manual_seed(9), env.batch([5, 9]), torch.tensor([3, 4], dtype=torch.int32)
+    env.verify_input(sg, CONFIG, sb, bonus, gen)
+    assert _sglang_runtime._FOLLOW[4]  # fresh: the next check takes the config without reading
+    worker.speculative_num_draft_tokens = 4  # plain assignments, as sglang's _override_worker_state makes
+    assert not _sglang_runtime._FOLLOW[4]
+    worker.speculative_num_steps = 2
+    assert not _sglang_runtime._FOLLOW[4] and worker.__dict__["speculative_num_steps"] == 2
+    with pytest.raises(SpecContractError, match="draft_token_num 6, expected num_draft = 4"):
+        env.verify_input(sg, CONFIG, sb, bonus, gen)
+    env.verify_input(sg, example_config("EAGLE", num_steps=2, num_draft_tokens=4), sb, bonus, gen)
+    adapter.uninstall()
+    assert not any(n in cls.__dict__ for n in sglang_plugin._SHAPE_NAMES) and worker.topk == 2
+
+
 def test_the_tree_shape_is_read_where_the_worker_keeps_it(sg):
     """The config follows the worker's tree shape read from its instance dict (no attribute lookup through
     the class); a class whose property shadows one of the three attributes is read by attribute."""

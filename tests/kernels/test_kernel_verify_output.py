@@ -78,7 +78,7 @@ def test_ahead_output_is_the_torch_path(bs, bucket, n, width, lead, dtype, hidde
     out = ahead_output_buffers(acc, tokens, seq, captured, bucket)
     for _ in range(2):
         ahead_output(acc, tokens, num_correct, seq, torch.cat([slots2, pad]), torch.tensor(bs, device=DEVICE), tops,
-                     lead, (kt._free_stack, kt.in_use), out, captured)
+                     lead, kt.device_pool, out, captured)
     kt.free_on_device(bs * n - total)  # (what the host counts)
     flat = ("input_ids", "positions", "hidden_rows", "hidden")
     for name, a, b in zip(ref._fields, ref, out):
@@ -95,7 +95,7 @@ def test_ahead_output_refuses_buffers_of_another_bucket():
     seq = torch.zeros(2, dtype=torch.int64, device=DEVICE)
     with pytest.raises(ValueError, match="out.accept_index must be contiguous"):
         ahead_output(acc, tokens, nc, seq, slots, torch.tensor(2, device=DEVICE), _tops(kt, kd), 0,
-                     (kt._free_stack, kt.in_use), ahead_output_buffers(acc, tokens, seq, None, 4))
+                     kt.device_pool, ahead_output_buffers(acc, tokens, seq, None, 4))
 
 
 def test_ahead_output_kernel_builds_for_hopper():
@@ -137,7 +137,7 @@ def test_stage_slots_is_the_torch_path(bs, bucket, n, width):
             tops = _tops(tc, dc)  # [1]: as ahead_output leaves it, had it given back no target slot
             tops[1] = tops[0] - torch.tensor([bs * n, total], device=DEVICE)
             for _ in range(2):
-                stage_slots((tc._free_stack, tc.in_use), (dc._free_stack, dc.in_use), tops,
+                stage_slots(tc.device_pool, dc.device_pool, tops,
                             torch.tensor(bs, device=DEVICE), num_correct, bucket, n, width, t_stage, d_stage,
                             (901, 902))
             tc.alloc_on_device(bs * n)

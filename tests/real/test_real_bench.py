@@ -48,6 +48,28 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     assert "EAGLE3 5/4/8" in (tmp_path / "merged" / "bench_real.md").read_text()
 
 
+def _refused(bench_real, capsys, argv: list[str]) -> str:
+    """Runs bench_real with `argv`, which must stop with exit 2; returns its last stderr line."""
+    try:
+        bench_real.main(argv)
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError(f"{argv} ran")
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bench_real_missing_drafts_fail_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+    """A --drafts folder without the drafts stops the run before the model loads, naming the flag."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import bench_real
+
+    err = _refused(bench_real, capsys, ["--drafts", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert err.startswith(f"bench_real.py: error: --drafts {tmp_path}: no EAGLE3 draft in"), err
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
     """Each bad --trees entry stops the run before the model loads, with a line naming it."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))
@@ -57,11 +79,37 @@ def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
     for tree, why in [("EAGLE3=5/4", "expected ALGORITHM=STEPS/TOPK/TOKENS"), ("MEDUSA=5/4/8", "'MEDUSA' is not one of"),
                       ("EAGLE3=5/4/99", "exceeds the largest tree"), ("STANDALONE=4/1/6", "topk 1 means a chain"),
                       ("EAGLE3=0/4/8", "at least 1")]:
-        try:
-            bench_real.main(["--trees", tree, "--out", "/nonexistent/never"])
-        except SystemExit as exc:
-            assert exc.code == 2
-        else:
-            raise AssertionError(f"--trees {tree} ran")
-        err = capsys.readouterr().err.strip().splitlines()[-1]
+        err = _refused(bench_real, capsys, ["--trees", tree, "--out", "/nonexistent/never"])
         assert err.startswith(f"bench_real.py: error: --trees {tree}: ") and why in err, err
+
+
+def test_bench_real_tuning_file_choice(monkeypatch, capsys, tmp_path) -> None:
+    """`--tuning-file auto` loads $SPEC_TUNING_FILE, else the shipped file only on the GPU it was tuned on;
+    a file tuned elsewhere, missing or not a tuning file is a one-line error before the model loads."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import bench_real
+
+    shipped = bench_real.SHIPPED_TUNING
+    tuned_on = json.loads(shipped.read_text())["meta"]["device_name"]
+    choose = bench_real.tuning_choice
+    assert choose("auto", None, tuned_on) == shipped
+    assert choose("auto", None, "another GPU") is None and choose("auto", None, None) is None
+    assert choose("none", str(shipped), tuned_on) is None
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"meta": {"device_name": "GPU X"}, "decisions": [], "tuned": [], "epilogues": []}))
+    assert choose("auto", str(mine), "GPU X") == mine and choose(str(mine), None, None) == mine
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{}")
+    for arg, device, why in [(str(mine), tuned_on, f"{mine}: tuned on 'GPU X', this device is {tuned_on!r}"),
+                             (str(tmp_path / "no.json"), None, f"{tmp_path / 'no.json'}: No such file"),
+                             (str(garbage), None, f"{garbage}: not a tuning file")]:
+        try:
+            choose(arg, None, device)
+        except ValueError as err:
+            assert str(err).startswith(why), err
+        else:
+            raise AssertionError(f"{arg} on {device} chosen")
+    err = _refused(bench_real, capsys, ["--tuning-file", str(garbage), "--out", str(tmp_path / "out")])
+    assert err.startswith(f"bench_real.py: error: --tuning-file {garbage}: {garbage}: not a tuning file"), err
+    assert not (tmp_path / "out").exists()

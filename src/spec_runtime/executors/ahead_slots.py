@@ -48,7 +48,7 @@ class AheadSlots:
         out = type(self._rows)(*(None if t is None else t[: bucket * (t.shape[0] // self.max_bs)] for t in self._rows))
         ahead_output(vo.accept_index, vo.accept_tokens, vo.num_correct, v.seq_lens[:bucket],
                      v.slots[:bucket].reshape(-1), self._nlive, self._tops, self.rt.spec_config.traits.draft_kv_lead,
-                     (self.rt.target_cache.alloc_on_device(0)[0], self.rt.target_cache.in_use), out, vo.captured)
+                     self.rt.target_cache.device_pool, out, vo.captured)
 
     def _stage_fn(self, bucket: int, sim: bool) -> None:
         """The ahead graph's node after `_output_fn`: `_nlive` requests' next verify slots and the
@@ -57,8 +57,7 @@ class AheadSlots:
         from spec_kernels.verify_output import stage_slots
 
         config, rt = self.rt.spec_config, self.rt
-        stage_slots((rt.target_cache.alloc_on_device(0)[0], rt.target_cache.in_use),
-                    (rt.draft_cache.alloc_on_device(0)[0], rt.draft_cache.in_use), self._tops, self._nlive,
+        stage_slots(rt.target_cache.device_pool, rt.draft_cache.device_pool, self._tops, self._nlive,
                     self._vout_full[(bucket, True, sim)].num_correct, bucket, config.num_draft_tokens,
                     config.num_steps + 1, self._next_slots, self._ext_slots, self._pad_slots)
 

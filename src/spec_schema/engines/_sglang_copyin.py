@@ -10,14 +10,24 @@ from typing import Any, Optional
 
 import torch
 
-from .._contract import standing_aside
+from .._contract import _COMPILER, _HAS_CUDA, _dynamo_compiling, standing_aside
 from ..errors import SpecContractError
 from ..phases import DraftExtendInput, DraftInput
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
 from ._sglang_check import _CLASS_OF
 from ._sglang_memo import generated
-from ._sglang_runtime import _CHECK_OF, _DEFER, _SAVED, _STATE, _active, _checker, _config
+from ._sglang_runtime import (
+    _CHECK_OF,
+    _DEFER,
+    _OLD_DYNAMO,
+    _SAVED,
+    _STATE,
+    _active,
+    _capturing,
+    _checker,
+    _config,
+)
 
 # (payload field, FutureMap buffer): the relay of the overlap scheduler
 RELAY = (("bonus_tokens", "output_tokens_buf"), ("topk_p", "topk_p_buf"), ("topk_index", "topk_index_buf"),
@@ -74,7 +84,8 @@ def _stash(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def stash(*args: Any, **kwargs: Any) -> None:
-        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+        if _SAVED and not (_COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling()
+                or _HAS_CUDA and _capturing()):  # _active(), inline (standing_aside() too): a hot path
             relay, payload = (args[at[0]], args[at[1]]) if len(args) >= reach else get(args, kwargs)
             if not _relay_fits(relay, payload):  # the common verdict in one generated pass; else each field
                 _check_relay(relay, payload, label)  # in turn, naming the one that differs

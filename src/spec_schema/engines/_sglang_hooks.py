@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._contract import standing_aside
+from .._contract import _COMPILER, _HAS_CUDA, _dynamo_compiling, standing_aside
 from ..errors import SpecContractError
 from . import _sglang_check as adapter
 from ._sglang_boundaries import Bound
@@ -21,10 +21,12 @@ from ._sglang_runtime import (
     _CHECK_OF,
     _DEFER,
     _DEPTH,
+    _OLD_DYNAMO,
     _SAVED,
     MASK_MODE,
     PRODUCER,
     _active,
+    _capturing,
     _check,
     _checker,
     _config,
@@ -138,19 +140,19 @@ def _build_verify(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def build_eagle_verify_input(*args: Any, **kwargs: Any) -> Any:
-        me = _thread()  # _inside(), inline (a hot path: inside EagleDraftWorker.draft every iteration)
-        depth = _DEPTH[me] = _DEPTH.get(me, 0) + 1
-        try:
+        me = _thread()
+        inner = me in _DEPTH  # inside a wrapped producer (EagleDraftWorker.draft every iteration: the hot path),
+        if inner:  # whose entry already tells the boundaries inside that their objects are checked later
             out = fn(*args, **kwargs)
-        finally:  # _leave(me), inline
-            d = _DEPTH[me] - 1
-            if d:
-                _DEPTH[me] = d
-            else:
+        else:
+            _DEPTH[me] = 1  # _inside(), inline
+            try:
+                out = fn(*args, **kwargs)
+            finally:  # _leave(me), inline: the boundaries inside left the count at 1
                 del _DEPTH[me]
         n = len(args)  # the mode its custom_mask was built in, for every later check (MASK_MODE, a plain store)
         out._spec_schema_tree_mask_mode = args[at_mode] if n > at_mode else kwargs.get("tree_mask_mode", no_mode)
-        if depth == 1 and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
+        if not inner and _SAVED and not standing_aside():  # inside EagleDraftWorker.draft, draft's exit
             batch = args[at_batch] if n > at_batch else get(args, kwargs)[0]  # checks it
             _check(out, _live(batch), producer=label)
         return out
@@ -194,7 +196,8 @@ def _compact(fn: Any, get: Bound, label: str) -> Any:
 
     @functools.wraps(fn)
     def _compact_accept_to_front(*args: Any, **kwargs: Any) -> Any:
-        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+        if _SAVED and not (_COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling()
+                or _HAS_CUDA and _capturing()):  # _active(), inline (standing_aside() too): a hot path
             if len(args) >= reach and "num_draft_tokens" in kwargs:  # sglang's call: get() inline
                 x, accept_index, bs, n = args[px], args[pa], args[pb], kwargs["num_draft_tokens"]
             else:
@@ -220,16 +223,18 @@ class _WithInputIds(SimpleNamespace):
 
 def _prepare_extend(fn: Any, get: Bound, label: str) -> Any:
     at = (get.position("draft_extend_input"), get.position("batch"), get.position("predict"))
-    reach = max(at) + 1
+    reach, idle = max(at) + 1, _idle_mode()
 
     @functools.wraps(fn)
     def prepare_for_draft_extend(*args: Any, **kwargs: Any) -> Any:
-        if _SAVED and not standing_aside():  # _active(), inline (a hot path)
+        if _SAVED and not (_COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling()
+                or _HAS_CUDA and _capturing()):  # _active(), inline (standing_aside() too): a hot path
             if len(args) >= reach:
                 extend_input, batch, predict = args[at[0]], args[at[1]], args[at[2]]
             else:
                 extend_input, batch, predict = get(args, kwargs)
-            if not batch.forward_mode.is_idle():
+            mode = batch.forward_mode  # not _live(batch), inline (as in _takes_and_makes)
+            if mode is not idle and (type(mode) is type(idle) or not mode.is_idle()):
                 view = _WithInputIds(_batch=batch, input_ids=predict, seq_lens=batch.seq_lens,
                                      req_pool_indices=batch.req_pool_indices,
                                      extend_num_tokens=getattr(batch, "extend_num_tokens", None))
@@ -243,32 +248,43 @@ def _takes_and_makes(first: bool) -> Hook:
     returns, or (`first`) the first item of the tuple it returns. That object is checked at the consumer's
     entry when install() deferred it (`_DEFER`), except a draft called with keywords (pipeline parallelism's
     tail draft, `with_topology=True`: its chain is relayed to other stages before any verify) and a verify
-    of a worker at zero draft steps (`_drafts`): those are checked at the exit."""
+    of a worker at zero draft steps (sglang may stub its draft-extend, SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND): those
+    are checked at the exit."""
 
     def make(fn: Any, get: Bound, label: str) -> Any:
-        at = get.position("batch")
+        at, idle = get.position("batch"), _idle_mode()
 
         @functools.wraps(fn)
         def method(*args: Any, **kwargs: Any) -> Any:
-            if not _SAVED or standing_aside():  # not _active(), inline: the hot path
+            if not _SAVED or _COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling() \
+                    or _HAS_CUDA and _capturing():  # not _active(), inline (standing_aside() too): the hot path
                 return fn(*args, **kwargs)
             batch = args[at] if len(args) > at else get(args, kwargs)[1]
-            live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
+            mode = batch.forward_mode  # _live(batch), inline: an sglang ForwardMode is IDLE when it is that member
+            live = None if mode is idle or type(mode) is not type(idle) and mode.is_idle() else batch
             spec = batch.spec_info  # _check(spec, live, consumer=label), inline:
             (_CHECK_OF.get(type(spec)) or _checker(spec))(spec, live, "", label)
-            me = _thread()  # _inside(), inline
-            _DEPTH[me] = _DEPTH.get(me, 0) + 1
-            try:
+            me = _thread()  # _inside(), inline; nested in another wrapped producer, its entry serves (the
+            if me in _DEPTH:  # boundaries inside ask only whether this thread has one)
                 out = fn(*args, **kwargs)
-            finally:  # _leave(me), inline
-                d = _DEPTH[me] - 1
-                if d:
-                    _DEPTH[me] = d
-                else:
+            else:
+                _DEPTH[me] = 1
+                try:
+                    out = fn(*args, **kwargs)
+                finally:  # _leave(me), inline: the boundaries inside left the count at 1
                     del _DEPTH[me]
             made = out[0] if first and isinstance(out, tuple) else out
-            if label in _DEFER and (not kwargs if first else _drafts(args)):  # the consumer's entry checks it,
-                made._spec_schema_producer = label  # naming us (PRODUCER, a plain store)
+            if label not in _DEFER:
+                defer = False
+            elif first:
+                defer = not kwargs
+            else:  # whether the verifying worker drafts, read inline (a call here cost ~5 us on sglang's loop)
+                try:
+                    defer = args[0].speculative_num_steps
+                except (AttributeError, IndexError):
+                    defer = False
+            if defer:  # the consumer's entry checks it, naming us (PRODUCER, a plain store)
+                made._spec_schema_producer = label
             else:
                 (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")
             return out
@@ -276,13 +292,22 @@ def _takes_and_makes(first: bool) -> Hook:
     return make
 
 
-def _drafts(args: tuple[Any, ...]) -> bool:
-    """Whether the verifying worker (`args[0]`) drafts: at zero steps sglang may stub the draft-extend
-    (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND), so the verify result is checked at verify's exit."""
+def _idle_mode() -> Any:
+    """sglang's `ForwardMode.IDLE` (a wrapper compares a batch's mode with it by identity, and calls
+    `is_idle()` on a mode of another type), or a placeholder that no mode is when sglang lacks it."""
     try:
-        return bool(args[0].speculative_num_steps)
-    except (AttributeError, IndexError):
-        return False
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        return ForwardMode.IDLE
+    except (ImportError, AttributeError):
+        return _NO_MODE
+
+
+class _NoMode:
+    """No sglang ForwardMode to compare with: every batch's `is_idle()` is asked."""
+
+
+_NO_MODE = _NoMode()
 
 
 def _extend_prefill(fn: Any, get: Bound, label: str) -> Any:
@@ -309,27 +334,28 @@ def _extend_cls() -> type:
 
 
 def _extend_decode(fn: Any, get: Bound, label: str) -> Any:
-    at_batch, at_result = get.position("batch"), get.position("batch_result")
+    at_batch, at_result, idle = get.position("batch"), get.position("batch_result"), _idle_mode()
 
     @functools.wraps(fn)
     def _draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
-        if not _SAVED or standing_aside():  # not _active(), inline: the hot path
+        if not _SAVED or _COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling() \
+                or _HAS_CUDA and _capturing():  # not _active(), inline (standing_aside() too): the hot path
             return fn(*args, **kwargs)
         if len(args) > max(at_batch, at_result):
             batch, result = args[at_batch], args[at_result]
         else:
             _, batch, result = get(args, kwargs)
-        live = None if batch.forward_mode.is_idle() else batch  # _live(batch)
+        mode = batch.forward_mode  # _live(batch), inline (as in _takes_and_makes)
+        live = None if mode is idle or type(mode) is not type(idle) and mode.is_idle() else batch
         (_CHECK_OF.get(type(result)) or _checker(result))(result, live, "", label)  # _check, inline
-        me = _thread()  # _inside(), inline
-        _DEPTH[me] = _DEPTH.get(me, 0) + 1
-        try:
+        me = _thread()  # _inside(), inline; nested in another wrapped producer, its entry serves (the
+        if me in _DEPTH:  # boundaries inside ask only whether this thread has one)
             out = fn(*args, **kwargs)
-        finally:  # _leave(me), inline
-            d = _DEPTH[me] - 1
-            if d:
-                _DEPTH[me] = d
-            else:
+        else:
+            _DEPTH[me] = 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:  # _leave(me), inline: the boundaries inside left the count at 1
                 del _DEPTH[me]
         made = result.next_draft_input
         (_CHECK_OF.get(type(made)) or _checker(made))(made, live, label, "")

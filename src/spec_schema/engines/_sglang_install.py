@@ -23,7 +23,7 @@ from ..config import SpecConfig
 from . import _sglang_copyin, _sglang_hooks
 from ._sglang_boundaries import BOUNDARIES, HAND_OFFS, WORKER_PAIRS, Bound, Boundary, label, probe, resolve
 from ._sglang_memo import signature
-from ._sglang_runtime import _DEFER, _SAVED, _SEEN, _active, _check, configure, installed
+from ._sglang_runtime import _DEFER, _SAVED, _SEEN, _active, _check, configure, installed, unwatch
 
 __all__ = ["install", "uninstall", "installed", "wrapped", "HOOKS", "signature", "_SEEN",
            "_active", "_check"]
@@ -81,6 +81,7 @@ def uninstall() -> None:
         holder, name, original = _SAVED.pop()
         setattr(holder, name, original)
     _DEFER.clear()
+    unwatch()
 
 
 def deferred() -> set[str]:

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import torch
+
 from .. import _strict
-from .._contract import BOUNDARY_CALLS, standing_aside
+from .._contract import _FLAG_COVERS_DYNAMO, _HAS_CUDA, BOUNDARY_CALLS, standing_aside
 from ..config import SpecConfig
 from . import _sglang_check as adapter
 from ._sglang_check import _CLASS_OF
@@ -18,19 +20,78 @@ _SAVED: list[tuple[Any, str, Any]] = []  # (holder, attribute, original), in wra
 _STATE = SimpleNamespace(config=None, provider=None, mask_mode=None, draft_config=True)
 
 
-_FOLLOW: list[Any] = [None, None, None, None]
-"""[read, source, last read(source), its config] of a provider with `follows`, else [None, ...]."""
+_FOLLOW: list[Any] = [None, None, None, None, False, False]
+"""[read, source, last read(source), its config, fresh, watched] of a provider with `follows`, else [None,
+None, None, None, False, False]. `watched`: every attribute the read reads is a `_Watch` of its class, and
+`fresh`: none of them was set since the last read (the checks then take the config without reading)."""
 
 
 def configure(config: Any, tree_mask_mode: Any, draft_config: bool) -> None:
     """What the wrappers check against (`install()`'s arguments); a callable config is called at each check,
     unless it has `follows = (read, source)` (a promise that its result depends on `read(source)` only,
-    e.g. `operator.attrgetter` of a worker's tree-shape attributes): then it is called when that read changes."""
+    e.g. `operator.attrgetter` of a worker's tree-shape attributes): then it is called when that read changes.
+    A provider that also has `watches = (cls, names)` (the read reads only those attributes of an instance
+    of `cls`) is read again only after one of them was set (`_Watch`)."""
     _STATE.config, _STATE.mask_mode, _STATE.draft_config = config, tree_mask_mode, draft_config
     _STATE.provider = config if callable(config) and not isinstance(config, SpecConfig) else None
     follows = getattr(_STATE.provider, "follows", None)
+    watches = getattr(_STATE.provider, "watches", None)
     # (the list itself as the last read: equal to no read, so the first check calls the provider)
-    _FOLLOW[:] = [*follows, _FOLLOW, None] if follows is not None else [None, None, None, None]
+    _FOLLOW[:] = [*follows, _FOLLOW, None, False, False] if follows is not None else [None] * 4 + [False] * 2
+    if follows is not None and watches is not None:
+        _FOLLOW[5] = _watch(*watches)
+
+
+class _Watch:
+    """A class attribute that sees every assignment of an instance attribute of its name: the value goes to
+    the instance's dict as without it (no `__get__`: reads find the instance's value as before, in C), and
+    each config follower (`_FOLLOW`) is told to read the shape again. Set by `configure()`, removed by
+    `unwatch()`."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.followers = name, []
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.name] = value
+        for follow in self.followers:
+            follow[4] = False
+
+    def __delete__(self, obj: Any) -> None:
+        del obj.__dict__[self.name]
+        for follow in self.followers:
+            follow[4] = False
+
+
+_WATCHES: list[tuple[type, str]] = []
+"""(class, attribute) of every `_Watch` this module put in place."""
+
+
+def _watch(cls: type, names: tuple[str, ...]) -> bool:
+    """Put a `_Watch` on `cls` for each of `names` (or join one of another build's); False, watching
+    nothing, when one of them is already a class attribute of `cls` or a base (a default, a property)."""
+    found = [getattr(cls, n, None) for n in names]
+    if any(f is not None and not hasattr(f, "followers") for f in found):
+        return False
+    for name, watch in zip(names, found):
+        if watch is None:
+            watch = _Watch(name)
+            setattr(cls, name, watch)
+        if _FOLLOW not in watch.followers:
+            watch.followers.append(_FOLLOW)
+            _WATCHES.append((cls, name))
+    return True
+
+
+def unwatch() -> None:
+    """Leave every `_Watch` this module joined; remove those no other build follows (`uninstall()`)."""
+    while _WATCHES:
+        cls, name = _WATCHES.pop()
+        watch = cls.__dict__.get(name)
+        if watch is not None and _FOLLOW in getattr(watch, "followers", ()):
+            watch.followers.remove(_FOLLOW)
+            if not watch.followers:
+                delattr(cls, name)
+    _FOLLOW[4] = _FOLLOW[5] = False
 
 
 def _followed(read: Any) -> Any:
@@ -96,7 +157,10 @@ def _remember(table: dict, key: Any, value: Any) -> None:
 
 
 _CONFIG_LINES = ["    follow = _FOLLOW  # _config(), inline",
-                 "    if follow[0] is not None:",
+                 "    if follow[4]:  # watched, and no shape attribute was set since the last read",
+                 "        cfg = follow[3]",
+                 "    elif follow[0] is not None:",
+                 "        follow[4] = follow[5]  # (before the read: a set from here on is seen)",
                  "        read = follow[0](follow[1])",
                  "        cfg = follow[3] if read == follow[2] else _followed(read)",
                  "    else:",
@@ -185,6 +249,12 @@ def _full_check(obj: Any, batch: Any, config: Any, producer: str, consumer: str,
     BOUNDARY_CALLS["sglang " + (producer or consumer)] += 1
     return adapter.check(obj, config, batch, producer=producer or None, consumer=consumer or None,
                          tree_mask_mode=mode if mode is not None else _mask_mode(obj))
+
+
+_OLD_DYNAMO = not _FLAG_COVERS_DYNAMO  # a torch whose Dynamo does not hold the compile flag while it traces
+_capturing = torch._C._cuda_isCurrentStreamCapturing if _HAS_CUDA else None
+# `standing_aside()` inline, in the hot wrappers (one Python call fewer per wrapped call; the same reads):
+#   _COMPILER._is_compiling_flag or _OLD_DYNAMO and _dynamo_compiling() or _HAS_CUDA and _capturing()
 
 
 def _active() -> bool:

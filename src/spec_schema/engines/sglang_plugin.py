@@ -103,10 +103,15 @@ def _follows(worker: Any) -> tuple[Any, Any]:
     """(read, source) of the worker's tree shape: its instance dict's items when the three attributes live
     there (no class attribute can shadow them: none is a data descriptor), else attribute reads."""
     own = getattr(worker, "__dict__", None)
-    if isinstance(own, dict) and all(n in own and not hasattr(getattr(type(worker), n, None), "__set__")
-                                     for n in _SHAPE_NAMES):
+    if isinstance(own, dict) and all(n in own and _plain(getattr(type(worker), n, None)) for n in _SHAPE_NAMES):
         return operator.itemgetter(*_SHAPE_NAMES), own
     return _TREE_SHAPE, worker
+
+
+def _plain(attr: Any) -> bool:
+    """Whether a class attribute leaves reads of an instance attribute of its name to the instance's dict:
+    none, a non-data one, or `install()`'s watch (a data descriptor without `__get__`)."""
+    return not hasattr(attr, "__set__") or not hasattr(attr, "__get__")
 
 
 class WorkerConfig:
@@ -123,7 +128,9 @@ class WorkerConfig:
         self.draft = self._dims(worker._draft_worker.draft_runner.model_config, "--speculative-draft-model-path",
                                 "speculative_draft_model_path")
         self._built: dict[tuple[int, int, int], Optional[SpecConfig]] = {}
-        self.follows = _follows(worker)  # install()'s checks call this only when the shape read changes
+        self.follows = _follows(worker)  # install()'s checks call this only when the shape read changes,
+        # and read it only after one of the three was set (instance attributes in its dict: `_follows`)
+        self.watches = (type(worker), _SHAPE_NAMES) if self.follows[1] is getattr(worker, "__dict__", None) else None
 
     def __call__(self) -> Optional[SpecConfig]:
         key = _TREE_SHAPE(self.worker)

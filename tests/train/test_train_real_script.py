@@ -1,0 +1,47 @@
+"""scripts/train_real_drafts.py refuses bad input in one line naming the flag (exit 2), before the GGUF's
+conversion and before it creates --out: a missing GGUF or target, a prompts file whose split leaves too
+few training prompts, an --init-from folder without a draft."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("train_real_drafts", REPO / "scripts" / "train_real_drafts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _error(script, monkeypatch, capsys, *args: str) -> str:
+    monkeypatch.setattr(sys, "argv", ["train_real_drafts.py", *args])
+    with pytest.raises(SystemExit) as exc:
+        script.main()
+    assert exc.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bad_input_is_one_line_before_any_work(script, monkeypatch, capsys, tmp_path: Path) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")  # never read: every case stops before the conversion
+    out = tmp_path / "out"
+    base = ["--work", str(tmp_path / "work"), "--out", str(out)]
+    mix = str(REPO / "src" / "spec_train" / "prompts_mix.jsonl")
+    cases = [
+        ([*base], "error: give --gguf FILE"),
+        ([*base, "--gguf", str(tmp_path / "missing.gguf")], f"error: --gguf {tmp_path / 'missing.gguf'}: file not found"),
+        ([*base, "--target", str(tmp_path)], f"error: --target {tmp_path}: no config.json"),
+        ([*base, "--gguf", str(gguf), "--prompts", mix, "--max-prompts", "6"],
+         f"error: --prompts {mix}: 6 prompts give 5 training and 1 held-out prompts"),
+        ([*base, "--gguf", str(gguf), "--init-from", f"EAGLE3={tmp_path}"], f"error: --init-from {tmp_path}: no model.safetensors"),
+    ]
+    for args, want in cases:
+        err = _error(script, monkeypatch, capsys, *args)
+        assert err.startswith("train_real_drafts.py: ") and want in err, (args, err)
+        assert not out.exists() and not (tmp_path / "work").exists(), args
