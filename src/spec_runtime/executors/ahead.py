@@ -72,6 +72,7 @@ class LaunchAhead(AheadSlots):
         if not prepared:
             self._save_verify(out)  # the host path reads it
             return (counts, finished, rows), None
+        self.ahead_stats["before_read" if early else "after_read"] += 1  # (a launch the read kept)
         ext_slots = ext_slots if ext_slots is not None else self.launch_ahead()
         reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
         if self.backend.bookkeeping == "triton":  # the launched graph built the rows: nothing to queue
@@ -90,7 +91,10 @@ class LaunchAhead(AheadSlots):
         slots now and stage them on the device, so that after the read the launches follow
         each other with no host work in between. `launch_ahead` uses them, `cancel_ahead` frees them.
         With `bookkeeping="triton"` the launched graph allocates them itself (`_stage_fn`): only the
-        live count is staged here, and only when it changed."""
+        live count (and the device's free counts, `_sync_tops`) are staged here, and only when they
+        changed. The launch's other host work (dropping stale launched results, the hidden-buffer
+        check) is done here too: between the read and the launch the device idles
+        (`tests/runtime/test_launch_ahead_host.py` counts what runs there)."""
         from .. import faults
 
         self.cancel_ahead()
@@ -102,6 +106,10 @@ class LaunchAhead(AheadSlots):
                      and self.rt.draft_cache.num_free_slots >= bs * width)
         if not (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit and not faults._ACTIVE):
             return False
+        # what the launch needs that the read does not decide, done now: after the read the device
+        # idles until the launch, so only the decision and the replays are left there
+        self.discard_ahead()
+        self._check_hidden_buffers()
         rt, bucket = self.rt, self.bucket_for(bs)
         staged = self.backend.bookkeeping != "triton"
         if not staged:  # the ahead graph allocates them into the staging rows (`_stage_fn`)
@@ -109,6 +117,7 @@ class LaunchAhead(AheadSlots):
             if self._nlive_known != bs:
                 self._nlive.fill_(bs)
                 self._nlive_known = bs
+            self._sync_tops()  # (the read moves no pool; a cancel leaves the counts as written)
         else:  # (spec_kernels.verify_output.reference_stage_slots: the same steps)
             ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
             slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
@@ -255,17 +264,10 @@ class LaunchAhead(AheadSlots):
         Returns the `(bs, num_steps + 1)` draft slots of this draft-extend (torch bookkeeping: the
         caller frees the ones past each request's count; triton: the first count of each row are
         the allocated ones, the rest padding)."""
-        try:
-            self.discard_ahead()
-            self._check_hidden_buffers()
-        except BaseException:
-            self.cancel_ahead()
-            raise
-        bs, sim, ext_slots, slots, _, staged = self._prepared
+        bs, sim, ext_slots, slots, _, staged = self._prepared  # (`prepare_ahead` checked the buffers)
         self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
         if not staged:  # the graph allocates them (the host counts them once the read allows it: `ahead_rows`)
-            self._sync_tops()
             self._tops_known = None
         tag = "simulated" if sim else "real"
         # one graph for the draft-extend and the next draft: it may run again (capture's warm-up
