@@ -31,6 +31,7 @@ call sites go to profile_sites.json. `--report RUN.json ...` merges runs of one 
 """
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -194,8 +195,12 @@ def profile_spec(engine: Any, iters: int) -> dict:
 
     for _ in range(PROFILE_WARM):
         engine.step()
+    stats = getattr(engine.rt.runner, "ahead_stats", collections.Counter())
+    before = dict(stats)
     counts, sites = profile_iterations(engine.step, iters)
-    return {**counts, "sites": {k: v / iters for k, v in sites.items()}}
+    # launches ahead kept by verify's read, queued before it or after it (`executors.ahead`)
+    ahead = {f"ahead_{k}": (stats[k] - before.get(k, 0)) / iters for k in ("before_read", "after_read")}
+    return {**counts, **ahead, "sites": {k: v / iters for k, v in sites.items()}}
 
 
 def _fmt(values: list[float]) -> str:
