@@ -144,3 +144,19 @@ def test_profile_splits_device_idle_by_what_it_waited_for() -> None:
     host, queued, by_kernel = R._idle(device, issued=[1.0, 40.0])  # the second launch lies inside the 30-80 gap
     assert (host, queued) == (50.0, 4.0), (host, queued)
     assert by_kernel == {"gap_us b": 2.0, "gap_us nvjet": 2.0}, by_kernel
+
+
+def test_bench_step_times_split_slow_steps() -> None:
+    """`bench_real.step_times`: the median step, and what the steps over 1.5x the median add per
+    iteration (ms), medians over the runs."""
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        import bench_real
+    finally:
+        sys.path.remove(bench)
+    runs = [[0.001, 0.001, 0.001, 0.0014, 0.005], [0.001, 0.001, 0.002, 0.001, 0.001]]
+    got = bench_real.step_times(runs, iterations=5)
+    assert got == pytest.approx({"step_median_ms": 1.0, "slow_steps_ms": 0.5}), got
