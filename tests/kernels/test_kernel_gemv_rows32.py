@@ -150,7 +150,7 @@ def test_bs4_verify_takes_the_gemv_with_epilogues(tmp_path, census, monkeypatch)
     from spec_schema import SpecAlgorithm
 
     _draft_on_torch(monkeypatch)
-    target_dir = build_tiny_target(tmp_path / "llama", num_layers=1, seed=3)
+    target_dir = build_tiny_target(tmp_path / "llama", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, seed=3)
     target = load_target(target_dir)
     draft = DRAFT_LOADERS[SpecAlgorithm.EAGLE3](build_tiny_eagle3(tmp_path / "draft", target_dir), target)
     rt = Runtime.create(target, draft, "EAGLE3", num_steps=5, topk=4, num_draft_tokens=8, max_batch_size=4,
