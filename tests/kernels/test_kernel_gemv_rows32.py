@@ -42,7 +42,7 @@ def test_32_row_epilogue_tiles_build_for_hopper() -> None:
 def test_old_tuning_file_gets_the_32_row_bucket_timed(tmp_path, monkeypatch) -> None:
     """A tuning file saved when the setup timed 1-16 rows still loads; the setup then times only the
     missing 32-row bucket (`FastOptions.gemv_rows` now ends at 32) and the GEMV runs at 17-32 rows
-    where that timing says so."""
+    where that timing says so. Saved again, the file holds the bucket and a new setup times nothing."""
     from spec_runtime.gpu import models as M
 
     w = torch.zeros(48, 64)
@@ -71,6 +71,16 @@ def test_old_tuning_file_gets_the_32_row_bucket_timed(tmp_path, monkeypatch) -> 
     assert timed == [32] and T._GEMV_DECISIONS.keys() >= old.keys()
     assert lin.gemv_buckets == {1, 2, 4, 8, 16, 32} and lin.gemv_for(17) and lin.gemv_for(32) and not lin.gemv_for(33)
     assert G._TUNED[(32, 48, 64, torch.float32, torch.float32, False, w.device)].swap  # the 32-row config registered
+    # saved with the bucket, loaded into a fresh process's tables: nothing left to time
+    new = tmp_path / "tuning32.json"
+    assert TF.save_decisions(new) == 12  # 6 decisions and the 6 configurations they registered
+    decisions = dict(T._GEMV_DECISIONS)
+    T._GEMV_DECISIONS.clear()
+    timed.clear()
+    be = M.FastBackend(M.FastOptions(elementwise="triton", tuning_file=str(new)), torch.device("cpu"))
+    be.linear, be.epilogues = "auto", frozenset()
+    be.choose_linears([M.Linear(w)])
+    assert timed == [] and T._GEMV_DECISIONS == decisions
 
 
 class _Census:
