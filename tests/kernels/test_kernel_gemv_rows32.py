@@ -71,6 +71,12 @@ def test_old_tuning_file_gets_the_32_row_bucket_timed(tmp_path, monkeypatch) -> 
     assert timed == [32] and T._GEMV_DECISIONS.keys() >= old.keys()
     assert lin.gemv_buckets == {1, 2, 4, 8, 16, 32} and lin.gemv_for(17) and lin.gemv_for(32) and not lin.gemv_for(33)
     assert G._TUNED[(32, 48, 64, torch.float32, torch.float32, False, w.device)].swap  # the 32-row config registered
+    # rows the GEMV does not take: refused by name, before anything is timed
+    for rows in ((1, 64), (0,), (2.5,)):
+        wrong = M.FastBackend(M.FastOptions(gemv_rows=rows, tuning_file=None), torch.device("cpu"))
+        wrong.linear = "auto"
+        with pytest.raises(ValueError, match=r"FastOptions.gemv_rows: \[.*\] not row counts the GEMV takes \(1 to 32\)"):
+            wrong.choose_linears([M.Linear(w)])
     # saved with the bucket, loaded into a fresh process's tables: nothing left to time
     new = tmp_path / "tuning32.json"
     assert TF.save_decisions(new) == 12  # 6 decisions and the 6 configurations they registered
