@@ -211,12 +211,16 @@ def test_gpu_32_rows_8b_and_135m_shapes(n, k):
 
 @gpu
 @needs_cuda
-def test_gpu_setup_decides_the_32_row_bucket():
+def test_gpu_setup_decides_the_32_row_bucket(monkeypatch):
     """The setup's decisions at 32 rows on the SmolLM2-135M layer shapes (bfloat16): each linear is
     timed against cuBLAS in graph chains, the epilogues' three paths too (the down projection
     behind its gate/up), without a failed capture; whichever wins, the linear's 32-row output
-    matches F.linear (printed: the timings, for the record)."""
+    matches F.linear (printed: the timings, for the record). Fresh tables: nothing decided before."""
     import json
+
+    for table in ("_GEMV_DECISIONS", "_EPILOGUE_DECISIONS"):
+        monkeypatch.setattr(T, table, {})
+    monkeypatch.setattr(G, "_TUNED", {})
 
     from spec_runtime.gpu import models as M
     from spec_runtime.gpu.fast_ops import Linear
