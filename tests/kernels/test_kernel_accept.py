@@ -37,7 +37,7 @@ def test_greedy_matches_reference(bs, topk, num_steps, num_draft):
 
 
 @pytest.mark.parametrize("bs,topk,num_steps,num_draft", CASES)
-def test_greedy_rows_match_reference(poisoned_empty, bs, topk, num_steps, num_draft):
+def test_greedy_rows_match_reference(poisoned_empty, program_order, bs, topk, num_steps, num_draft):
     """The verify core's greedy acceptance in one launch: accept_index, the tokens the torch path
     gathers from `verify_greedy`'s predictions, the count, and the stacked host rows, every element
     written by the kernel (no fill before it)."""

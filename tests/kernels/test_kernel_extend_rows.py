@@ -11,7 +11,7 @@ from spec_runtime.extend import extend_rows
 
 @pytest.mark.parametrize("bs,stride,lead,dtype", [(1, 4, 0, torch.int32), (4, 4, 1, torch.int64), (3, 5, 0, torch.int32),
                                                   (2, 1, 1, torch.int64)])
-def test_extend_rows_match_reference(poisoned_empty, bs: int, stride: int, lead: int, dtype: torch.dtype) -> None:
+def test_extend_rows_match_reference(poisoned_empty, program_order, bs: int, stride: int, lead: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(bs * 10 + stride)
     counts = torch.randint(1, stride + 1, (bs,), generator=gen).to(dtype)
     counts[0] = stride  # a full request and (with a stride above 1) partial ones

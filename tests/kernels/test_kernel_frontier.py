@@ -72,7 +72,7 @@ def test_matches_torch_expansion(bs, k, steps, num_draft, nan, ties):
     _expand(bs, k, steps, num_draft, seed=bs * 31 + k * 7 + steps, nan=nan, ties=ties, d2t=k != 2, device=DEVICE)
 
 
-def test_whole_candidate_set_and_empty_batch():
+def test_whole_candidate_set_and_empty_batch(poisoned_empty, program_order):
     """num_draft = every candidate + 1 (the rerank keeps all), and a batch of zero requests."""
     _expand(2, 2, 3, 2 + 2 * 4 + 1, seed=5, nan=True, ties=True, d2t=False, device=DEVICE)
     records = DraftRecords.empty(0, 2, 3, DEVICE)
@@ -108,7 +108,7 @@ def test_gpu_matches_torch_expansion(bs, k, steps, num_draft):
 
 
 @pytest.mark.parametrize("bs,n,vocab", [(2, 4, 100), (1, 2, 5000), (3, 3, 7)])
-def test_chain_probs_rows(bs: int, n: int, vocab: int) -> None:
+def test_chain_probs_rows(poisoned_empty, program_order, bs: int, n: int, vocab: int) -> None:
     """A greedy chain's distributions: row 0 the root's, then the one-hot of each next node's token,
     the last row zeros (the torch loop's stack of `_propose`'s one-hots)."""
     gen = torch.Generator().manual_seed(bs * n)
@@ -120,7 +120,7 @@ def test_chain_probs_rows(bs: int, n: int, vocab: int) -> None:
     assert torch.equal(got.cpu(), want)
 
 
-def test_onehot_rows() -> None:
+def test_onehot_rows(poisoned_empty, program_order) -> None:
     """A greedy chain's proposal: ones and the one-hot rows of the ids (zeros, scatter and ones in torch)."""
     ids = torch.tensor([[3], [0], [4999]], device=DEVICE)
     ones, full = onehot_rows(ids, 5000)

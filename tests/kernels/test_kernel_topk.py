@@ -31,7 +31,7 @@ def test_matches_softmax_topk_and_argmax(rows, vocab, k, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_draft_ids_mapped_in_the_merge(dtype):
+def test_draft_ids_mapped_in_the_merge(program_order, dtype):
     """`d2t`: the ids come back as `i + d2t[i]` (an EAGLE-3 head's `to_target_ids`), probabilities unchanged."""
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(3, 3000, generator=gen).to(DEVICE)

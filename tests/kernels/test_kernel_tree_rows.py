@@ -19,7 +19,7 @@ def _tensors(gen: torch.Generator, bucket: int, n: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("bucket,n", [(4, 5), (3, 4), (2, 1)])
-def test_pad_tree_rows_matches_reference(bucket: int, n: int) -> None:
+def test_pad_tree_rows_matches_reference(program_order, bucket: int, n: int) -> None:
     gen = torch.Generator().manual_seed(bucket * 10 + n)
     for nlive in range(bucket + 1):
         src, before = _tensors(gen, bucket, n), _tensors(gen, bucket, n)
