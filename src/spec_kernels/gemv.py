@@ -215,6 +215,9 @@ elements as a 16-row one at 256, the depth most 16-row winners use. Built for sm
 116-166 registers (160-241 swapped) with and without an epilogue, no spills; with the RoPE
 epilogue the `_TILES` from 64x128 up spill at 32 rows as they do at 16 (64x128 swapped: 28 and 32
 bytes), which the setup's timing weighs."""
+_OVER_SMEM_32 = frozenset({(64, 256, 4, True)})
+"""`_TILES` that do not build for 17-32 rows on an H200: there the swapped 64x256 tile at 4 stages
+asks 240 KB of shared memory (227 KB per block), so the tuner would only compile it to drop it."""
 _MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4), (4, 2048, 4))
 """(block_n, block_k, num_warps) of the multiply-and-reduce configs tried for at most 2 rows (the
 first two for 3-4 rows): at one row they streamed the small 8B and 1B projections 10-50 % faster
@@ -229,7 +232,8 @@ def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvC
     `MULRED_MAX_M` rows and `_TILES_32` for more than 16), times K splits around the count that
     fills the device (none, half, full, double): 25-45 configs on the 8B shapes on an H200
     (6144 x 4096: 37, 29, 25, 31 at 1, 4, 16, 32 rows), 8-19 on the 135M ones (K 576 or 1536)."""
-    tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES + (_TILES_32 if m > 16 else ())]
+    tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES + (_TILES_32 if m > 16 else ())
+             if m <= 16 or (bn, bk, stages, swap) not in _OVER_SMEM_32]
     if m <= MULRED_MAX_M:
         mulred = _MULRED_TILES if m <= 2 else _MULRED_TILES[:2]
         tiles += [(bn, bk, warps, 3, False, True) for bn, bk, warps in mulred]

@@ -94,6 +94,22 @@ def test_mulred_matches_linear(m, n, k, config):
         _close(got, reference_linear(x.float(), w.float(), b.float()), dtype)
 
 
+def _swap_stages(m: int) -> int:
+    """Stages of the swapped 64x256 tile that build at `m` rows on an H200 (`gemv._OVER_SMEM_32`)."""
+    return 4 if m <= 16 else 3
+
+
+def test_candidates_skip_tiles_over_shared_memory() -> None:
+    """The tuner's 17-32-row candidates leave out the tiles that ask more shared memory than an
+    H200 block has (they would fail to build: OutOfResources), and keep them at 16 rows."""
+    from spec_kernels.gemv import _OVER_SMEM_32, _candidates
+
+    def tiles(m):
+        return {(c.block_n, c.block_k, c.num_stages, c.swap) for c in _candidates(4096, 4096, torch.device("cpu"), m)}
+    assert _OVER_SMEM_32 and _OVER_SMEM_32 <= tiles(16)
+    assert not _OVER_SMEM_32 & tiles(32)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("m", [1, 4, 16, 32])
@@ -106,7 +122,7 @@ def test_gpu_llama_shapes(m, n):
     w = (torch.randn(n, 4096, device="cuda") * 0.02).bfloat16()
     ref = reference_linear(x.float(), w.float())
     cfgs = [None, GemvConfig(64, 256, 4), GemvConfig(32, 128, 1, num_stages=4),
-            GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(128, 128, 2, swap=True)]
+            GemvConfig(64, 256, 1, num_stages=_swap_stages(m), swap=True), GemvConfig(128, 128, 2, swap=True)]
     if m <= 4:
         cfgs += [GemvConfig(8, 512, 1, mulred=True), GemvConfig(16, 256, 2, num_warps=8, mulred=True),
                  GemvConfig(4, 1024, 4, mulred=True), GemvConfig(4, 2048, 1, mulred=True)]
@@ -290,7 +306,8 @@ def test_gpu_epilogues_llama_shapes(m):
     """Llama-3.1-8B QKV (32/8 heads of 128), gate/up and o in bfloat16: each epilogue is bit for
     bit its separate kernel, at tiles with and without a K split (and the heuristic one: `tune=False`)."""
     gen = torch.Generator().manual_seed(m)
-    cfgs = (None, GemvConfig(64, 256, 1, num_stages=4, swap=True), GemvConfig(32, 256, 2), GemvConfig(128, 128, 4, swap=True))
+    cfgs = (None, GemvConfig(64, 256, 1, num_stages=_swap_stages(m), swap=True), GemvConfig(32, 256, 2),
+            GemvConfig(128, 128, 4, swap=True))
     if m <= 4:
         cfgs += (GemvConfig(8, 512, 1, mulred=True), GemvConfig(16, 256, 2, mulred=True))
     x = torch.randn(m, 4096, generator=gen).bfloat16().cuda()
