@@ -77,7 +77,7 @@ def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:
         qo_indptr = const_arange(prefix.shape[0] + 1, c.stride, prefix.device)
         attn = AttnBatch(c.req_pool_indices, prefix, qo_indptr, c.out_slots, extra)
     h = ops.draft.forward(c.input_ids, c.hidden_states, c.positions, attn, ops.draft_cache, from_target=True)
-    last = h[last_rows]
+    last = h.index_select(0, last_rows)  # one kernel at any batch size (h[rows]: a gather and a copy at bs 4)
     logits = draft_logits(ops, last, c.draft_logits, raw_logits(ops, c.sampled, c.greedy))
     topk_p, topk_index, full = _propose(ops, logits, ops.config.topk, c.sampled, c, c.uniform)
     keep_hidden = ops.config.traits.draft_reads_hidden
