@@ -24,13 +24,17 @@ file on its kind of GPU, else none; `none`: time them in this process; or a file
 
 `--profile` (CUDA) adds, per row, what one decode iteration costs in steady state, counted by
 torch.profiler over `--profile-iters` iterations after the timed run (`real_profile.py`): kernels,
-memcpys and memsets on the device, eager kernel launches, graph replays, host syncs, GPU busy time,
-and the wall time per iteration of the timed (unprofiled) run; the eager launches' and copies'
-call sites go to profile_sites.json. `--report RUN.json ...` merges runs of one or more source trees
+memcpys and memsets on the device, eager kernel launches, graph replays, host syncs, the launches
+ahead kept before / after verify's read, GPU busy time, the device's idle time between its activities
+split by what it waited for (the host, or nothing: launch latency inside graphs; per kernel in the
+sites), and of the timed (unprofiled) runs the wall time per iteration, the median engine step and
+what the slow steps (requests finishing) add per iteration; the eager launches' and copies' call
+sites go to profile_sites.json. `--report RUN.json ...` merges runs of one or more source trees
 (each run's `--label`) into medians, a table and a plot, without running anything.
 """
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -150,7 +154,9 @@ class SpecRun:
                             num_draft_tokens=setup.num_draft_tokens, max_batch_size=len(prompts), max_context=ctx,
                             executor=resolve_executor("auto", device), fast=fast)
         self.engine, self.prompts, self.steps, self.device = SpecEngine(rt), prompts, steps, device
+        self.step_seconds: list[list[float]] = []  # each timed run's engine.step() durations (host clock)
         self.timed()  # the warm-up run: captures, compiles, tuning
+        self.step_seconds.clear()
 
     def _admit(self) -> None:
         for p in self.prompts:
@@ -163,10 +169,13 @@ class SpecRun:
         self._admit()
         sync(self.device)
         start = time.perf_counter()
+        ends = [start]
         while self.engine.has_work:
             self.engine.step()
+            ends.append(time.perf_counter())
         sync(self.device)
         seconds = time.perf_counter() - start
+        self.step_seconds.append([b - a for a, b in zip(ends, ends[1:])])
         reqs = sorted(self.engine.requests.values(), key=lambda r: r.rid)
         self.engine.requests.clear()
         lengths = [a for r in reqs for a in r.accept_lengths]
@@ -183,6 +192,19 @@ class SpecRun:
         return prof
 
 
+def step_times(runs: list[list[float]], iterations: int) -> dict[str, float]:
+    """What the timed runs' engine steps took (host clock; in steady state the host waits for each
+    verify, so a step lasts as long as the device's iteration): the median step, and the time per
+    iteration that steps slower than 1.5x the median added over it (requests finishing or joining:
+    the host path, new buckets), medians over the runs."""
+    medians, slow = [], []
+    for steps in runs:
+        mid = statistics.median(steps)
+        medians.append(1e3 * mid)
+        slow.append(1e3 * sum(t - mid for t in steps if t > 1.5 * mid) / iterations)
+    return {"step_median_ms": statistics.median(medians), "slow_steps_ms": statistics.median(slow)}
+
+
 PROFILE_WARM = 3
 """Iterations run before the profiled window (the first after an admission differ)."""
 
@@ -194,8 +216,12 @@ def profile_spec(engine: Any, iters: int) -> dict:
 
     for _ in range(PROFILE_WARM):
         engine.step()
+    stats = getattr(engine.rt.runner, "ahead_stats", collections.Counter())
+    before = dict(stats)
     counts, sites = profile_iterations(engine.step, iters)
-    return {**counts, "sites": {k: v / iters for k, v in sites.items()}}
+    # launches ahead kept by verify's read, queued before it or after it (`executors.ahead`)
+    ahead = {f"ahead_{k}": (stats[k] - before.get(k, 0)) / iters for k in ("before_read", "after_read")}
+    return {**counts, **ahead, "sites": {k: v / iters for k, v in sites.items()}}
 
 
 def _fmt(values: list[float]) -> str:
@@ -279,7 +305,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             prof = None
             if args.profile:
                 prof = runs[s].profile(args.profile_iters)
-                prof.update(wall_ms=1e3 * statistics.median(x[1] for x in each) / iterations, iterations=iterations)
+                prof.update(wall_ms=1e3 * statistics.median(x[1] for x in each) / iterations, iterations=iterations,
+                            **step_times(runs[s].step_seconds, iterations))
             d = dirs[s.algorithm]
             rows.append({"config": f"{s.algorithm} {s.num_steps}/{s.topk}/{s.num_draft_tokens}", "bs": bs,
                          "tok_s": statistics.median(tok_each), "accept_len": accept,

@@ -9,9 +9,15 @@ or finishing), divided by the iterations in the window:
   memsets issued from the host (`cudaMemcpy*`, `cudaMemset*`), each beside the graph replays
   (`cudaGraphLaunch`);
 - host syncs: the host waiting for the device (`cuda*Synchronize`, a synchronous `cudaMemcpy`);
-- GPU busy: the union of the device activities' intervals (ms per iteration).
+- GPU busy: the union of the device activities' intervals (ms per iteration);
+- device idle between two device activities, split by what the device waited for (`_idle`): the
+  host (it issued the next work inside the gap: a launch after a read, slow host code) or nothing
+  the host did (the next work was already issued: the launch latency between two kernels of a
+  graph that cannot overlap, e.g. where a kernel does not take part in programmatic dependent
+  launch); the second kind is listed per kernel after the gap ("gap_us NAME" in the sites).
 """
 
+import bisect
 import collections
 import statistics
 from collections.abc import Callable
@@ -57,6 +63,27 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def _idle(device: list[Any], issued: list[float]) -> tuple[float, float, collections.Counter]:
+    """The device's idle time between its activities (µs): (waiting for the host, with the work
+    queued, the queued gaps' µs by the name of the kernel after each). A gap waited for the host when
+    the host issued a launch, graph replay or copy inside it (`issued`: those calls' start times,
+    sorted; the profiler puts host and device times on one clock)."""
+    host, queued, by_kernel = 0.0, 0.0, collections.Counter()
+    ordered = sorted(device, key=lambda e: e.time_range.start)
+    end = ordered[0].time_range.end if ordered else 0.0
+    for e in ordered[1:]:
+        start = e.time_range.start
+        if start > end:
+            i = bisect.bisect_left(issued, end)
+            if i < len(issued) and issued[i] <= start:
+                host += start - end
+            else:
+                queued += start - end
+                by_kernel[f"gap_us {e.name[:90]}"] += start - end
+        end = max(end, e.time_range.end)
+    return host, queued, by_kernel
+
+
 def profile_iterations(step: Callable[[], None], iterations: int) -> tuple[dict[str, float], dict[str, int]]:
     """Run `step` `iterations` times under torch.profiler: (counts per iteration, eager call sites).
 
@@ -83,6 +110,9 @@ def profile_iterations(step: Callable[[], None], iterations: int) -> tuple[dict[
         name = e.name[:90]
         sites[f"kernel {name}"] += 1
         sites[f"kernel_us {name}"] += e.time_range.end - e.time_range.start
+    issued = sorted(e.time_range.start for e in host if e.name in _LAUNCH + _GRAPH + _HOST_COPY)
+    idle_host, idle_queued, gaps = _idle(device, issued)
+    sites.update(gaps)
     n = float(iterations)
     counts = {
         "kernels": len(kernels) / n, "memcpys": len(memcpy) / n, "memsets": len(memset) / n,
@@ -92,6 +122,7 @@ def profile_iterations(step: Callable[[], None], iterations: int) -> tuple[dict[
         "graph_replays": sum(e.name in _GRAPH for e in host) / n,
         "host_syncs": sum(e.name in _SYNC for e in host) / n,
         "gpu_busy_ms": _busy_us([(e.time_range.start, e.time_range.end) for e in device]) / n / 1e3,
+        "idle_host_ms": idle_host / n / 1e3, "idle_queued_ms": idle_queued / n / 1e3,
     }
     return counts, dict(sites.most_common())
 
@@ -99,7 +130,8 @@ def profile_iterations(step: Callable[[], None], iterations: int) -> tuple[dict[
 # ---- the merged report of several runs ----------------------------------------------------------
 
 PROFILE_COLUMNS = ("kernels", "memcpys", "eager_launches", "host_copies", "graph_replays", "host_syncs",
-                   "gpu_busy_ms", "wall_ms")
+                   "ahead_before_read", "ahead_after_read", "gpu_busy_ms", "idle_host_ms", "idle_queued_ms",
+                   "step_median_ms", "slow_steps_ms", "wall_ms")
 
 
 def merge(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

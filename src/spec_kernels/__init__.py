@@ -13,14 +13,18 @@ Modules (one per kernel family; each Triton kernel sits above its launcher):
 - `kv_store`: `store_kv`, the scatter of new K/V rows into the pool.
 - `tree_build`: `triton_build_tree` (`spec_runtime.tree.build_tree`).
 - `accept`: `triton_verify_greedy`, `triton_verify_tree_sampling`, `triton_simulated_accept`
-  (`spec_runtime.tree.verify_*`, `simulated_accept`).
+  (`spec_runtime.tree.verify_*`, `simulated_accept`), `triton_verify_greedy_rows` (the verify core's
+  greedy acceptance with its tokens and stacked host rows).
+- `extend_rows`: `triton_extend_rows` (`spec_runtime.extend.extend_rows`, the fixed-stride
+  draft-extend's rows); `tree_rows`: `pad_tree_rows` (launch-ahead's trees -> verify buffers, padded).
 - `bookkeeping`: `commit_accepted`, `extend_after_decode`, `decode_advance` (slot-table writes).
 - `gemv`: a split-K GEMV for linear layers at small batch, with RoPE + KV store, SiLU-and-multiply
   and unreduced-partials epilogues; its kernels in `_gemv_kernels.py`.
 - `elementwise`: RMSNorm (+ residual add, + embedding gather), RoPE + KV store, SiLU-and-multiply.
 - `topk`: `softmax_topk` (`spec_runtime.sampling.softmax_topk`) and `row_argmax`.
 - `frontier`: `frontier_step`, `organize_records` (the draft's expansion bookkeeping:
-  `spec_runtime.tree.select_frontier`, `gather_branches`, `organize`), one launch per draft step.
+  `spec_runtime.tree.select_frontier`, `gather_branches`, `organize`), one launch per draft step;
+  `chain_probs`, `onehot_rows` (a greedy chain's one-hot distributions).
 - `tuning`, `tuning_file`: setup-time timings of the GEMV against cuBLAS and of each epilogue, per
   weight shape and row count, and the JSON files that keep them.
 - `inputs`: the duck types of the runtime's objects and the shape checks a kernel and its torch

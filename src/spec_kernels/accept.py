@@ -23,6 +23,8 @@ The only possible difference is a float64 summation-order effect (block scan aga
 sum) that flips a float32 rounding exactly at a coin: about 1e-9 per draw.
 """
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -37,7 +39,8 @@ from spec_kernels._common import (
 )
 from spec_kernels.inputs import check_greedy_target, check_sampling_targets, check_verify_shapes
 
-__all__ = ["triton_simulated_accept", "triton_verify_greedy", "triton_verify_tree_sampling"]
+__all__ = ["triton_simulated_accept", "triton_verify_greedy",
+           "triton_verify_greedy_rows", "triton_verify_tree_sampling"]
 
 
 def _check_tree(candidates, retrieve_index, next_token, next_sibling, num_steps):
@@ -63,15 +66,19 @@ def _verify_greedy_kernel(
     nt_ptr,  # (bs, N) int first child, -1 = none
     ns_ptr,  # (bs, N) int next sibling, -1 = none
     tp_ptr,  # (bs, N) int target argmax at each node
-    predicts_ptr,  # (bs*N,) int64 next emitted token by global row (output)
-    accept_ptr,  # (bs, num_steps+1) int64 accepted rows, -1 filled by the caller (output)
+    predicts_ptr,  # (bs*N,) int64 next emitted token by global row (output, PREDICTS)
+    accept_ptr,  # (bs, num_steps+1) int64 accepted rows, -1 past them (output)
     num_correct_ptr,  # (bs,) int32 accepted drafts (output)
+    tokens_ptr,  # (bs, num_steps+1) int64 emitted tokens, -1 past them (output, TOKENS)
+    stacked_ptr,  # (bs, num_steps+2) int64 the tokens then the count (output, STACKED)
     N, num_steps,
+    WP: tl.constexpr, PREDICTS: tl.constexpr, TOKENS: tl.constexpr, STACKED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     row = b * N
+    W = num_steps + 1
     cur = tl.zeros([], tl.int64)
-    tl.store(accept_ptr + b * (num_steps + 1), tl.load(ri_ptr + row).to(tl.int64))
+    tl.store(accept_ptr + b * W, tl.load(ri_ptr + row).to(tl.int64))
     level = tl.zeros([], tl.int32)
     active = tl.full([], 1, tl.int32)
     while (level < num_steps) & (active != 0):
@@ -84,15 +91,31 @@ def _verify_greedy_kernel(
             chosen = tl.where(hit, child, chosen)
             child = tl.load(ns_ptr + row + child, mask=ok & (chosen < 0), other=-1).to(tl.int64)
         found = chosen >= 0
-        cur_row = tl.load(ri_ptr + row + cur)
-        tl.store(predicts_ptr + cur_row, tl.load(cand_ptr + row + chosen, mask=found).to(tl.int64), mask=found)
-        tl.store(accept_ptr + b * (num_steps + 1) + 1 + level,
-                 tl.load(ri_ptr + row + chosen, mask=found).to(tl.int64), mask=found)
+        token = tl.load(cand_ptr + row + chosen, mask=found).to(tl.int64)
+        if PREDICTS:
+            tl.store(predicts_ptr + tl.load(ri_ptr + row + cur), token, mask=found)
+        if TOKENS:  # the token emitted at this level: the matched child's (= the target's argmax)
+            tl.store(tokens_ptr + b * W + level, token, mask=found)
+        if STACKED:
+            tl.store(stacked_ptr + b * (W + 1) + level, token, mask=found)
+        tl.store(accept_ptr + b * W + 1 + level, tl.load(ri_ptr + row + chosen, mask=found).to(tl.int64), mask=found)
         cur = tl.where(found, chosen, cur)
         active = found.to(tl.int32)
         level += active
-    tl.store(predicts_ptr + tl.load(ri_ptr + row + cur), tl.load(tp_ptr + row + cur).to(tl.int64))
+    bonus = tl.load(tp_ptr + row + cur).to(tl.int64)
+    if PREDICTS:
+        tl.store(predicts_ptr + tl.load(ri_ptr + row + cur), bonus)
     tl.store(num_correct_ptr + b, level)
+    # what no level wrote: -1 (addresses disjoint from the walk's stores, so no ordering is needed)
+    j = tl.arange(0, WP)
+    tl.store(accept_ptr + b * W + j, tl.full([WP], -1, tl.int64), mask=(j > level) & (j < W))
+    if TOKENS:
+        tl.store(tokens_ptr + b * W + level, bonus)
+        tl.store(tokens_ptr + b * W + j, tl.full([WP], -1, tl.int64), mask=(j > level) & (j < W))
+    if STACKED:
+        tl.store(stacked_ptr + b * (W + 1) + level, bonus)
+        tl.store(stacked_ptr + b * (W + 1) + j, tl.where(j == W, level.to(tl.int64), -1),
+                 mask=(j > level) & (j <= W))
 
 
 def triton_verify_greedy(
@@ -105,17 +128,60 @@ def triton_verify_greedy(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`tree.verify_greedy` on the GPU: same arguments, same
     `(predicts (bs*num_draft,), accept_index (bs, num_steps+1), num_correct_drafts (bs,) int32)`."""
+    bs, n, c = _greedy_inputs(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                              target_predict, num_steps)
+    dev = candidates.device
+    predicts = torch.zeros(bs * n, dtype=torch.int64, device=dev)  # (rows off the path: 0, as the reference)
+    accept_index = torch.empty((bs, num_steps + 1), dtype=torch.int64, device=dev)
+    num_correct = torch.empty(bs, dtype=torch.int32, device=dev)
+    if bs:
+        _verify_greedy_kernel[(bs,)](*c, predicts, accept_index, num_correct, accept_index, accept_index, n, num_steps,
+                                     WP=next_pow2(num_steps + 2), PREDICTS=True, TOKENS=False, STACKED=False,
+                                     num_warps=1)
+    return predicts, accept_index, num_correct
+
+
+def triton_verify_greedy_rows(
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+    num_steps: int,
+    stacked: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verify core's greedy acceptance in one launch and no fill: `(accept_index (bs, num_steps+1),
+    accept_tokens (bs, num_steps+1) int64, num_correct_drafts (bs,) int32)`, the tokens being the target's
+    prediction at the root and at each accepted node, -1 padded (`tree.verify_greedy`, then the
+    verify core's gather of its predictions at `accept_index`); `stacked` `(bs, num_steps+2)` int64,
+    when given, gets each request's tokens then its count (`verify.stacked_rows`: what verify's
+    device-to-host copy reads). Reference: `spec_runtime.verify.greedy_rows` (the torch path)."""
+    bs, n, c = _greedy_inputs(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                              target_predict, num_steps)
+    dev, w = candidates.device, num_steps + 1
+    if stacked is not None:
+        check_tensor("stacked", stacked, (torch.int64,), (bs, w + 1), dev)
+        require(stacked.is_contiguous(), "stacked must be contiguous")
+    accept_index = torch.empty((bs, w), dtype=torch.int64, device=dev)
+    tokens = torch.empty((bs, w), dtype=torch.int64, device=dev)
+    num_correct = torch.empty(bs, dtype=torch.int32, device=dev)
+    if bs:
+        _verify_greedy_kernel[(bs,)](*c, accept_index, accept_index, num_correct, tokens,
+                                     tokens if stacked is None else stacked, n, num_steps, WP=next_pow2(w + 1),
+                                     PREDICTS=False, TOKENS=True, STACKED=stacked is not None, num_warps=1)
+    return accept_index, tokens, num_correct
+
+
+def _greedy_inputs(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict,
+                   num_steps):
+    """The checks of the greedy launchers; `(bs, num_draft, contiguous inputs)`."""
     _check_tree(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     check_greedy_target(candidates, target_predict)
     bs, n = candidates.shape
     check_tensor("target_predict", target_predict, INDEX_DTYPES, (bs, n), candidates.device)
-    predicts, accept_index, num_correct = _outputs(bs, n, num_steps, candidates.device)
-    if bs == 0:
-        return predicts, accept_index, num_correct
     c = [x.contiguous() for x in (candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
                                   target_predict)]
-    _verify_greedy_kernel[(bs,)](*c, predicts, accept_index, num_correct, n, num_steps, num_warps=1)
-    return predicts, accept_index, num_correct
+    return bs, n, c
 
 
 @triton.jit

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from spec_kernels._common import INDEX_DTYPES, check_tensor, next_pow2, require
 
-__all__ = ["DraftRecords", "Frontier", "frontier_step", "organize_records"]
+__all__ = ["DraftRecords", "Frontier", "chain_probs", "frontier_step", "onehot_rows", "organize_records"]
 
 
 @dataclass
@@ -53,7 +53,8 @@ class Frontier:
     """One step's outputs: the new frontier, best first (`scores`, `tokens`, `parent` `(bs, topk)`),
     and the next draft forward's inputs: `branch_slots` `(bs, topk, step + 1)` (each branch's
     ancestors' draft slots, then its own), `out_slots` `(bs * topk,)` (its own), `positions`
-    `(bs * topk,)` (`seq_lens + step`). The last step has only its records: every field is None."""
+    `(bs * topk,)` (`seq_lens + step`), `hidden` `(bs, topk, H)` (each branch's parent's hidden state,
+    when the step was given the forward's). The last step has only its records: every field is None."""
 
     scores: Optional[torch.Tensor] = None
     tokens: Optional[torch.Tensor] = None
@@ -61,6 +62,7 @@ class Frontier:
     branch_slots: Optional[torch.Tensor] = None
     out_slots: Optional[torch.Tensor] = None
     positions: Optional[torch.Tensor] = None
+    hidden: Optional[torch.Tensor] = None
 
 
 @triton.jit
@@ -76,9 +78,11 @@ def _frontier_kernel(
     new_scores_ptr, new_tokens_ptr, parent_ptr,  # (bs, K) the new frontier (outputs, HAS_NEXT)
     slots_out_ptr,  # (bs, K, STEP + 1) int64 (output, HAS_NEXT)
     out_slots_ptr, positions_ptr,  # (bs * K,) (outputs, HAS_NEXT)
-    C, W, S,
+    h_in_ptr,  # (bs * K, H) this step's forward's hidden states (HIDDEN)
+    h_out_ptr,  # (bs * K, H) each new branch's parent's (output, HAS_NEXT and HIDDEN)
+    C, W, S, H,
     K: tl.constexpr, NC: tl.constexpr, NCP: tl.constexpr, STEP: tl.constexpr, SP: tl.constexpr,
-    HAS_D2T: tl.constexpr, HAS_NEXT: tl.constexpr,
+    HAS_D2T: tl.constexpr, HAS_NEXT: tl.constexpr, HIDDEN: tl.constexpr = False, BLOCK_H: tl.constexpr = 256,
 ):
     b = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, NCP)
@@ -123,6 +127,11 @@ def _frontier_kernel(
                      mask=cols <= STEP)
             tl.store(out_slots_ptr + b * K + j, own)
             tl.store(positions_ptr + b * K + j, seq + STEP)
+            if HIDDEN:  # `gather_branches(h, parent)`: the next forward's hidden input
+                for h0 in range(0, H, BLOCK_H):
+                    hc = h0 + tl.arange(0, BLOCK_H)
+                    row = tl.load(h_in_ptr + (b * K + parent) * H + hc, mask=hc < H)
+                    tl.store(h_out_ptr + (b * K + j) * H + hc, row, mask=hc < H)
 
 
 def frontier_step(
@@ -136,6 +145,7 @@ def frontier_step(
     scores: Optional[torch.Tensor] = None,
     branch_slots: Optional[torch.Tensor] = None,
     d2t: Optional[torch.Tensor] = None,
+    hidden: Optional[torch.Tensor] = None,
 ) -> Frontier:
     """One expansion step of the draft (`tree.select_frontier` and what the draft loop derives from
     it) in one launch.
@@ -152,6 +162,8 @@ def frontier_step(
         scores: `(bs, topk)` float32 frontier scores (steps > 0).
         branch_slots: `(bs, topk, step)` int64 the slots this step's forward attended (steps > 0).
         d2t: `(V_draft,)` int64 `target_id - draft_id` (EAGLE-3), or None.
+        hidden: `(bs * topk, H)` the step's forward's hidden states (steps > 0), reordered into
+            `Frontier.hidden` by parent branch (`tree.gather_branches`) in the same launch; or None.
     """
     bs, k = records.parent_list.shape[0], temp_slots.shape[1]
     dev = temp_slots.device
@@ -170,10 +182,15 @@ def frontier_step(
     nxt = step < num_steps - 1
     i64 = dict(dtype=torch.int64, device=dev)
     out = Frontier()
+    if hidden is not None:
+        require(step > 0 and hidden.dim() == 2 and hidden.shape[0] == bs * k and hidden.is_contiguous()
+                and hidden.device == dev, f"hidden must be a contiguous (bs * topk, H) = ({bs * k}, H) tensor of "
+                f"a step > 0 on {dev}, got {tuple(hidden.shape)} at step {step}")
     if nxt:
+        h_out = None if hidden is None else torch.empty((bs, k, hidden.shape[1]), dtype=hidden.dtype, device=dev)
         out = Frontier(torch.empty((bs, k), dtype=torch.float32, device=dev), torch.empty((bs, k), **i64),
                        torch.empty((bs, k), **i64), torch.empty((bs, k, step + 1), **i64),
-                       torch.empty((bs * k,), **i64), torch.empty((bs * k,), dtype=seq_lens.dtype, device=dev))
+                       torch.empty((bs * k,), **i64), torch.empty((bs * k,), dtype=seq_lens.dtype, device=dev), h_out)
     if bs == 0:
         return out
     dummy = records.tokens
@@ -183,9 +200,11 @@ def frontier_step(
         records.scores, records.tokens, records.parent_list,
         *(t if t is not None else dummy for t in (out.scores, out.tokens, out.parent, out.branch_slots,
                                                    out.out_slots, out.positions)),
-        records.scores.shape[1], records.parent_list.shape[1], num_steps,
+        dummy if hidden is None else hidden, dummy if out.hidden is None else out.hidden,
+        records.scores.shape[1], records.parent_list.shape[1], num_steps, 0 if hidden is None else hidden.shape[1],
         K=k, NC=nc, NCP=max(2, next_pow2(nc)), STEP=step, SP=max(2, next_pow2(step + 1)),
-        HAS_D2T=d2t is not None, HAS_NEXT=nxt, num_warps=1 if nc <= 256 else 4,
+        HAS_D2T=d2t is not None, HAS_NEXT=nxt, HIDDEN=out.hidden is not None,
+        BLOCK_H=min(1024, next_pow2(hidden.shape[1])) if hidden is not None else 16, num_warps=1 if nc <= 256 else 4,
     )
     return out
 
@@ -231,3 +250,70 @@ def organize_records(records: DraftRecords, num_draft: int) -> tuple[torch.Tenso
         _organize_kernel[(bs,)](records.scores, records.tokens, selected, tokens, c, nsel,
                                 CP=max(2, next_pow2(c)), num_warps=1 if c <= 256 else 4)
     return records.parent_list, selected, tokens
+
+
+@triton.jit
+def _chain_probs_kernel(
+    root_ptr,  # (bs, V) float32 the root's distribution (row 0)
+    tok_ptr,  # (bs, N) int the chain's tokens (node i + 1 drawn at row i)
+    out_ptr,  # (bs, N, V) float32 (output)
+    N, V,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    cols = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < V
+    hot = tl.load(tok_ptr + b * N + i + 1, mask=(i >= 1) & (i < N - 1), other=-1)
+    value = tl.where(cols == hot, 1.0, 0.0)
+    value = tl.where(i == 0, tl.load(root_ptr + b * V + cols, mask=ok & (i == 0), other=0.0), value)
+    tl.store(out_ptr + (b * N + i) * V + cols, value, mask=ok)
+
+
+def chain_probs(root_probs: torch.Tensor, draft_token: torch.Tensor) -> torch.Tensor:
+    """A greedy chain's `draft_probs` `(bs, N, V)` float32 in one launch: row 0 the root's distribution
+    `root_probs` `(bs, V)` (node 1's), row i (1 <= i < N - 1) the one-hot of node i + 1's token (the
+    argmax it was proposed as), the last row zeros: what the torch path stacks from the steps'
+    one-hot distributions (`draft._propose` of a greedy batch)."""
+    bs, n = draft_token.shape
+    dev = draft_token.device
+    check_tensor("draft_token", draft_token, INDEX_DTYPES, (bs, n), dev)
+    check_tensor("root_probs", root_probs, (torch.float32,), (bs, None), dev)
+    v = root_probs.shape[1]
+    out = torch.empty((bs, n, v), dtype=torch.float32, device=dev)
+    if bs and n:
+        block = min(4096, next_pow2(v))
+        _chain_probs_kernel[(bs, n, -(-v // block))](root_probs.contiguous(), draft_token.contiguous(), out, n, v,
+                                                     BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _onehot_kernel(
+    ids_ptr,  # (R,) int the chosen ids
+    ones_ptr,  # (R,) float32 1.0 each (output)
+    out_ptr,  # (R, V) float32 the one-hot rows (output)
+    V,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    cols = c * BLOCK + tl.arange(0, BLOCK)
+    hot = tl.load(ids_ptr + r)
+    tl.store(out_ptr + r * V + cols, tl.where(cols == hot, 1.0, 0.0), mask=cols < V)
+    if c == 0:
+        tl.store(ones_ptr + r, 1.0)
+
+
+def onehot_rows(ids: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(ones (R, 1), one-hot (R, vocab))` float32 of `ids` `(R, 1)` in one launch: a greedy chain's
+    proposal probability and distribution (`draft._propose`: a zeros, a scatter and a ones)."""
+    require(ids.dim() == 2 and ids.shape[1] == 1, f"ids must be (rows, 1), got {tuple(ids.shape)}")
+    check_tensor("ids", ids, INDEX_DTYPES, tuple(ids.shape), ids.device)
+    rows = ids.shape[0]
+    ones = torch.empty((rows, 1), dtype=torch.float32, device=ids.device)
+    full = torch.empty((rows, vocab), dtype=torch.float32, device=ids.device)
+    if rows and vocab:
+        block = min(4096, next_pow2(vocab))
+        _onehot_kernel[(rows, -(-vocab // block))](ids.contiguous(), ones, full, vocab, BLOCK=block, num_warps=4)
+    return ones, full

@@ -1,9 +1,11 @@
-"""Skinny GEMM / split-K GEMV for linear layers at small batch: `y = x @ w.T (+ bias)`, `M <= 16`.
+"""Skinny GEMM / split-K GEMV for linear layers at small batch: `y = x @ w.T (+ bias)`, `M <= 32`.
 
 At decode the projections read the whole weight for a handful of rows, so the op is bound by
 memory: one pass over `w` at full bandwidth is the goal. Each program streams a `(BLOCK_N, K /
 SPLIT_K)` slab of `w` in `(BLOCK_N, BLOCK_K)` tiles (16-byte loads along K, software-pipelined)
-and multiplies it with the `M` rows of `x` (padded to 16 for `tl.dot`), accumulating in float32.
+and multiplies it with the `M` rows of `x` (padded to 16 rows for `tl.dot`, to 32 for 17-32 rows:
+one `tl.dot` tile of all rows, so each weight tile is read once whatever the row count),
+accumulating in float32.
 For at most `MULRED_MAX_M` rows a configuration may instead multiply and reduce (`mulred`: no
 padding, no `tl.dot`, row tiles down to 2 weight rows), which streams the small projections faster
 at 1-2 rows; at one row its accumulator is 2-D, in the weight tile's own layout (no shared-memory
@@ -17,7 +19,7 @@ in a CUDA-graph capture, or under the interpreter, a heuristic config is used.
 Epilogues fold the decode step after a projection into it (`EPI_*`): `triton_linear_silu_mul`
 (gate/up then SiLU-and-multiply), `triton_linear_rope_store` (QKV then RoPE and the KV store), and
 `triton_linear_parts`, which leaves the split-K partials for `spec_kernels.elementwise.add_rmsnorm` to sum.
-Each gives bit for bit what the GEMV followed by the separate kernel gives.
+Each gives bit for bit what the GEMV followed by the separate kernel gives, at every row count.
 """
 
 from dataclasses import dataclass
@@ -58,8 +60,9 @@ __all__ = [
     "triton_linear_silu_mul",
 ]
 
-MAX_M = 16
-"""Rows handled by the Triton kernel; `linear` sends larger inputs to `torch.nn.functional.linear`."""
+MAX_M = 32
+"""Rows handled by the Triton kernel; `linear` sends larger inputs to `torch.nn.functional.linear`.
+32: a batch of 4 verifying trees of 8 tokens (or drafting 8 branches each) is 32 rows."""
 MULRED_MAX_M = 4
 """Rows a `GemvConfig(mulred=True)` launch handles."""
 
@@ -82,7 +85,7 @@ class GemvConfig:
     """Multiply `w_tile @ x.T` (the weight tile as the dot's left operand: warp-group MMA on Hopper,
     fed from shared memory) instead of `x @ w_tile.T`."""
     mulred: bool = False
-    """Multiply and reduce instead of `tl.dot`: `x` is not padded to 16 rows, each program keeps a
+    """Multiply and reduce instead of `tl.dot`: `x` is not padded to 16 or 32 rows, each program keeps a
     float32 `(M, BLOCK_N, BLOCK_K)` accumulator and sums it over K at the end. For at most
     `MULRED_MAX_M` rows; `block_n` may then be as small as 2."""
 
@@ -138,6 +141,17 @@ class SplitKParts:
         return acc.to(self.dtype)
 
 
+def block_rows(m: int, cfg: GemvConfig) -> int:
+    """Rows of `x` each program multiplies (`_gemv_kernel`'s BLOCK_M): `m` rounded up to a power of
+    two, at least 16 for `tl.dot` (its smallest tile), so 32 for 17-32 rows. One tile of all rows
+    rather than two 16-row passes (which would hold the same two accumulator halves): built for
+    sm90 (ptxas), a 32-row tile of the same `(BLOCK_N, BLOCK_K)` takes about the 16-row one's
+    registers (32x256, 4 stages: 184 -> 190; 64x128: 203 -> 168) and, without an epilogue, spills
+    nothing (8 bytes on the swapped 128x128), and each weight tile feeds one dot: on a swapped tile
+    one warp-group MMA over all 32 rows (m64n32)."""
+    return next_pow2(m) if cfg.mulred else max(16, next_pow2(m))
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: GemvConfig,
             epi: int = 0, rope: RopeStore | None = None, reduce: bool = True) -> torch.Tensor | None:
     """Launch the GEMV (and the split-K reduce). `epi`: `EPI_*` (bias must be None with one);
@@ -159,7 +173,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
         rope_args, hd2 = (out, out, out, out, out, out, 0, 0, 0, 0, 0, 0), 1
     _gemv_kernel[(cdiv(n, cfg.block_n), split)](
         x, w, b, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0), *rope_args,
-        BLOCK_M=next_pow2(m) if cfg.mulred else max(16, next_pow2(m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+        BLOCK_M=block_rows(m, cfg), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         EVEN_K=k % (cfg.block_k * split) == 0, HAS_BIAS=bias is not None, DOT_F32=dot_f32, SWAP=cfg.swap,
         EPI=epi, HD2=hd2, MULRED=cfg.mulred, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl,
@@ -179,7 +193,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: to
 def heuristic_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
     """The configs the tuner picked on an H200 for K = 4096 (no K split from N = 4096 up: one
     program per `BLOCK_N` rows of `w` already fills the device); K splits only when the row tiles
-    cannot cover half of the multiprocessors."""
+    cannot cover half of the multiprocessors. The same at 17-32 rows: built for sm90, the 32-row
+    32x256 tile takes 190 registers (252 with the RoPE epilogue), no spills, and in float32 192 KB
+    of shared memory (of 227) and 255 registers, 4 bytes spilled."""
     if interpreting():
         return GemvConfig(block_n=16, block_k=32, split_k=2 if k >= 64 else 1, num_warps=4, num_stages=1)
     block_n = 32 if n <= 8192 else 64
@@ -193,6 +209,15 @@ _TILES = ((32, 256, 4, False), (64, 128, 4, False), (64, 256, 3, False), (128, 1
           (64, 256, 4, True), (64, 128, 5, True), (128, 128, 3, True))
 """(block_n, block_k, num_stages, swap) the tuner tries. The swapped tiles won 2-6 % on the 8B
 shapes in CUDA-graph chains on the H200 (`explore-archive:bench/results/explore/tma_sweep.json`)."""
+_TILES_32 = ((32, 128, 4, False), (32, 128, 4, True))
+"""Tiles tried for 17-32 rows besides `_TILES`: a 32-row `x` tile at `BLOCK_K` 128 holds as many
+elements as a 16-row one at 256, the depth most 16-row winners use. Built for sm90 they take
+116-166 registers (160-241 swapped) with and without an epilogue, no spills; with the RoPE
+epilogue the `_TILES` from 64x128 up spill at 32 rows as they do at 16 (64x128 swapped: 28 and 32
+bytes), which the setup's timing weighs."""
+_OVER_SMEM_32 = frozenset({(64, 256, 4, True)})
+"""`_TILES` that do not build for 17-32 rows on an H200: there the swapped 64x256 tile at 4 stages
+asks 240 KB of shared memory (227 KB per block), so the tuner would only compile it to drop it."""
 _MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4), (4, 2048, 4))
 """(block_n, block_k, num_warps) of the multiply-and-reduce configs tried for at most 2 rows (the
 first two for 3-4 rows): at one row they streamed the small 8B and 1B projections 10-50 % faster
@@ -203,9 +228,12 @@ and down projections at one row faster than any other tile in the real decode st
 
 
 def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvConfig]:
-    """About 35 configs (50 for `m <= MULRED_MAX_M`): tile shapes that stream `w` in 16-byte rows,
-    times K splits around the count that fills the device (none, half, full, double)."""
-    tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES]
+    """Tile shapes that stream `w` in 16-byte rows (`_TILES`, plus `_MULRED_TILES` for at most
+    `MULRED_MAX_M` rows and `_TILES_32` for more than 16), times K splits around the count that
+    fills the device (none, half, full, double): 25-45 configs on the 8B shapes on an H200
+    (6144 x 4096: 37, 29, 25, 31 at 1, 4, 16, 32 rows), 8-19 on the 135M ones (K 576 or 1536)."""
+    tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES + (_TILES_32 if m > 16 else ())
+             if m <= 16 or (bn, bk, stages, swap) not in _OVER_SMEM_32]
     if m <= MULRED_MAX_M:
         mulred = _MULRED_TILES if m <= 2 else _MULRED_TILES[:2]
         tiles += [(bn, bk, warps, 3, False, True) for bn, bk, warps in mulred]
@@ -268,7 +296,7 @@ def triton_linear(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None,
     tune: bool = True,
 ) -> torch.Tensor:
-    """`x (M, K) @ w (N, K).T (+ bias (N,))` -> `(M, N)` in x's dtype, float32 accumulation, `M <= 16`.
+    """`x (M, K) @ w (N, K).T (+ bias (N,))` -> `(M, N)` in x's dtype, float32 accumulation, `M <= MAX_M`.
 
     `config` fixes the launch configuration (default: the one registered for the shape, else tuned
     on first use when `tune`, else the heuristic one: `_tuned_config`).

@@ -17,12 +17,22 @@ softmax is torch's function with a different summation order, so probabilities c
 `torch.softmax` in the last float32 bits (`spec_runtime.sampling.softmax_topk` is the torch reference).
 """
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from spec_kernels._common import FLOAT_DTYPES, cdiv, next_pow2, pdl_options, require
+from spec_kernels._common import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    cdiv,
+    check_tensor,
+    next_pow2,
+    pdl_options,
+    require,
+)
 
 __all__ = ["reference_argmax", "row_argmax", "softmax_topk"]
 
@@ -79,9 +89,11 @@ def _topk_part_kernel(
 def _topk_merge_kernel(
     pm_ptr, ps_ptr, pv_ptr, pi_ptr,  # the partials of _topk_part_kernel
     val_ptr,  # (R, K) float32 probabilities (output, SOFTMAX)
-    idx_ptr,  # (R, K) int64 indices (output)
+    idx_ptr,  # (R, K) int64 indices (output), mapped by d2t (D2T)
+    d2t_ptr,  # (V,) int the map's offsets: index i is written as i + d2t[i] (D2T)
     C, s_v, s_i,
-    K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, SOFTMAX: tl.constexpr, PDL: tl.constexpr = False,
+    K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, SOFTMAX: tl.constexpr, D2T: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     r = tl.program_id(0)
     if PDL:
@@ -102,18 +114,25 @@ def _topk_merge_kernel(
         live = cand_i < _BIG
         v = tl.max(tl.where(live, cand_v, float("-inf")), axis=0)
         i = tl.min(tl.where(live & (cand_v == v), cand_i, _BIG), axis=0)
-        tl.store(idx_ptr + r.to(tl.int64) * s_i + j, i.to(tl.int64))
+        out = i.to(tl.int64)
+        if D2T:  # a draft vocabulary's ids as the target's (`to_target_ids`)
+            out += tl.load(d2t_ptr + i).to(tl.int64)
+        tl.store(idx_ptr + r.to(tl.int64) * s_i + j, out)
         if SOFTMAX:
             tl.store(val_ptr + r.to(tl.int64) * s_v + j, tl.exp(v - big_m) / total)
         cand_i = tl.where(cand_i == i, _BIG, cand_i)
 
 
-def _launch(x: torch.Tensor, k: int, softmax: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(x: torch.Tensor, k: int, softmax: bool,
+            d2t: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     require(x.dtype in FLOAT_DTYPES, f"logits dtype {x.dtype} not in {FLOAT_DTYPES}")
     require(x.dim() >= 1 and x.shape[-1] >= 1, f"logits must have a vocabulary axis, got shape {tuple(x.shape)}")
     v = x.shape[-1]
     require(1 <= k <= min(v, 64), f"k must be in [1, min(vocab, 64)] = [1, {min(v, 64)}], got {k}")
     require(v < _MAX_INDEX, f"vocabulary of {v} entries does not fit int32 indices")
+    if d2t is not None:
+        check_tensor("d2t", d2t, INDEX_DTYPES, (v,), x.device)
+        require(d2t.is_contiguous(), "d2t must be contiguous")
     lead = x.shape[:-1]
     rows = x.reshape(-1, v)
     rows = rows if rows.stride(-1) == 1 else rows.contiguous()
@@ -131,16 +150,19 @@ def _launch(x: torch.Tensor, k: int, softmax: bool) -> tuple[torch.Tensor, torch
         pdl = pdl_options(x.device)
         _topk_part_kernel[(r, c)](rows, pm, ps, pv, pi, v, rows.stride(0), c, K=k, KP=kp, BLOCK=block,
                                   SOFTMAX=softmax, num_warps=4, **pdl)
-        _topk_merge_kernel[(r,)](pm, ps, pv, pi, vals, ids, c, vals.stride(0), ids.stride(0), K=k, KP=kp,
-                                 CP=next_pow2(c), SOFTMAX=softmax, num_warps=4, **pdl)
+        _topk_merge_kernel[(r,)](pm, ps, pv, pi, vals, ids, ids if d2t is None else d2t, c, vals.stride(0),
+                                 ids.stride(0), K=k, KP=kp, CP=next_pow2(c), SOFTMAX=softmax, D2T=d2t is not None,
+                                 num_warps=4, **pdl)
     return vals.reshape(*lead, k), ids.reshape(*lead, k)
 
 
-def softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(logits: torch.Tensor, k: int, *,
+                 d2t: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(probs, indices)` of the `k` largest entries of `softmax(logits.float(), -1)` along the last
     axis (`spec_runtime.sampling.softmax_topk`), values descending, ties in index order; `(..., k)` float32 and
-    int64. Reads shapes only: capturable in a CUDA graph."""
-    return _launch(logits, k, softmax=True)
+    int64. Reads shapes only: capturable in a CUDA graph. `d2t` `(vocab,)`: each index `i` is returned
+    as `i + d2t[i]` (a draft vocabulary's `to_target_ids`, in the same launch)."""
+    return _launch(logits, k, softmax=True, d2t=d2t)
 
 
 def row_argmax(logits: torch.Tensor) -> torch.Tensor:

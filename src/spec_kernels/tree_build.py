@@ -136,7 +136,7 @@ def triton_build_tree(
     """
     _check_shapes(parent_list, selected_index, draft_tokens, bonus_tokens, seq_lens, topk, num_steps, num_draft)
     bs, n, dev = selected_index.shape[0], num_draft, selected_index.device
-    mask = torch.zeros((bs, n, n), dtype=torch.bool, device=dev)
+    mask = torch.empty((bs, n, n), dtype=torch.bool, device=dev)  # every cell written: no fill launch
     outs = [torch.empty((bs, n), dtype=torch.int64, device=dev) for _ in range(5)]
     if bs == 0:
         return (mask, *outs)

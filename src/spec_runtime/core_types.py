@@ -43,6 +43,12 @@ class CoreOps:
     build_tree: Callable[..., tuple]
     probs: Callable[..., torch.Tensor]  # (logits, temperature, top_k, top_p) -> probabilities
     verify_greedy: Optional[Callable[..., tuple]] = None  # None: tree.verify_greedy
+    # the greedy walk with its tokens (and the stacked host rows) in one launch: kernels.accept's
+    # triton_verify_greedy_rows; None: verify_greedy, then the tokens gathered by torch ops
+    verify_greedy_rows: Optional[Callable[..., tuple]] = None
+    # a fixed-stride draft-extend's prefix, last rows and extra slots in one launch:
+    # kernels.extend_rows; None: extend.extend_rows (torch ops)
+    extend_rows: Optional[Callable[..., tuple]] = None
     verify_tree_sampling: Optional[Callable[..., tuple]] = None  # None: tree.verify_tree_sampling
     softmax_topk: Optional[Callable[..., tuple]] = None  # (logits, k) -> (probs, indices); None: torch's
     argmax: Optional[Callable[..., torch.Tensor]] = None  # (logits) -> last-axis argmax; None: torch's
@@ -151,7 +157,9 @@ class VerifyCoreIn:
     `uniform_final` `(bs,)` are the pre-drawn coins and `temperature`, `top_k`, `top_p` the requests'
     parameters. `sim_accept` `(bs,)` (benchmarks): tokens to accept per request, whatever the target
     says. `hidden_states` `(bs * num_draft, hidden_extend)`: scratch the captured target rows land in.
-    `pad_slot` `(1,)`: the dummy KV slot padded rows write to (static path only)."""
+    `pad_slot` `(1,)`: the dummy KV slot padded rows write to (static path only). `stacked`
+    `(bs, num_steps + 2)` int64: where the core leaves each request's accepted tokens then its count
+    (`verify.stacked_rows`, the rows verify's device-to-host copy reads; static path)."""
 
     draft_token: torch.Tensor
     positions: torch.Tensor
@@ -172,6 +180,7 @@ class VerifyCoreIn:
     sim_accept: Optional[torch.Tensor] = None
     hidden_states: Optional[torch.Tensor] = None
     pad_slot: Optional[torch.Tensor] = None
+    stacked: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -68,6 +68,11 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     `ops` are the sync-free ones)."""
     if ops.frontier is not None and c.draft_probs is None:
         return _draft_core_kernels(ops, c)
+    if ops.frontier is not None and _greedy_chain(ops, c):  # a greedy chain: its argmax proposals and
+        # their one-hot distributions, which `_propose` gives it, from the same kernels as a tree's
+        out = _draft_core_kernels(ops, c)
+        out.draft_probs = ops.frontier.chain_probs(c.draft_probs, out.draft_token)
+        return out
     bs, k = c.topk_p.shape
     steps = ops.config.num_steps
     sampled = c.draft_probs is not None
@@ -88,6 +93,14 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
         hidden = None if hidden is None else gather_branches(h.view(bs, k, -1), parent)
         history = gather_branches(branch_slots, parent)
     return _layout(ops, c, *organize(records, ops.config.num_draft_tokens), probs)
+
+
+def _greedy_chain(ops: CoreOps, c: DraftCoreIn) -> bool:
+    """A sampled chain's batch whose every request is greedy (one branch, one node per step): each step
+    proposes the draft's argmax, the top-1 of the Triton top-k (ties to the lowest id in both)."""
+    config = ops.config
+    return (c.draft_probs is not None and c.greedy and config.topk == 1
+            and config.num_draft_tokens == config.num_steps + 1 and ops.softmax_topk is not None)
 
 
 def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
@@ -114,9 +127,8 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
         logits = draft_logits(ops, h, c.draft_logits, raw_logits(ops, False, c.greedy))
         p, ids = (ops.softmax_topk or softmax_topk)(logits, k)
         front = f.frontier_step(step, steps, records, p, ids, c.temp_slots, draft_lens, front.scores,
-                                front.branch_slots, d2t)
-        if hidden is not None and front.parent is not None:
-            hidden = gather_branches(h.view(bs, k, -1), front.parent)
+                                front.branch_slots, d2t, None if hidden is None else h.reshape(bs * k, -1).contiguous())
+        hidden = front.hidden  # (reordered by parent branch in the step's launch; None after the last)
     return _layout(ops, c, *f.organize_records(records, ops.config.num_draft_tokens), [])
 
 
@@ -178,12 +190,18 @@ def _propose(ops: CoreOps, logits: torch.Tensor, k: int, sampled: bool, params: 
     if sampled and params.greedy:  # every request greedy: what `ops.probs` gives at temperature 0 (the
         # one-hot at the argmax, ties to the lowest id) without its sort and softmax over the vocabulary
         ids = logits.argmax(-1, keepdim=True)
+        if ops.frontier is not None:  # the ones and the one-hot in one launch
+            ones, full = ops.frontier.onehot_rows(ids, logits.shape[-1])
+            return ones, ids, full
         full = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(1, ids, 1.0)
         return torch.ones(ids.shape, dtype=torch.float32, device=ids.device), ids, full
     if sampled:
         full = ops.probs(logits, params.temperature, params.top_k, params.top_p)
         ids = sample_from_probs(full, uniform)[:, None]
         return full.gather(1, ids), ids, full
+    d2t = getattr(ops.draft, "d2t", None) if ops.softmax_topk is not None else None
+    if d2t is not None:  # the Triton top-k maps the ids in its own launch
+        return (*ops.softmax_topk(logits, k, d2t=d2t), None)
     values, indices = (ops.softmax_topk or softmax_topk)(logits, k)
     return values, ops.draft.to_target_ids(indices), None
 

@@ -65,20 +65,35 @@ def _prepare(rt: RuntimeState, inp: DraftExtendInput, sampling: BatchSampling) -
 def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:
     """The draft forward over the accepted rows and the next root's top-k: tensors in, tensors out
     (with a fixed `stride` no host reads; ragged rows build their batch with one sync)."""
-    counts = c.num_accept_tokens.long()
-    prefix = c.seq_lens - counts + ops.config.traits.draft_kv_lead  # the draft KV before these rows
+    lead = ops.config.traits.draft_kv_lead
     if c.stride is None:
+        counts = c.num_accept_tokens.long()
+        prefix = c.seq_lens - counts + lead  # the draft KV before these rows
         attn = AttnBatch.extend(c.req_pool_indices, prefix, counts, c.out_slots)
         last_rows = torch.cumsum(counts, 0) - 1
     else:
-        attn = extend_fixed_stride(c.req_pool_indices, prefix, counts, c.out_slots, c.stride)
-        last_rows = const_arange(counts.shape[0], c.stride, counts.device) + (counts - 1)
+        prefix, last_rows, extra = (ops.extend_rows or extend_rows)(c.num_accept_tokens, c.seq_lens, c.out_slots,
+                                                                    c.stride, lead)
+        qo_indptr = const_arange(prefix.shape[0] + 1, c.stride, prefix.device)
+        attn = AttnBatch(c.req_pool_indices, prefix, qo_indptr, c.out_slots, extra)
     h = ops.draft.forward(c.input_ids, c.hidden_states, c.positions, attn, ops.draft_cache, from_target=True)
-    last = h[last_rows]
+    last = h.index_select(0, last_rows)  # one kernel at any batch size (h[rows]: a gather and a copy at bs 4)
     logits = draft_logits(ops, last, c.draft_logits, raw_logits(ops, c.sampled, c.greedy))
     topk_p, topk_index, full = _propose(ops, logits, ops.config.topk, c.sampled, c, c.uniform)
     keep_hidden = ops.config.traits.draft_reads_hidden
     return ExtendCoreOut(topk_p, topk_index, last if keep_hidden else None, full)
+
+
+def extend_rows(counts: torch.Tensor, seq_lens: torch.Tensor, out_slots: torch.Tensor, stride: int,
+                lead: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows laid out `stride` per request (`counts[r]` of them live, `seq_lens[r]` the length after
+    them): `(prefix_lens, last_rows, extra_kv)` int64, the draft KV each request attends before its
+    rows (`lead` further: the draft's KV lead), the global row of its last live row, and
+    `extend_fixed_stride`'s extra slots. The reference of `spec_kernels.extend_rows` (one launch)."""
+    counts = counts.long()
+    prefix = seq_lens - counts + lead
+    last_rows = const_arange(counts.shape[0], stride, counts.device) + (counts - 1)
+    return prefix.long(), last_rows, _stride_extra(counts, out_slots, stride)
 
 
 def extend_fixed_stride(req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, counts: torch.Tensor,
@@ -87,14 +102,20 @@ def extend_fixed_stride(req_pool_indices: torch.Tensor, prefix_lens: torch.Tenso
     request r sees the prefix and rows 0..j of r when j < counts[r]; rows at or beyond the count see
     only the prefix (their outputs are ignored). `out_slots` `(bs * stride,)`."""
     bs = req_pool_indices.shape[0]
+    extra = _stride_extra(counts, out_slots, stride)
+    qo_indptr = const_arange(bs + 1, stride, out_slots.device)
+    return AttnBatch(req_pool_indices, prefix_lens.to(torch.int64), qo_indptr, out_slots, extra)
+
+
+def _stride_extra(counts: torch.Tensor, out_slots: torch.Tensor, stride: int) -> torch.Tensor:
+    """`(bs * stride, stride)` extra slots of `extend_fixed_stride`'s rows (-1: none)."""
+    bs = counts.shape[0]
     local = const_arange(stride, 1, out_slots.device)
     causal = const_causal(stride, out_slots.device)  # (stride, stride): [row j, column i] i <= j
     live = local[None, :] < counts[:, None]  # (bs, stride)
     visible = causal[None] & live[:, :, None]
     by_req = out_slots.view(bs, 1, stride).expand(bs, stride, stride)
-    extra = torch.where(visible, by_req, -1).reshape(bs * stride, stride)
-    qo_indptr = const_arange(bs + 1, stride, out_slots.device)
-    return AttnBatch(req_pool_indices, prefix_lens.to(torch.int64), qo_indptr, out_slots, extra)
+    return torch.where(visible, by_req, -1).reshape(bs * stride, stride)
 
 
 @boundary

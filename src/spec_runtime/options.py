@@ -78,7 +78,8 @@ class FastOptions:
             setup, per weight shape and row bucket (`spec_kernels.tuning._epilogue_timing`), none elsewhere.
             Only where the GEMV runs (not cuBLAS), with the Triton elementwise kernels, for
             bias-free weights.
-        gemv_rows: row counts to time the GEMV at (auto linear only).
+        gemv_rows: row counts to time the GEMV at (auto linear only; at most `spec_kernels.gemv.MAX_M`,
+            32: a batch of 4 verifying 8-token trees).
         gemv_tune: where the setup decided no launch configuration for a GEMV's shape and row
             bucket (`linear="gemv"`, or rows outside `gemv_rows`), let `kernels.gemv` time its
             candidates on first use (seconds per shape) instead of taking its heuristic one.
@@ -101,7 +102,7 @@ class FastOptions:
     frontier: str = "auto"
     bookkeeping: str = "auto"
     epilogues: str = "auto"
-    gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16)
+    gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     gemv_tune: bool = False
     tuning_file: Optional[str] = field(default_factory=lambda: os.environ.get(TUNING_FILE_ENV) or None)
     launch_ahead: bool = True

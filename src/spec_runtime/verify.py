@@ -193,13 +193,22 @@ def verify_core(ops: CoreOps, c: VerifyCoreIn) -> VerifyCoreOut:
     if captured is not None and c.hidden_states is not None:
         c.hidden_states.copy_(captured)
         captured = c.hidden_states
-    logits = ops.target.compute_logits(hidden).view(bs, n, -1)
+    # greedy: the Triton argmax reads the lm_head's own dtype (a float32 copy changes no index)
+    raw = c.greedy and ops.argmax is not None
+    logits = (ops.target.logits(hidden) if raw else ops.target.compute_logits(hidden)).view(bs, n, -1)
     # the target's argmax per node: the greedy walk's and the simulated override's (computed once)
     predict = _argmax(ops, logits) if c.greedy or c.sim_accept is not None else None
     accept_index, accept_tokens, num_correct = _accept(ops, c, logits, predict)
     if c.sim_accept is not None:
         accept_index, accept_tokens, num_correct = _simulated(ops, c, predict, accept_index.shape[1])
+    if c.stacked is not None and not _stacks_itself(ops, c):
+        c.stacked.copy_(stacked_rows(accept_tokens, num_correct))
     return VerifyCoreOut(accept_index, accept_tokens, num_correct, captured)
+
+
+def _stacks_itself(ops: CoreOps, c: VerifyCoreIn) -> bool:
+    """Whether the acceptance launch writes `c.stacked` itself (the greedy kernel, not overridden)."""
+    return c.greedy and ops.verify_greedy_rows is not None and c.sim_accept is None
 
 
 def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor, predict: Optional[torch.Tensor]):
@@ -208,6 +217,8 @@ def _accept(ops: CoreOps, c: VerifyCoreIn, logits: torch.Tensor, predict: Option
     steps = ops.config.num_steps
     trees = (c.draft_token, c.retrieve_index, c.retrieve_next_token, c.retrieve_next_sibling)
     bs, n, _ = logits.shape
+    if c.greedy and ops.verify_greedy_rows is not None:  # the tokens (and stacked rows) in the same launch
+        return ops.verify_greedy_rows(*trees, predict, steps, c.stacked if _stacks_itself(ops, c) else None)
     if c.greedy:
         greedy = ops.verify_greedy or verify_greedy
         predicts, accept_index, num_correct = greedy(*trees, predict, steps)

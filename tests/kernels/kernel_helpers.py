@@ -52,13 +52,13 @@ from triton._C.libtriton import ir
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-job = json.load(sys.stdin)
-fn = getattr(importlib.import_module(job["module"]), job["name"])
+jobs = json.load(sys.stdin)
 target = GPUTarget("cuda", 90, 32)
 backend = triton.compiler.make_backend(target)
 opts = backend.parse_options({})
 out = []
-for consts in job["constexprs"]:
+for job, consts in [(job, consts) for job in jobs for consts in job["constexprs"]]:
+    fn = getattr(importlib.import_module(job["module"]), job["name"])
     # constexpr parameters left out take their defaults
     consts = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **consts}
     sig = {n: job["types"].get(n) or ("constexpr" if n in consts else job["scalar"]) for n in fn.arg_names}
@@ -83,14 +83,22 @@ def hopper_build(module: str, name: str, types: dict[str, str], constexprs: list
     PTX, helpers inlined. `types`: argument -> Triton type ("*bf16", "fp32"); other non-constexpr
     arguments are `scalar_type`; constexpr parameters missing from a set take their defaults.
     Runs in a subprocess without `TRITON_INTERPRET` (the kernel tests set it at import)."""
+    return hopper_builds([dict(module=module, name=name, types=types, constexprs=constexprs,
+                               scalar=scalar_type, ptx=ptx)])
+
+
+def hopper_builds(jobs: list[dict]) -> list[str]:
+    """`hopper_build` for several kernels in one subprocess (one import of triton): each job a dict
+    of `hopper_build`'s arguments (`scalar` for `scalar_type`, both it and `ptx` optional); the IRs
+    (or PTX) in job then constexpr-set order."""
     import json
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    job = {"module": module, "name": name, "types": types, "constexprs": constexprs, "scalar": scalar_type, "ptx": ptx}
-    res = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT], input=json.dumps(job), capture_output=True,
+    jobs = [{"scalar": "i64", "ptx": False, **job} for job in jobs]
+    res = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT], input=json.dumps(jobs), capture_output=True,
                          text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)

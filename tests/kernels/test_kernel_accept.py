@@ -10,8 +10,9 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, assert_same, gpu, needs_cuda, random_tree
 
-from spec_kernels.accept import triton_verify_greedy, triton_verify_tree_sampling
+from spec_kernels.accept import triton_verify_greedy, triton_verify_greedy_rows, triton_verify_tree_sampling
 from spec_runtime.tree import verify_greedy, verify_tree_sampling
+from spec_runtime.verify import _tokens_at, stacked_rows
 
 CASES = [(3, 1, 3, 4), (2, 2, 3, 6), (2, 4, 3, 12), (2, 4, 4, 9), (1, 2, 1, 1), (2, 2, 2, 3)]
 
@@ -33,6 +34,26 @@ def test_greedy_matches_reference(bs, topk, num_steps, num_draft):
         ref = verify_greedy(*tree, predict, num_steps)
         got = triton_verify_greedy(*[t.to(DEVICE) for t in tree], predict.to(DEVICE), num_steps)
         assert_same(got, ref)
+
+
+@pytest.mark.parametrize("bs,topk,num_steps,num_draft", CASES)
+def test_greedy_rows_match_reference(poisoned_empty, program_order, bs, topk, num_steps, num_draft):
+    """The verify core's greedy acceptance in one launch: accept_index, the tokens the torch path
+    gathers from `verify_greedy`'s predictions, the count, and the stacked host rows, every element
+    written by the kernel (no fill before it)."""
+    for seed in range(2):
+        gen, tree = _tree(seed, bs, topk, num_steps, num_draft, vocab=4)
+        cand = tree[0]
+        predict = torch.where(torch.rand(cand.shape, generator=gen) < 0.8, cand.roll(-1, 1),
+                              torch.randint(0, 4, cand.shape, generator=gen))
+        predicts, index, count = verify_greedy(*tree, predict, num_steps)
+        tokens = _tokens_at(predicts, index)
+        stacked = torch.empty(bs, num_steps + 2, dtype=torch.int64, device=DEVICE)
+        got = triton_verify_greedy_rows(*[t.to(DEVICE) for t in tree], predict.to(DEVICE), num_steps, stacked)
+        assert_same(got, (index, tokens, count))
+        assert_same((stacked,), (stacked_rows(tokens, count),))
+        assert_same(triton_verify_greedy_rows(*[t.to(DEVICE) for t in tree], predict.to(DEVICE), num_steps),
+                    (index, tokens, count))
 
 
 def _children_tokens(cand, nt, ns):

@@ -30,6 +30,20 @@ def test_matches_softmax_topk_and_argmax(rows, vocab, k, dtype):
     assert torch.equal(row_argmax(x), reference_argmax(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_draft_ids_mapped_in_the_merge(program_order, dtype):
+    """`d2t`: the ids come back as `i + d2t[i]` (an EAGLE-3 head's `to_target_ids`), probabilities unchanged."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 3000, generator=gen).to(DEVICE)
+    d2t = torch.randint(0, 500, (3000,), generator=gen).to(dtype).to(DEVICE)
+    probs, ids = softmax_topk(x, 4)
+    mp, mi = softmax_topk(x, 4, d2t=d2t)
+    assert torch.equal(mp, probs) and mi.dtype == torch.int64
+    assert torch.equal(mi, ids + d2t[ids].long())
+    with pytest.raises(ValueError, match=r"d2t has shape \(2999,\), expected \(3000\)"):
+        softmax_topk(x, 4, d2t=d2t[:-1])
+
+
 def test_ties_leading_dims_and_masked_entries():
     x = torch.zeros(2, 3, 3000, device=DEVICE)
     x[0, 1, [2500, 5, 7]] = 1.0  # tied maxima in two blocks: index order

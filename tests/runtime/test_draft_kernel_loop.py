@@ -41,7 +41,8 @@ def _drafts(monkeypatch: pytest.MonkeyPatch, rt: Runtime) -> tuple[list, list, d
 
     def recorded(inp, out, _f=D._verify_input):
         vin = _f(inp, out)
-        trees.append((vin.draft_token.tolist(), vin.tree_mask.tolist()))
+        probs = None if vin.draft_probs is None else vin.draft_probs.tolist()  # (sampled chains)
+        trees.append((vin.draft_token.tolist(), vin.tree_mask.tolist(), probs))
         return vin
 
     def counted(ops, c, _f=D._draft_core_kernels):
@@ -83,3 +84,25 @@ def test_kernel_draft_loop_matches_eager(request, load_pair, monkeypatch, llama_
     assert runs["eager"][2]["kernel_loop"] == 0 and runs["static"][2]["kernel_loop"] >= 4, runs["static"][2]
     assert runs["static"][1] == runs["eager"][1], "the kernel loop drafted other trees than the torch loop"
     assert runs["static"][0] == runs["eager"][0]
+
+
+def test_greedy_chain_kernel_loop_matches_eager(load_pair, monkeypatch, aligned_dirs) -> None:
+    """STANDALONE's sampled chain with every request greedy (what launch-ahead runs) drafts with the
+    frontier kernels and the Triton top-1, its one-hot distributions from `frontier.chain_probs`: the
+    same chains, distributions and tokens as the eager torch loop, with a draft that agrees with its
+    target (several tokens accepted per iteration)."""
+    require("triton")
+    _check_interpreted()
+    target, draft = load_pair("STANDALONE", *aligned_dirs)
+    runs = {}
+    for executor, fast in (("eager", None), ("static", {**KERNEL_LOOP, "topk": "triton"})):
+        rt = Runtime.create(target, draft, "STANDALONE", num_steps=3, topk=1, num_draft_tokens=4, max_batch_size=4,
+                            max_context=48, executor=executor, buckets=None if executor == "eager" else (4,), seed=3,
+                            **({} if fast is None else {"fast": fast}))
+        assert rt.sampled_chain
+        runs[executor] = _drafts(monkeypatch, rt)
+    assert runs["eager"][2]["kernel_loop"] == 0 and runs["static"][2]["kernel_loop"] >= 2, runs["static"][2]
+    assert all(probs is not None for _, _, probs in runs["static"][1])
+    assert runs["static"][1] == runs["eager"][1], "the kernel loop drafted other chains than the torch loop"
+    assert runs["static"][0] == runs["eager"][0]
+    assert max(a for _, lengths in runs["static"][0] for a in lengths) > 1

@@ -474,7 +474,9 @@ def test_greedy_chain_proposal_is_the_temperature_zero_draw(probs: str) -> None:
     from spec_runtime.gpu.ops import probs_nosync
     from spec_runtime.sampling import probs_from_logits_batched
 
-    ops = SimpleNamespace(probs={"reference": probs_from_logits_batched, "nosync": probs_nosync}[probs])
+    # (frontier None: the torch one-hot; the kernels' `frontier.onehot_rows` is tests/kernels' and the
+    # greedy chain test's in tests/runtime/test_draft_kernel_loop.py)
+    ops = SimpleNamespace(probs={"reference": probs_from_logits_batched, "nosync": probs_nosync}[probs], frontier=None)
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(2))
     logits[2, 31] = logits[2, 7] = logits[2].max() + 1.0  # a tie: id 7 wins
     rows = logits.shape[0]

@@ -25,7 +25,7 @@ from ..executor import StopRead
 from .ahead_slots import AheadSlots
 from .ahead_state import HostRows, Launched, Prepared, VerifiedRows, ahead_allowed
 from .ahead_torch import ahead_extend_in_torch, ahead_extend_out_torch, live_mask, live_or_pad
-from .graphs import copy_all, head_rows, tensors_in
+from .graphs import copy_packed, head_rows, tensors_in
 
 __all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared", "VerifiedRows"]
 
@@ -72,6 +72,7 @@ class LaunchAhead(AheadSlots):
         if not prepared:
             self._save_verify(out)  # the host path reads it
             return (counts, finished, rows), None
+        self.ahead_stats["before_read" if early else "after_read"] += 1  # (a launch the read kept)
         ext_slots = ext_slots if ext_slots is not None else self.launch_ahead()
         reads = (out, slots, ext_slots, inp.seq_lens, inp.req_pool_indices)
         if self.backend.bookkeeping == "triton":  # the launched graph built the rows: nothing to queue
@@ -90,7 +91,10 @@ class LaunchAhead(AheadSlots):
         slots now and stage them on the device, so that after the read the launches follow
         each other with no host work in between. `launch_ahead` uses them, `cancel_ahead` frees them.
         With `bookkeeping="triton"` the launched graph allocates them itself (`_stage_fn`): only the
-        live count is staged here, and only when it changed."""
+        live count (and the device's free counts, `_sync_tops`) are staged here, and only when they
+        changed. The launch's other host work (dropping stale launched results, the hidden-buffer
+        check) is done here too: between the read and the launch the device idles
+        (`tests/runtime/test_launch_ahead_host.py` counts what runs there)."""
         from .. import faults
 
         self.cancel_ahead()
@@ -102,6 +106,10 @@ class LaunchAhead(AheadSlots):
                      and self.rt.draft_cache.num_free_slots >= bs * width)
         if not (self.ahead_enabled and greedy and room is not None and bs > 0 and pools_fit and not faults._ACTIVE):
             return False
+        # what the launch needs that the read does not decide, done now: after the read the device
+        # idles until the launch, so only the decision and the replays are left there
+        self.discard_ahead()
+        self._check_hidden_buffers()
         rt, bucket = self.rt, self.bucket_for(bs)
         staged = self.backend.bookkeeping != "triton"
         if not staged:  # the ahead graph allocates them into the staging rows (`_stage_fn`)
@@ -109,6 +117,7 @@ class LaunchAhead(AheadSlots):
             if self._nlive_known != bs:
                 self._nlive.fill_(bs)
                 self._nlive_known = bs
+            self._sync_tops()  # (the read moves no pool; a cancel leaves the counts as written)
         else:  # (spec_kernels.verify_output.reference_stage_slots: the same steps)
             ext_slots = rt.draft_cache.alloc_slots(bs * width).view(bs, width)
             slots = rt.target_cache.alloc_slots(bs * n).view(bs, n)
@@ -255,17 +264,10 @@ class LaunchAhead(AheadSlots):
         Returns the `(bs, num_steps + 1)` draft slots of this draft-extend (torch bookkeeping: the
         caller frees the ones past each request's count; triton: the first count of each row are
         the allocated ones, the rest padding)."""
-        try:
-            self.discard_ahead()
-            self._check_hidden_buffers()
-        except BaseException:
-            self.cancel_ahead()
-            raise
-        bs, sim, ext_slots, slots, _, staged = self._prepared
+        bs, sim, ext_slots, slots, _, staged = self._prepared  # (`prepare_ahead` checked the buffers)
         self._launched, self._prepared = self._prepared, None
         bucket = self.bucket_for(bs)
         if not staged:  # the graph allocates them (the host counts them once the read allows it: `ahead_rows`)
-            self._sync_tops()
             self._tops_known = None
         tag = "simulated" if sim else "real"
         # one graph for the draft-extend and the next draft: it may run again (capture's warm-up
@@ -294,17 +296,21 @@ class LaunchAhead(AheadSlots):
 
     def _ahead_fn(self, bucket: int, sim: bool, staged: bool) -> tuple[ExtendCoreOut, DraftCoreOut]:
         """The `ahead` graph: save the verify before it (its pool outputs, slots and lengths, which the
-        next verify's replay overwrites) in `kept`; unless this launch's slots were `staged`, build that
+        next verify's replay overwrites) in `kept` (copied at the end, with this graph's own); unless this launch's slots were `staged`, build that
         verify's output and give back its unused slots (`_output_fn`) and allocate this launch's slots
         (`_stage_fn`); then the draft-extend and the next draft, whose outputs it keeps too. A kept
         output stays valid until this graph runs again; the launched phases' objects are used
         before that (the next launch is queued by the verify phase that takes them)."""
-        self._save_verify_fn(bucket, sim)
+        # the verify's outputs -> `kept`, the draft's trees -> the verify buffers, this graph's outputs
+        # -> `kept`: one launch at the end (nothing in this graph writes what the first pairs read)
+        copies = self._save_verify_pairs(bucket, sim)
         if not staged:
             self._output_fn(bucket, sim)
             self._stage_fn(bucket, sim)
-        ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket)
-        return self.kept.keep("extend", ext, bucket), self.kept.keep("draft", dft, bucket)
+        ext, dft = self._ahead_extend_fn(bucket, sim), self._ahead_draft_fn(bucket, copies)
+        kept = self.kept.keep("extend", ext, bucket, into=copies), self.kept.keep("draft", dft, bucket, into=copies)
+        copy_packed(copies)
+        return kept
 
     def _save_verify(self, out: VerifyCoreOut) -> None:
         """If `out` is the launched verify's (`kept` views no ahead graph has filled yet), copy its
@@ -416,25 +422,37 @@ class LaunchAhead(AheadSlots):
             db.draft_probs[:bucket].copy_(out.draft_probs)
         return out
 
-    def _ahead_draft_fn(self, bucket: int) -> DraftCoreOut:
-        """The draft, and its trees -> the verify buffers (padded requests as copy_in pads them)."""
+    def _tree_eye(self, n: int, device: torch.device) -> torch.Tensor:
+        """The padding rows' tree mask (each node itself), made once (a warm-up run, before any
+        capture) instead of a fill in every replay."""
+        eye = getattr(self, "_eye", None)
+        if eye is None or eye.shape[0] != n or eye.device != device:
+            eye = self._eye = torch.eye(n, dtype=torch.bool, device=device)
+        return eye
+
+    def _ahead_draft_fn(self, bucket: int, copies: list) -> DraftCoreOut:
+        """The draft, and its trees -> the verify buffers (padded requests as copy_in pads them): the
+        `(dst, src)` pairs appended to `copies`, which the caller copies with its own."""
         out = self._draft_fn(bucket)
         vb, db = self.bufs.verify, self.bufs.draft
-        n = vb.draft_token.shape[1]
-        live = live_mask(self._nlive_for(bucket), bucket, self._nlive.device)  # None: no padding
-        eye = torch.eye(n, dtype=torch.bool, device=vb.tree_mask.device)
-        copies = [
-            (vb.draft_token[:bucket], live_or_pad(live, out.draft_token, 0)),
-            (vb.positions[:bucket], live_or_pad(live, out.positions, 0)),
-            (vb.tree_mask[:bucket], live_or_pad(live, out.tree_mask, eye)),
-            (vb.retrieve_index[:bucket], live_or_pad(live, out.retrieve_index, vb.retrieve_index[:bucket])),
-            (vb.retrieve_next_token[:bucket], live_or_pad(live, out.retrieve_next_token, -1)),
-            (vb.retrieve_next_sibling[:bucket], live_or_pad(live, out.retrieve_next_sibling, -1)),
-            (vb.seq_lens[:bucket], live_or_pad(live, db.seq_lens[:bucket], 0)),
-            (vb.req_pool_indices[:bucket], live_or_pad(live, db.req_pool_indices[:bucket], self.pad_row)),
-            (vb.slots[:bucket], self._next_slots[:bucket]),  # (the draft-extend reads `_verified`)
-        ]
+        src = (out.draft_token, out.positions, out.tree_mask, out.retrieve_index, out.retrieve_next_token,
+               out.retrieve_next_sibling, db.seq_lens[:bucket], db.req_pool_indices[:bucket])
+        dst = (vb.draft_token, vb.positions, vb.tree_mask, vb.retrieve_index, vb.retrieve_next_token,
+               vb.retrieve_next_sibling, vb.seq_lens, vb.req_pool_indices)
+        nlive = self._nlive_for(bucket)
+        pairs = [(vb.slots[:bucket], self._next_slots[:bucket])]  # (the draft-extend reads `_verified`)
+        if nlive is None:  # no padding: plain copies, with the caller's
+            pairs += [(d[:bucket], s) for d, s in zip(dst, src)]
+        elif self.backend.bookkeeping == "triton":  # the padding rows in one launch
+            from spec_kernels.tree_rows import pad_tree_rows
+
+            pad_tree_rows(src, [d[:bucket] for d in dst], nlive, self.pad_row)
+        else:
+            live = live_mask(nlive, bucket, self._nlive.device)
+            pads = (0, 0, self._tree_eye(vb.draft_token.shape[1], vb.tree_mask.device), vb.retrieve_index[:bucket],
+                    -1, -1, 0, self.pad_row)
+            pairs += [(d[:bucket], live_or_pad(live, s, pad)) for d, s, pad in zip(dst, src, pads)]
         if vb.sim_accept is not None:
-            copies.append((vb.sim_accept[:bucket], self._next_sim[:bucket]))
-        copy_all(copies)
+            pairs.append((vb.sim_accept[:bucket], self._next_sim[:bucket]))
+        copies += pairs
         return out

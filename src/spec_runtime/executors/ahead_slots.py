@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..core_types import VerifyCoreOut
+from .graphs import copy_packed
 
 __all__ = ["AheadSlots"]
 
@@ -24,10 +25,16 @@ class AheadSlots:
 
     def _save_verify_fn(self, bucket: int, sim: bool) -> None:
         """The verify graph's outputs, tree slots and lengths -> `kept` (the next verify's replay
-        overwrites them; the launched verify's phase and `ahead_output` read them there)."""
-        self.kept.keep("verify", self._vout_full[(bucket, True, sim)], bucket)
-        self.kept.keep_tensor("verify_slots", self._verified.slots[:bucket], bucket)
-        self.kept.keep_tensor("verify_seq", self._verified.seq_lens[:bucket], bucket)
+        overwrites them; the launched verify's phase reads them there), in one launch (`copy_packed`)."""
+        copy_packed(self._save_verify_pairs(bucket, sim))
+
+    def _save_verify_pairs(self, bucket: int, sim: bool) -> list:
+        """The `(dst, src)` pairs of `_save_verify_fn` (the `ahead` graph copies them with its own)."""
+        pairs: list = []
+        self.kept.keep("verify", self._vout_full[(bucket, True, sim)], bucket, into=pairs)
+        self.kept.keep_tensor("verify_slots", self._verified.slots[:bucket], bucket, into=pairs)
+        self.kept.keep_tensor("verify_seq", self._verified.seq_lens[:bucket], bucket, into=pairs)
+        return pairs
 
     def _output_fn(self, bucket: int, sim: bool) -> None:
         """The ahead graph's node after the save: the verify's output rows (into `_rows`, which

@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["DEFAULT_BUCKETS", "GraphSet", "Kept", "buckets_for", "copy_all", "copy_bytes", "head", "head_rows",
-           "slice_rows", "tensors_in"]
+__all__ = ["DEFAULT_BUCKETS", "GraphSet", "Kept", "buckets_for", "copy_all", "copy_bytes", "copy_packed", "head",
+           "head_rows", "slice_rows", "tensors_in"]
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 
@@ -137,18 +137,15 @@ def tensors_in(objs: Sequence[Any]) -> list[torch.Tensor]:
 
 
 def copy_all(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """`dst.copy_(src)` for every pair, as one multi-tensor copy per dtype pair on CUDA (a captured
-    graph then holds a kernel per dtype instead of a copy per tensor)."""
+    """`dst.copy_(src)` for every pair, as one multi-tensor copy per dtype pair (a captured graph then
+    holds a kernel per dtype instead of a copy per tensor; on the CPU the same call, one copy each)."""
     groups: dict[tuple, tuple[list, list]] = {}
     for dst, src in pairs:
         if dst.shape != src.shape:
             raise ValueError(f"copy_all: destination {tuple(dst.shape)} and source {tuple(src.shape)} differ")
-        if dst.is_cuda:
-            dsts, srcs = groups.setdefault((dst.dtype, src.dtype, dst.device), ([], []))
-            dsts.append(dst)
-            srcs.append(src)
-        else:
-            dst.copy_(src)
+        dsts, srcs = groups.setdefault((dst.dtype, src.dtype, dst.device), ([], []))
+        dsts.append(dst)
+        srcs.append(src)
     for dsts, srcs in groups.values():
         torch._foreach_copy_(dsts, srcs)
 
@@ -167,6 +164,21 @@ def copy_bytes(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
             srcs.append(src.reshape(-1).view(torch.uint8))
     if dsts:
         torch._foreach_copy_(dsts, srcs)
+
+
+def copy_packed(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """`dst.copy_(src)` for every pair in as few launches as fit: the pairs of one dtype whose tensors
+    are both contiguous as ONE multi-tensor copy of their bytes (`copy_bytes`, whatever their dtypes),
+    the others by `copy_all` (a multi-tensor copy per dtype pair). A graph that keeps its outputs and
+    the verify's (`Kept`) copies them in one launch instead of one per dtype and field."""
+    packed, rest = [], []
+    for dst, src in pairs:
+        same = dst.shape == src.shape and dst.dtype == src.dtype
+        (packed if same and dst.is_contiguous() and src.is_contiguous() else rest).append((dst, src))
+    if packed:
+        copy_bytes(packed)
+    if rest:
+        copy_all(rest)
 
 
 def slice_rows(out: Any, bucket: int, bs: int) -> Any:
@@ -218,10 +230,11 @@ class Kept:
         self.max_bs = max_bs
         self.bufs: dict[tuple[str, str], torch.Tensor] = {}
 
-    def keep(self, name: str, out: Any, bucket: int, copy: bool = True) -> Any:
+    def keep(self, name: str, out: Any, bucket: int, copy: bool = True, into: Optional[list] = None) -> Any:
         """`out` (a core output dataclass of `bucket` requests) with each tensor replaced by its rows
         of the buffer kept under `name`, the values copied there (`copy_all`); `copy=False`: the
-        views only (what the last copy under `name` left)."""
+        views only (what the last copy under `name` left); `into`: the `(dst, src)` pairs appended
+        there instead, for the caller to copy with others in one launch (`copy_packed`)."""
         values, pairs = {}, []
         for f in dataclasses.fields(out):
             v = getattr(out, f.name)
@@ -230,14 +243,19 @@ class Kept:
                 pairs.append((dst, v))
                 v = dst
             values[f.name] = v
-        if copy:
+        if into is not None:
+            into += pairs
+        elif copy:
             copy_all(pairs)
         return type(out)(**values)
 
-    def keep_tensor(self, name: str, t: torch.Tensor, bucket: int, copy: bool = True) -> torch.Tensor:
+    def keep_tensor(self, name: str, t: torch.Tensor, bucket: int, copy: bool = True,
+                    into: Optional[list] = None) -> torch.Tensor:
         """`keep` for one tensor of `bucket` requests' rows."""
         dst = self._buffer(name, "", t, bucket)[: t.shape[0]]
-        if copy:
+        if into is not None:
+            into.append((dst, t))
+        elif copy:
             dst.copy_(t)
         return dst
 

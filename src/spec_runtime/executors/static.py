@@ -26,7 +26,7 @@ benchmarks' baseline). Launch-ahead (the rest of the iteration queued behind a g
 import collections
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -50,7 +50,7 @@ from ..extend import draft_extend_core
 from ..gpu.models import FastOptions, build_fast_models
 from ..gpu.ops import build_tree_nosync, probs_nosync
 from ..state import RuntimeState
-from ..verify import stacked_rows, verify_core
+from ..verify import verify_core
 from .ahead import LaunchAhead, Launched, Prepared, VerifiedRows
 from .graphs import GraphSet, Kept, buckets_for, copy_all, head, slice_rows
 
@@ -123,21 +123,22 @@ class GraphRunner(LaunchAhead):
         max_pos = rt.target_cache.req_to_token.shape[1] + config.num_draft_tokens + 1
         be, ft, fd = build_fast_models(rt.target, rt.draft, self.options, max_pos, self.linear_log)
         self.backend = be
-        tree_fn, greedy_fn, sampling_fn, sim_fn = build_tree_nosync, None, None, None
+        tree_fn, greedy_fn, sampling_fn, sim_fn, rows_fn = build_tree_nosync, None, None, None, None
         if be.tree == "triton":
             from spec_kernels.accept import (
                 triton_simulated_accept,
                 triton_verify_greedy,
+                triton_verify_greedy_rows,
                 triton_verify_tree_sampling,
             )
             from spec_kernels.tree_build import triton_build_tree
 
             tree_fn, greedy_fn, sampling_fn = triton_build_tree, triton_verify_greedy, triton_verify_tree_sampling
-            sim_fn = triton_simulated_accept
+            sim_fn, rows_fn = triton_simulated_accept, triton_verify_greedy_rows
         self.ops = CoreOps(config, ft, fd, rt.target_cache, rt.draft_cache, rt.aux_layer_ids, rt.capture,
                            tree_fn, probs_nosync, verify_greedy=greedy_fn, verify_tree_sampling=sampling_fn,
                            softmax_topk=be.softmax_topk_fn, argmax=be.argmax_fn, frontier=be.frontier,
-                           simulated_accept=sim_fn)
+                           simulated_accept=sim_fn, verify_greedy_rows=rows_fn, extend_rows=self._extend_rows(be))
         device, chain = rt.device, rt.sampled_chain
         self.bufs = _Buffers(
             B.allocate_draft(config, self.max_bs, device, sampled_chain=chain),
@@ -288,6 +289,15 @@ class GraphRunner(LaunchAhead):
 
     # ---- bucket views: the cores' inputs over the buffers ---------------------------------------
 
+    @staticmethod
+    def _extend_rows(be: Any) -> Optional[Callable]:
+        """The draft-extend's row bookkeeping: one launch with `bookkeeping="triton"`, else torch ops."""
+        if be.bookkeeping != "triton":
+            return None
+        from spec_kernels.extend_rows import triton_extend_rows
+
+        return triton_extend_rows
+
     def _draft_fn(self, bucket: int, greedy: bool = True) -> DraftCoreOut:
         b, k = self.bufs.draft, self.rt.spec_config.topk
         rows = bucket * k
@@ -315,11 +325,11 @@ class GraphRunner(LaunchAhead):
             temperature=b.temperature[:bucket], top_k=b.top_k[:bucket], top_p=b.top_p[:bucket],
             sim_accept=head(b.sim_accept, bucket) if sim else None,
             hidden_states=None if b.hidden_states is None else b.hidden_states[: bucket * n],
+            stacked=self._stacked[:bucket],
         )
         out = verify_core(self.ops, view)
         v = self._verified
-        copy_all([(self._stacked[:bucket], stacked_rows(out.accept_tokens, out.num_correct)),
-                  (v.seq_lens[:bucket], b.seq_lens[:bucket]), (v.req_pool_indices[:bucket], b.req_pool_indices[:bucket]),
+        copy_all([(v.seq_lens[:bucket], b.seq_lens[:bucket]), (v.req_pool_indices[:bucket], b.req_pool_indices[:bucket]),
                   (v.slots[:bucket], b.slots[:bucket]), (self._tops[0], self._tops[1])])
         return out
 

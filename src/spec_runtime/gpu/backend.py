@@ -98,16 +98,23 @@ class FastBackend:
 
     def choose_linears(self, linears: Sequence[Linear], log: Optional[list] = None) -> None:
         """Pick cuBLAS or the Triton GEMV per weight shape and row bucket (timed on CUDA, after
-        loading `FastOptions.tuning_file`)."""
+        loading `FastOptions.tuning_file`).
+
+        Raises:
+            ValueError: a `FastOptions.gemv_rows` entry outside 1..`spec_kernels.gemv.MAX_M`.
+        """
         if self.linear == "torch":
             return
         from spec_kernels.gemv import MAX_M
 
+        rows = list(self.options.gemv_rows)
+        bad = [m for m in rows if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_M]
+        if bad:
+            raise ValueError(f"FastOptions.gemv_rows: {bad} not row counts the GEMV takes (1 to {MAX_M})")
         load_tuning_file(self.options.tuning_file)
         for lin in linears:
             lin.tune = self.options.gemv_tune
 
-        rows = [m for m in self.options.gemv_rows if m <= MAX_M]
         if self.linear == "gemv":
             for lin in linears:
                 lin.gemv_upto, lin.gemv_buckets = MAX_M, frozenset(_pow2(m) for m in range(1, MAX_M + 1))
