@@ -31,6 +31,8 @@ class TrainConfig(BaseModel):
     fresh optimizer and schedule, instead of a fresh draft. An EAGLE-3 head started so takes the draft
     vocabulary a fresh run would count on this run's data (its `lm_head` rows moved by token; rows of
     new tokens start as a fresh run's), unless `keep_draft_vocab` keeps the saved `d2t`/`t2d`.
+    `profile_steps` > 0 profiles that many steps after one warm-up step (`spec_train.profiling`:
+    `output/profile.txt`, the top operators and host syncs per step, and a Chrome trace).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -74,6 +76,7 @@ class TrainConfig(BaseModel):
     device: str = "cpu"
     save_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     progress: bool = True
+    profile_steps: int = Field(0, ge=0)
 
     @field_validator("aux_layer_ids")
     @classmethod
@@ -85,7 +88,7 @@ class TrainConfig(BaseModel):
     def fingerprint(self) -> dict:
         """The options a resumed run must share with the saved one (all but the step count, the
         checkpoint cadence and the display)."""
-        skip = {"steps", "save_every", "progress", "device", "data_cache"}
+        skip = {"steps", "save_every", "progress", "device", "data_cache", "profile_steps"}
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.model_dump().items() if k not in skip}
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from spec_runtime.models.base import CheckpointError
 from spec_schema import ModelDims, SpecAlgorithm, extend_width
@@ -20,6 +21,7 @@ from spec_train.losses import (
     head_step_loss,
     restrict_to_draft_vocab,
     step_mask,
+    target_distribution,
     vocab_map,
 )
 
@@ -142,43 +144,64 @@ class DraftBuilder(nn.Module):
     # ---- training --------------------------------------------------------------------------
 
     def loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The batch loss (a scalar) and per-step statistics (`loss`, `acc_<step>`)."""
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The batch loss (a scalar) and per-step statistics (`loss`, `acc_<step>`) as 0-d tensors: reading
+        them is the caller's one host sync per step (`trainer._read_stats`), none happens in here.
+
+        `ids` are right-padded: every row's real tokens come first, so under causal attention no real
+        position sees a pad and the models run without an attention mask (the outputs of real positions
+        are the masked run's, bit for bit on CPU in float32; transformers then skips its mask build,
+        whose padding test reads the mask on the host, and SDPA may take its causal kernel)."""
         length = ids.shape[1]
         pad = torch.arange(length, device=ids.device)[None] < lens[:, None]
-        with torch.no_grad():
-            out = self.target(input_ids=ids, attention_mask=pad.long(), output_hidden_states=True)
+        with torch.no_grad(), record_function("target"):
+            out = self.target(input_ids=ids, output_hidden_states=True)
             logp = torch.log_softmax(out.logits.float(), dim=-1)
-        if not self.traits.draft_reads_hidden:
-            logits = self.draft(input_ids=ids, attention_mask=pad.long()).logits
-            total, n, correct = distill_loss(logits, logp, pad)
-            loss = total / n.clamp(min=1)
-            return loss, {"loss": float(loss.detach()), "acc_0": float(correct / n.clamp(min=1))}
-        return self._head_loss(ids, lens, prompt_lens, out.hidden_states, logp)
+            hs = out.hidden_states
+            del out  # the full-vocabulary logits: not kept alive through the draft's forward and backward
+        with record_function("draft_loss"):
+            if not self.traits.draft_reads_hidden:
+                logits = self.draft(input_ids=ids).logits
+                total, n, correct = distill_loss(logits, logp, pad)
+                loss = total / n.clamp(min=1)
+                return loss, {"loss": loss.detach(), "acc_0": correct / n.clamp(min=1)}
+            return self._head_loss(ids, lens, prompt_lens, hs, logp)
+
+    def _draft_ids(self) -> torch.Tensor:
+        """The target ids of the EAGLE-3 draft vocabulary (where `t2d` is true, ascending), found once per
+        content of `t2d` (its version counter moves on every in-place write, a state-dict load included)."""
+        t2d = self.draft.t2d
+        key = (t2d.data_ptr(), t2d._version)
+        if getattr(self, "_draft_ids_key", None) != key:
+            self._draft_ids_cache = t2d.nonzero().flatten()  # the run's one host sync for it
+            self._draft_ids_key = key
+        return self._draft_ids_cache
 
     def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, hs: tuple,
-                   logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+                   logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         final = hs[-1]
         feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if self.traits.target_capture == "aux" else final
+        del hs
         shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=0)  # row j reads t_{j+1}
         outs = self.draft.unroll(shifted, feat, self.cfg.ttt_steps)
         in_vocab = None
         if self.traits.draft_vocab_map == "d2t":  # once per batch, not per step: the full-vocabulary tensor is the big one
-            logp, in_vocab = restrict_to_draft_vocab(logp, self.draft.t2d)
+            logp, in_vocab = restrict_to_draft_vocab(logp, self.draft.t2d, self._draft_ids())
+        prob, top = target_distribution(logp)
+        del logp
         loss = ids.new_zeros((), dtype=torch.float32)
-        stats: dict[str, float] = {}
+        accs: dict[str, torch.Tensor] = {}
         for i, h in enumerate(outs):
             mask = step_mask(lens, prompt_lens, ids.shape[1], i)
             if in_vocab is not None:
                 mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, i + 1), value=False)
-            total, n, correct = head_step_loss(self.draft.logits(h), logp, mask, i)
+            total, n, correct = head_step_loss(self.draft.logits(h), prob, top, mask, i)
             step_loss = total / n.clamp(min=1)
             if self.traits.target_capture == "final" and self.cfg.feature_loss:  # EAGLE-1: features fed back
                 step_loss = step_loss + self.cfg.feature_loss * feature_loss(h, final, mask, i) / n.clamp(min=1)
             loss = loss + self.cfg.ttt_decay ** i * step_loss
-            stats[f"acc_{i}"] = float(correct / n.clamp(min=1))
-        stats["loss"] = float(loss.detach())
-        return loss, stats
+            accs[f"acc_{i}"] = correct / n.clamp(min=1)
+        return loss, {**accs, "loss": loss.detach()}
 
     # ---- output ----------------------------------------------------------------------------
 
