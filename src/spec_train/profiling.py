@@ -52,6 +52,11 @@ class StepProfiler:
         if not self._written:
             self._prof.__exit__(*exc)
 
+    @property
+    def done(self) -> bool:
+        """The profiled window ended and its files are written."""
+        return self._written
+
     def step(self) -> None:
         """One training step ended (its work queued)."""
         if self._written:

@@ -248,8 +248,7 @@ def _loop(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer,
     profiler = (StepProfiler(cfg.output, cfg.profile_steps, device, f"train {cfg.algorithm} batch {cfg.batch_size}")
                 if cfg.profile_steps else contextlib.nullcontext())
     pending: Optional[_Pending] = None
-    saving = 0.0
-    t0 = time.perf_counter()
+    clocks = [_Clock(start)]  # the whole loop; then the steps after a profiled window
     with profiler:
         for step in bar:
             stats = _step(cfg, builder, opt, seqs, step, device)
@@ -259,12 +258,15 @@ def _loop(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer,
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 _record(pending, history, bar)
                 pending = None
-                t_save = time.perf_counter()
-                _save(cfg, builder, opt, step + 1, history)
-                saving += time.perf_counter() - t_save
-            if cfg.profile_steps:
+                with contextlib.ExitStack() as paused:
+                    for clock in clocks:
+                        paused.enter_context(clock.paused())
+                    _save(cfg, builder, opt, step + 1, history)
+            if cfg.profile_steps and not profiler.done:
                 profiler.step()
-    return (time.perf_counter() - t0 - saving) / max(1, cfg.steps - start)
+                if profiler.done:  # the profiled steps ran slower: time the steps after them
+                    clocks.append(_Clock(step + 1))
+    return clocks[-1].seconds_per_step(cfg.steps) or clocks[0].seconds_per_step(cfg.steps)
 
 
 def _step(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, seqs: Sequences, step: int,
@@ -286,6 +288,26 @@ def _step(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer,
         torch.nn.utils.clip_grad_norm_(builder.parameters(), cfg.grad_clip)
         opt.step()
     return stats
+
+
+class _Clock:
+    """Wall seconds per step from step `first` on, with pauses (saves) left out."""
+
+    def __init__(self, first: int) -> None:
+        self.first, self.start, self.paused_for = first, time.perf_counter(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Any:
+        """Time spent inside is not counted."""
+        t = time.perf_counter()
+        yield
+        self.paused_for += time.perf_counter() - t
+
+    def seconds_per_step(self, end: int) -> float:
+        """Per step over steps `first .. end - 1` (0.0 when none ran)."""
+        if end <= self.first:
+            return 0.0
+        return (time.perf_counter() - self.start - self.paused_for) / (end - self.first)
 
 
 @dataclass
