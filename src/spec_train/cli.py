@@ -47,6 +47,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-draft-vocab", action="store_true",
                    help="EAGLE-3 with --init-from: keep the saved head's draft vocabulary (d2t/t2d) instead of "
                         "counting it on this run's data")
+    p.add_argument("--cache-target", action="store_true",
+                   help="run the target once over the training sequences and keep its hidden states on the device "
+                        "(tokens x (aux width + hidden) in its dtype) instead of running it every step")
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars, and no warnings or bars of transformers")
@@ -95,6 +98,8 @@ def run_train(args: argparse.Namespace) -> int:
         fields["save_dtype"] = args.save_dtype
     if args.keep_draft_vocab:
         fields["keep_draft_vocab"] = True
+    if args.cache_target:
+        fields["cache_target"] = True
     try:
         cfg = TrainConfig(algorithm=args.algorithm, target=args.target, output=args.output,
                           chat_template=not args.no_chat_template, progress=not args.no_progress, **fields)

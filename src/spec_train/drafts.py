@@ -2,7 +2,7 @@
 and how it is written in its public layout."""
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -143,29 +143,49 @@ class DraftBuilder(nn.Module):
 
     # ---- training --------------------------------------------------------------------------
 
-    def loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor
+    def target_pass(self, ids: torch.Tensor, logits: bool = True
+                    ) -> tuple[Optional[torch.Tensor], torch.Tensor, Optional[torch.Tensor]]:
+        """The frozen target on right-padded `(B, L)` ids: (what the draft reads: EAGLE-3 the aux layers'
+        hidden states concatenated, EAGLE-1 the final one, STANDALONE None; the final post-norm hidden
+        state; the logits, `lm_head` over the final hidden state, or None when `logits` is false).
+
+        Every row's real tokens come first, so under causal attention no real position sees a pad and
+        the target runs without an attention mask (the outputs of real positions are the masked run's,
+        bit for bit on CPU in float32; transformers then skips its mask build, whose padding test reads
+        the mask on the host, and SDPA may take its causal kernel)."""
+        out = self.target(input_ids=ids, output_hidden_states=True, **({} if logits else {"logits_to_keep": 1}))
+        hs = out.hidden_states
+        final = hs[-1]
+        feat = None
+        if self.traits.draft_reads_hidden:
+            feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if self.traits.target_capture == "aux" else final
+        return feat, final, out.logits if logits else None
+
+    def loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor,
+             cached: Optional[tuple[Optional[torch.Tensor], torch.Tensor]] = None
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The batch loss (a scalar) and per-step statistics (`loss`, `acc_<step>`) as 0-d tensors: reading
-        them is the caller's one host sync per step (`trainer._read_stats`), none happens in here.
+        them is the caller's one host sync per step (`trainer._Pending`), none happens in here.
 
-        `ids` are right-padded: every row's real tokens come first, so under causal attention no real
-        position sees a pad and the models run without an attention mask (the outputs of real positions
-        are the masked run's, bit for bit on CPU in float32; transformers then skips its mask build,
-        whose padding test reads the mask on the host, and SDPA may take its causal kernel)."""
+        `cached`: the batch's (feature, final hidden) rows from a `TargetCache`, instead of running the
+        target (its logits are then `lm_head` over the final hidden state, as the target computes them).
+        The draft runs without an attention mask, as the target does (`target_pass`)."""
         length = ids.shape[1]
         pad = torch.arange(length, device=ids.device)[None] < lens[:, None]
         with torch.no_grad(), record_function("target"):
-            out = self.target(input_ids=ids, output_hidden_states=True)
-            logp = torch.log_softmax(out.logits.float(), dim=-1)
-            hs = out.hidden_states
-            del out  # the full-vocabulary logits: not kept alive through the draft's forward and backward
+            if cached is None:
+                feat, final, logits = self.target_pass(ids)
+            else:
+                (feat, final), logits = cached, self.target.get_output_embeddings()(cached[1])
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            del logits  # the full-vocabulary logits: not kept alive through the draft's forward and backward
         with record_function("draft_loss"):
-            if not self.traits.draft_reads_hidden:
-                logits = self.draft(input_ids=ids).logits
-                total, n, correct = distill_loss(logits, logp, pad)
+            if feat is None:
+                student = self.draft(input_ids=ids).logits
+                total, n, correct = distill_loss(student, logp, pad)
                 loss = total / n.clamp(min=1)
                 return loss, {"loss": loss.detach(), "acc_0": correct / n.clamp(min=1)}
-            return self._head_loss(ids, lens, prompt_lens, hs, logp)
+            return self._head_loss(ids, lens, prompt_lens, feat, final, logp)
 
     def _draft_ids(self) -> torch.Tensor:
         """The target ids of the EAGLE-3 draft vocabulary (where `t2d` is true, ascending), found once per
@@ -177,11 +197,8 @@ class DraftBuilder(nn.Module):
             self._draft_ids_key = key
         return self._draft_ids_cache
 
-    def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, hs: tuple,
-                   logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        final = hs[-1]
-        feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if self.traits.target_capture == "aux" else final
-        del hs
+    def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, feat: torch.Tensor,
+                   final: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=0)  # row j reads t_{j+1}
         outs = self.draft.unroll(shifted, feat, self.cfg.ttt_steps)
         in_vocab = None

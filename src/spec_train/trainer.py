@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -28,6 +28,9 @@ from spec_train.data import (
     split_prompts,
 )
 from spec_train.drafts import DraftBuilder
+
+if TYPE_CHECKING:
+    from spec_train.target_cache import TargetCache
 
 __all__ = ["TrainResult", "held_out_prompts", "prepare", "train_draft"]
 
@@ -227,13 +230,18 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     if start >= cfg.steps:
         builder.save_public(cfg.output)
         return result
-    result.seconds_per_step = _loop(cfg, builder, opt, seqs, start, history, device)
+    cache = None
+    if cfg.cache_target:
+        from spec_train.target_cache import TargetCache
+
+        cache = TargetCache.build(builder, seqs, cfg.max_seq_len, cfg.batch_size, device, _autocast(device), cfg.progress)
+    result.seconds_per_step = _loop(cfg, builder, opt, seqs, start, history, device, cache)
     result.steps_done = cfg.steps
     return result
 
 
 def _loop(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, seqs: Sequences, start: int,
-          history: list[dict[str, float]], device: torch.device) -> float:
+          history: list[dict[str, float]], device: torch.device, cache: Optional["TargetCache"] = None) -> float:
     """Steps `start .. cfg.steps - 1`, saving every `save_every`; returns the wall seconds per step, saves
     excluded.
 
@@ -251,7 +259,7 @@ def _loop(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer,
     clocks = [_Clock(start)]  # the whole loop; then the steps after a profiled window
     with profiler:
         for step in bar:
-            stats = _step(cfg, builder, opt, seqs, step, device)
+            stats = _step(cfg, builder, opt, seqs, step, device, cache)
             if pending is not None:
                 _record(pending, history, bar)
             pending = _Pending.start(step + 1, stats)
@@ -270,17 +278,19 @@ def _loop(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer,
 
 
 def _step(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, seqs: Sequences, step: int,
-          device: torch.device) -> dict[str, torch.Tensor]:
-    """One optimizer step, queued without a host sync; its statistics as 0-d tensors."""
+          device: torch.device, cache: Optional["TargetCache"] = None) -> dict[str, torch.Tensor]:
+    """One optimizer step, queued without a host sync; its statistics as 0-d tensors. With `cache`, the
+    target's outputs are read from it instead of running the target."""
     from torch.profiler import record_function
 
     for group in opt.param_groups:
         group["lr"] = cfg.lr * _lr_factor(step, cfg)
     with record_function("batch"):
-        ids, lens, prompt_lens = _batch(seqs, _batch_indices(len(seqs), step, cfg.batch_size, cfg.seed),
-                                        cfg.max_seq_len, device)
+        idx = _batch_indices(len(seqs), step, cfg.batch_size, cfg.seed)
+        ids, lens, prompt_lens = _batch(seqs, idx, cfg.max_seq_len, device)
+        cached = cache.gather(idx, ids.shape[1], device) if cache is not None else None
     with _autocast(device):
-        loss, stats = builder.loss(ids, lens, prompt_lens)
+        loss, stats = builder.loss(ids, lens, prompt_lens, cached)
     opt.zero_grad(set_to_none=True)
     with record_function("backward"):
         loss.backward()

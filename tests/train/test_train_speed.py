@@ -10,6 +10,8 @@ plain per-step formulas), never makes the host wait inside a step, and can profi
   the optimizer's own step counters (CPU tensors on a GPU too). EAGLE-3's draft-vocabulary ids are
   found once per run (one `nonzero` on the first step). Counts, not times.
 - `--profile-steps` writes the table and the trace beside the draft.
+- `--cache-target`: the cached rows are the target's own outputs (read back in another batch than the
+  one that computed them), and a run with the cache trains as one without (to float tolerance).
 """
 
 import collections
@@ -23,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from spec_train import train_draft
 from spec_train import trainer as tr
+from spec_train.data import Sequences
 from spec_train.drafts import DraftBuilder
 
 CPU = torch.device("cpu")
@@ -159,3 +162,34 @@ def test_profile_steps_writes_table_and_trace(train_root, toy_target, toy_prompt
     phases = {line.split()[0] for line in text.splitlines() if line.startswith("  ") and " host " in line}
     assert phases == {"batch", "target", "draft_loss", "backward", "optimizer"}
     assert (out / "profile_trace.json.gz").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
+def test_cached_target_rows_are_the_targets_own(built, algorithm: str) -> None:
+    from spec_train.target_cache import TargetCache
+
+    builder, (ids, lens, _) = built(algorithm)
+    seqs = Sequences([row[:int(n)] for row, n in zip(ids.tolist(), lens)], [1] * len(lens))
+    cache = TargetCache.build(builder, seqs, max_len=64, batch_size=2, device=CPU, autocast=tr._autocast(CPU))
+    order = list(range(len(seqs)))[::-1]  # another batch than the build's
+    feat, final = cache.gather(order, ids.shape[1], CPU)
+    with torch.no_grad():
+        want_feat, want_final, _ = builder.target_pass(ids[order])
+    real = torch.arange(ids.shape[1])[None] < lens[order][:, None]
+    torch.testing.assert_close(final[real], want_final[real], rtol=1e-5, atol=1e-6)
+    assert torch.equal(final[~real], torch.zeros_like(final[~real]))
+    if want_feat is None:
+        assert feat is None
+    else:
+        torch.testing.assert_close(feat[real], want_feat[real], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE3", "STANDALONE"])
+def test_cached_target_trains_the_same(train_root, toy_target, toy_prompts_file, algorithm: str) -> None:
+    runs = [train_draft(toy_config(algorithm, toy_target, toy_prompts_file,
+                                   train_root / f"cache_{cached}_{algorithm.lower()}", steps=3, cache_target=cached))
+            for cached in (False, True)]
+    for plain, cached in zip(*(r.history for r in runs)):
+        assert plain.keys() == cached.keys()
+        for key in plain:
+            assert cached[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), (key, plain, cached)
