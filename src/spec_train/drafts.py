@@ -153,6 +153,8 @@ class DraftBuilder(nn.Module):
         the target runs without an attention mask (the outputs of real positions are the masked run's,
         bit for bit on CPU in float32; transformers then skips its mask build, whose padding test reads
         the mask on the host, and SDPA may take its causal kernel)."""
+        # use_cache stays on: without a mask and without a cache, transformers reads the positions on the host
+        # to look for packed sequences (a sync); its empty cache only holds references to each layer's K/V
         out = self.target(input_ids=ids, output_hidden_states=True, **({} if logits else {"logits_to_keep": 1}))
         hs = out.hidden_states
         final = hs[-1]
@@ -181,7 +183,7 @@ class DraftBuilder(nn.Module):
             del logits  # the full-vocabulary logits: not kept alive through the draft's forward and backward
         with record_function("draft_loss"):
             if feat is None:
-                student = self.draft(input_ids=ids).logits
+                student = self.draft(input_ids=ids).logits  # use_cache on: see target_pass
                 total, n, correct = distill_loss(student, logp, pad)
                 loss = total / n.clamp(min=1)
                 return loss, {"loss": loss.detach(), "acc_0": correct / n.clamp(min=1)}

@@ -193,3 +193,26 @@ def test_cached_target_trains_the_same(train_root, toy_target, toy_prompts_file,
         assert plain.keys() == cached.keys()
         for key in plain:
             assert cached[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), (key, plain, cached)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cache_target", [False, True])
+def test_gpu_steps_never_synchronize(train_root, toy_target, toy_prompts_file, monkeypatch, cache_target: bool) -> None:
+    """On a GPU, CUDA's own sync detector raises on any synchronizing call inside steps 2 and 3 (step 1
+    finds EAGLE-3's draft-vocabulary ids, the run's one `nonzero`)."""
+    step = tr._step
+
+    def strict(*args, **kwargs):
+        if args[4] == 0:
+            return step(*args, **kwargs)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(tr, "_step", strict)
+    out = train_root / f"gpu_syncs_{cache_target}"
+    result = train_draft(toy_config("EAGLE3", toy_target, toy_prompts_file, out, steps=3, device="cuda",
+                                    cache_target=cache_target))
+    assert [h["step"] for h in result.history] == [1, 2, 3]
