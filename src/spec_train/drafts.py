@@ -213,7 +213,7 @@ class DraftBuilder(nn.Module):
         for i, h in enumerate(outs):
             mask = step_mask(lens, prompt_lens, ids.shape[1], i)
             if in_vocab is not None:
-                mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, i + 1), value=False)
+                mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, min(i + 1, ids.shape[1])), value=False)
             total, n, correct = head_step_loss(self.draft.logits(h), prob, top, mask, i)
             step_loss = total / n.clamp(min=1)
             if self.traits.target_capture == "final" and self.cfg.feature_loss:  # EAGLE-1: features fed back

@@ -28,7 +28,7 @@ def head_step_loss(draft_logits: torch.Tensor, target_prob: torch.Tensor, target
     `< L - step - 1` can be trained (the mask drops the rest).
     Returns (summed loss, trained rows, rows where the draft's argmax is the target's), as tensors."""
     by = step + 1
-    n = draft_logits.shape[1] - by
+    n = max(0, draft_logits.shape[1] - by)  # a batch shorter than the unroll trains no row of this step
     m = mask[:, :n]
     logq = torch.log_softmax(draft_logits[:, :n].float(), dim=-1)
     per_row = -(target_prob[:, by:] * logq).sum(-1)
@@ -56,7 +56,7 @@ def restrict_to_draft_vocab(target_logp: torch.Tensor, t2d: torch.Tensor, draft_
 def feature_loss(out: torch.Tensor, target_hidden: torch.Tensor, mask: torch.Tensor, step: int) -> torch.Tensor:
     """EAGLE-1's regression of its output onto the target's next feature (smooth L1, summed over rows)."""
     by = step + 1
-    n = out.shape[1] - by
+    n = max(0, out.shape[1] - by)
     per_row = F.smooth_l1_loss(out[:, :n].float(), target_hidden[:, by:].float(), reduction="none").mean(-1)
     return (per_row * mask[:, :n].float()).sum()
 

@@ -20,7 +20,7 @@ import traceback
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.train.conftest import toy_config
+from tests.train.conftest import toy_config, write_prompts
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from spec_train import train_draft
@@ -216,3 +216,15 @@ def test_gpu_steps_never_synchronize(train_root, toy_target, toy_prompts_file, m
     result = train_draft(toy_config("EAGLE3", toy_target, toy_prompts_file, out, steps=3, device="cuda",
                                     cache_target=cache_target))
     assert [h["step"] for h in result.history] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_a_batch_shorter_than_the_unroll_trains(train_root, toy_target, algorithm: str) -> None:
+    """Sequences of 2 tokens, 5 unrolled steps: the steps past the batch's length train no row (was a
+    tensor-size RuntimeError in the unroll's shifted ids and in EAGLE-3's vocabulary mask)."""
+    prompts = write_prompts(train_root / "one_token_prompts.jsonl", [[1 + i % 100] for i in range(40)])
+    out = train_root / f"short_{algorithm.lower()}"
+    result = train_draft(toy_config(algorithm, toy_target, prompts, out, steps=2, max_new_tokens=1, ttt_steps=5,
+                                    batch_size=8, data_cache=out / "data.pt"))
+    assert [h["step"] for h in result.history] == [1, 2]
+    assert all(h["loss"] > 0 for h in result.history)
