@@ -3,7 +3,8 @@
 `StepProfiler` wraps the step loop in `torch.profiler` (CPU, and CUDA on a GPU) for one warm-up step and
 then `N` steps, and writes beside the draft:
 - `profile.txt`: the wall seconds per profiled step, the host syncs per step (the ops that make the
-  host wait for the GPU: scalar reads, `nonzero`, stream and device synchronizations), the step's
+  host wait for the GPU: scalar reads, `nonzero`, stream and device synchronizations), the CUDA
+  allocator calls per step, the step's
   phases (`batch`, `target`, `draft_loss`, `backward`, `optimizer`, the ranges `trainer._step` marks),
   and the top operators by device time and by host time;
 - `profile_trace.json.gz`: the Chrome trace (chrome://tracing or ui.perfetto.dev).
@@ -16,12 +17,17 @@ from typing import Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-__all__ = ["PHASES", "SYNC_EVENTS", "StepProfiler"]
+__all__ = ["ALLOCATOR_EVENTS", "PHASES", "SYNC_EVENTS", "StepProfiler"]
 
 SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero",
                "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 """Profiler events that block the host until the GPU catches up (a scalar read goes through
 `_local_scalar_dense`; a boolean-mask index through `nonzero`)."""
+
+ALLOCATOR_EVENTS = ("cudaMalloc", "cudaFree", "cudaHostAlloc")
+"""CUDA allocator calls: none should remain per step once the caching allocator is warm (a `cudaFree`
+also synchronizes the device); batches of changing length that keep them coming may want
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."""
 
 PHASES = ("batch", "target", "draft_loss", "backward", "optimizer")
 """The `record_function` ranges of one step (`trainer._step`, `DraftBuilder.loss`)."""
@@ -78,6 +84,9 @@ class StepProfiler:
                  "host syncs per step (events that wait for the device):"]
         counts = {e.key: e.count for e in events}
         lines += [f"  {name:28s} {counts.get(name, 0) / profiled:8.1f}" for name in SYNC_EVENTS]
+        lines += ["  (aten::item and _local_scalar_dense count CPU scalars too, e.g. the optimizer's step counters)",
+                  "", "CUDA allocator calls per step (none once the caching allocator is warm):"]
+        lines += [f"  {name:28s} {counts.get(name, 0) / profiled:8.1f}" for name in ALLOCATOR_EVENTS]
         lines += ["", "phases per step (record_function ranges; host ms, device ms):"]
         by_key = {e.key: e for e in events}
         for name in PHASES:

@@ -157,7 +157,7 @@ def test_profile_steps_writes_table_and_trace(train_root, toy_target, toy_prompt
     train_draft(toy_config("EAGLE", toy_target, toy_prompts_file, out, steps=3, profile_steps=2))
     text = (out / "profile.txt").read_text()
     assert "2 profiled step(s) after 1 warm-up step" in text
-    for needed in ("host syncs per step", "cudaStreamSynchronize", "top operators by host time", "aten::mm"):
+    for needed in ("host syncs per step", "cudaStreamSynchronize", "cudaFree", "top operators by host time", "aten::mm"):
         assert needed in text, needed
     phases = {line.split()[0] for line in text.splitlines() if line.startswith("  ") and " host " in line}
     assert phases == {"batch", "target", "draft_loss", "backward", "optimizer"}
