@@ -179,7 +179,10 @@ class DraftBuilder(nn.Module):
                 feat, final, logits = self.target_pass(ids)
             else:
                 (feat, final), logits = cached, self.target.get_output_embeddings()(cached[1])
-            logp = torch.log_softmax(logits.float(), dim=-1)
+            if feat is not None and self.traits.draft_vocab_map == "d2t":  # EAGLE-3: its vocabulary's share only
+                logp, in_vocab = restrict_to_draft_vocab(logits, self.draft.t2d, self._draft_ids())
+            else:
+                logp, in_vocab = torch.log_softmax(logits.float(), dim=-1), None
             del logits  # the full-vocabulary logits: not kept alive through the draft's forward and backward
         with record_function("draft_loss"):
             if feat is None:
@@ -187,7 +190,7 @@ class DraftBuilder(nn.Module):
                 total, n, correct = distill_loss(student, logp, pad)
                 loss = total / n.clamp(min=1)
                 return loss, {"loss": loss.detach(), "acc_0": correct / n.clamp(min=1)}
-            return self._head_loss(ids, lens, prompt_lens, feat, final, logp)
+            return self._head_loss(ids, lens, prompt_lens, feat, final, logp, in_vocab)
 
     def _draft_ids(self) -> torch.Tensor:
         """The target ids of the EAGLE-3 draft vocabulary (where `t2d` is true, ascending), found once per
@@ -200,12 +203,12 @@ class DraftBuilder(nn.Module):
         return self._draft_ids_cache
 
     def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, feat: torch.Tensor,
-                   final: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   final: torch.Tensor, logp: torch.Tensor, in_vocab: Optional[torch.Tensor]
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`logp`: the target's log-probabilities over the draft's vocabulary; `in_vocab`: EAGLE-3's rows
+        whose target argmax the draft vocabulary holds (`restrict_to_draft_vocab`), else None."""
         shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=0)  # row j reads t_{j+1}
         outs = self.draft.unroll(shifted, feat, self.cfg.ttt_steps)
-        in_vocab = None
-        if self.traits.draft_vocab_map == "d2t":  # once per batch, not per step: the full-vocabulary tensor is the big one
-            logp, in_vocab = restrict_to_draft_vocab(logp, self.draft.t2d, self._draft_ids())
         prob, top = target_distribution(logp)
         del logp
         loss = ids.new_zeros((), dtype=torch.float32)

@@ -43,14 +43,16 @@ def target_distribution(target_logp: torch.Tensor) -> tuple[torch.Tensor, torch.
     return target_logp.exp(), target_logp.argmax(-1)
 
 
-def restrict_to_draft_vocab(target_logp: torch.Tensor, t2d: torch.Tensor, draft_ids: torch.Tensor
+def restrict_to_draft_vocab(target_logits: torch.Tensor, t2d: torch.Tensor, draft_ids: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE-3 targets: the target distribution renormalised over the draft vocabulary `(B, L, V_d)`,
-    and `(B, L)` whether the target's own argmax is in the draft vocabulary (rows where it is not
-    cannot be drafted right and are not trained). `draft_ids (V_d,)`: the ids where `t2d` is true, in
-    ascending order (a gather by index needs no host sync, as a boolean-mask index does)."""
-    in_vocab = t2d[target_logp.argmax(-1)]
-    return torch.log_softmax(target_logp.index_select(-1, draft_ids), dim=-1), in_vocab
+    float32 (a softmax over the draft vocabulary's logits: the full distribution is never formed), and
+    `(B, L)` whether the target's own argmax is in the draft vocabulary (rows where it is not cannot be
+    drafted right and are not trained). `target_logits (B, L, V)` in the target's dtype; `draft_ids
+    (V_d,)`: the ids where `t2d` is true, ascending (a gather by index needs no host sync, as a
+    boolean-mask index does)."""
+    in_vocab = t2d[target_logits.argmax(-1)]
+    return torch.log_softmax(target_logits.index_select(-1, draft_ids).float(), dim=-1), in_vocab
 
 
 def feature_loss(out: torch.Tensor, target_hidden: torch.Tensor, mask: torch.Tensor, step: int) -> torch.Tensor:
