@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from spec_train import TrainConfig, train_draft
+from spec_train.checkpoint import load_state
 from spec_train.config import DEFAULT_PROMPTS, TrainError, check_init_from
 from spec_train.data import PromptRow, encode_prompts, first_per_kind, load_prompts, split_prompts
 from spec_train.evaluate import measure_acceptance
@@ -62,8 +63,9 @@ def convert(gguf: Path, out: Path) -> Path:
 
 
 def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, steps: int,
-               profile_steps: int = 0) -> TrainConfig:
-    """The run's options (shared data options; per-algorithm sizes)."""
+               profile_steps: int = 0, final: bool = False) -> TrainConfig:
+    """The run's options (shared data options; per-algorithm sizes). `--cache-target` applies to the
+    `final` run only: the short calibration runs would spend more on building the cache than it saves."""
     return TrainConfig(
         algorithm=alg, target=target, output=work / alg.lower(), data_cache=work / "data.pt", steps=steps,
         prompts=args.prompts,
@@ -72,15 +74,19 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
         progress=args.progress, init_from=args.init_from.get(alg), keep_draft_vocab=args.keep_draft_vocab,
-        profile_steps=profile_steps, cache_target=args.cache_target,
+        profile_steps=profile_steps, cache_target=args.cache_target and final,
     )
 
 
 def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log: dict) -> dict:
-    """Calibrate (the trainer's own seconds per step over steps 10..59, saves excluded; fewer under a
-    smaller `--max-steps`), then train to the step count that fills the budget (a resumed run: the first
-    steps are kept). `--profile-steps N` profiles N calibration steps: `OUT/profile_<alg>.txt` and its trace."""
-    short, calib = (min(10, args.max_steps), min(60, args.max_steps)) if args.max_steps else (10, 60)
+    """Calibrate (the trainer's own seconds per step over steps 10..59 after any run already in --work,
+    saves excluded; fewer under a smaller `--max-steps`), then train to the step count that fills the
+    budget (a resumed run: the first steps are kept). `--profile-steps N` profiles N calibration steps: `OUT/profile_<alg>.txt` and its trace."""
+    saved = load_state(work / alg.lower()) if (work / alg.lower()).is_dir() else None
+    base = saved["step"] if saved else 0  # a run already in --work: calibrate on the steps after it
+    short, calib = base + 10, base + 60
+    if args.max_steps:
+        short, calib = min(short, args.max_steps), min(calib, args.max_steps)
     t0 = time.perf_counter()
     train_draft(config_for(alg, target, work, args, short))  # includes data generation on the first run
     measured = train_draft(config_for(alg, target, work, args, calib, args.profile_steps))
@@ -93,10 +99,12 @@ def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log:
     steps = max(80, int(args.budget_s / per_step))
     if args.max_steps:
         steps = min(steps, args.max_steps)
-    result = train_draft(config_for(alg, target, work, args, steps))
+    result = train_draft(config_for(alg, target, work, args, steps, final=True))
     last = result.history[-20:]
     summary = {k: sum(h[k] for h in last) / len(last) for k in last[0] if k != "step"}
-    entry = {"steps": steps, "seconds_per_step": round(per_step, 4), "train_seconds": round(time.perf_counter() - t0, 1),
+    entry = {"steps": steps, "seconds_per_step": round(per_step, 4),
+             "trained_seconds_per_step": round(result.seconds_per_step, 4),
+             "train_seconds": round(time.perf_counter() - t0, 1),
              "last20": {k: round(v, 4) for k, v in summary.items()}, "held_out": result.held_out}
     log[alg] = entry
     return entry
@@ -228,8 +236,9 @@ def main() -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--cache-target", action="store_true",
-                   help="run the target once over the training sequences and keep its hidden states on the GPU "
-                        "instead of running it every step (EAGLE-3 on SmolLM2: 4.6 KB per token in bfloat16)")
+                   help="in the budgeted run (not the calibration), run the target once over the training sequences "
+                        "and keep its hidden states on the GPU instead of running it every step (EAGLE-3 on "
+                        "SmolLM2: 4.6 KB per token in bfloat16); results.json's trained_seconds_per_step shows the gain")
     p.add_argument("--profile-steps", type=int, default=0, metavar="N",
                    help="profile N calibration steps per algorithm (torch.profiler): OUT/profile_<alg>.txt "
                         "(seconds per step, host syncs, top operators) and OUT/profile_<alg>_trace.json.gz")
