@@ -55,8 +55,7 @@ class StepProfiler:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if not self._written:
-            self._prof.__exit__(*exc)
+        self._prof.__exit__(*exc)  # writes the files here when the loop ended inside the window
 
     @property
     def done(self) -> bool:
@@ -71,17 +70,21 @@ class StepProfiler:
         self._prof.step()
 
     def _write(self, prof: Any) -> None:
+        if self._written:
+            return
         if self.cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
         self._written = True
         events = prof.key_averages()
         profiled = len(self._marks) - 2  # marks: the start, the warm-up step's end, each profiled step's end
-        seconds = (now - self._marks[1]) / profiled if profiled > 0 else float("nan")
+        if profiled > 0:
+            head = (f"{profiled} profiled step(s) after 1 warm-up step, {(now - self._marks[1]) / profiled:.4f} s per "
+                    f"step (wall, host and {'GPU' if self.cuda else 'CPU'})")
+        else:
+            head = "the run ended in the warm-up step: the tables are that step's"
         profiled = max(1, profiled)
-        lines = [f"{self.title}: {profiled} profiled step(s) after 1 warm-up step, "
-                 f"{seconds:.4f} s per step (wall, host and {'GPU' if self.cuda else 'CPU'})", "",
-                 "host syncs per step (events that wait for the device):"]
+        lines = [f"{self.title}: {head}", "", "host syncs per step (events that wait for the device):"]
         counts = {e.key: e.count for e in events}
         lines += [f"  {name:28s} {counts.get(name, 0) / profiled:8.1f}" for name in SYNC_EVENTS]
         lines += ["  (aten::item and _local_scalar_dense count CPU scalars too, e.g. the optimizer's step counters)",
