@@ -9,7 +9,8 @@ plain text and code; the chat template applies per row); every `--held-out-every
 kind is held out, or where the row's `split` says. The measurement reports each prompt kind.
 A run resumes from `OUTPUT/trainer_state.pt` when present. After training, `--eval-max-new-tokens`
 > 0 measures greedy acceptance on the held-out prompts with the runtime and writes
-`OUTPUT/acceptance.json`.
+`OUTPUT/acceptance.json`. `--cache-target` runs the target once per run instead of once per step;
+`--profile-steps N` writes `OUTPUT/profile.txt` (where a step's time goes) and its Chrome trace.
 """
 
 import argparse

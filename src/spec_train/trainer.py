@@ -1,8 +1,10 @@
 """The training run: checks, data, draft model, the loop, checkpoints. `train_draft(cfg)` is the API.
 
-The target runs online (frozen, no grad) on every batch: its hidden states (EAGLE-1: the final
-post-norm hidden; EAGLE-3: the residual stream entering each aux layer, concatenated) and its
-log-probabilities are what the draft learns from.
+The target runs online (frozen, no grad) on every batch, or once per run with `cache_target`
+(`spec_train.target_cache`): its hidden states (EAGLE-1: the final post-norm hidden; EAGLE-3: the
+residual stream entering each aux layer, concatenated) and its log-probabilities are what the draft
+learns from. A step queues its work without waiting for the GPU; its statistics are read a step later
+(`_Pending`). `profile_steps` profiles the loop (`spec_train.profiling`).
 """
 
 import contextlib
