@@ -228,3 +228,22 @@ def test_a_batch_shorter_than_the_unroll_trains(train_root, toy_target, algorith
                                     batch_size=8, data_cache=out / "data.pt"))
     assert [h["step"] for h in result.history] == [1, 2]
     assert all(h["loss"] > 0 for h in result.history)
+
+
+@pytest.mark.parametrize("options", [["--algorithm", "EAGLE3"], ["--algorithm", "STANDALONE", "--cache-target"]])
+def test_step_cost_script_counts_a_step(options: list[str], capsys) -> None:
+    """scripts/train_step_cost.py at a tiny shape: the step's launches, bytes and FLOPs, no host sync."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "train_step_cost.py"
+    spec = importlib.util.spec_from_file_location("train_step_cost", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tiny = ["--layers", "4", "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--intermediate", "64",
+            "--vocab", "256", "--draft-vocab-size", "64", "--length", "24", "--ttt-steps", "3"]
+    assert module.main([*options, *tiny]) == 0
+    head, *rest = capsys.readouterr().out.splitlines()
+    assert "host syncs 0 " in head and " launches, " in head, head
+    assert any("backward (autograd)" in line for line in rest)
+    assert any("target forward" in line for line in rest) != ("--cache-target" in options)
