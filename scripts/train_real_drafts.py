@@ -5,7 +5,8 @@
 
 Converts the GGUF to a Hugging Face directory (`--target DIR` skips that), shares one
 self-distillation data cache between the algorithms, gives each algorithm `--budget-s` seconds of
-training (the step count is set from a 10-step calibration, so the LR schedule fits the budget),
+training (the step count is set from the trainer's own seconds per step over a 50-step calibration
+run, saves excluded, so the LR schedule fits the budget),
 measures greedy acceptance on held-out prompts with the runtime, and writes `results.json`, the
 drafts and, with `--pack`, the drafts as <= 15 MB tar chunks (the GPU machine returns files <= 16 MiB).
 
@@ -15,12 +16,16 @@ side on the same GPU (each is launch-bound on a 135M target, so they overlap), a
 
 `--prompts FILE` trains on another prompts file (e.g. `src/spec_train/prompts_mix.jsonl`: chat, plain
 text and code); the measurement takes the first `--eval-prompts` held-out prompts of each kind and
-reports each kind. `--measure-drafts DIR` trains nothing: it measures the drafts already in
+reports each kind. `--profile-steps N` profiles N calibration steps of each algorithm and writes
+`profile_<alg>.txt` (seconds per step, host syncs per step, top operators by GPU and host time) and
+its Chrome trace into `--out`. `--cache-target` runs the target once per training run instead of once
+per step (`spec_train.target_cache`). `--measure-drafts DIR` trains nothing: it measures the drafts already in
 `DIR/{eagle3,eagle1,standalone}` (the shipped layout) on the held-out prompts the same way.
 """
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +34,7 @@ from pathlib import Path
 import torch
 
 from spec_train import TrainConfig, train_draft
+from spec_train.checkpoint import load_state
 from spec_train.config import DEFAULT_PROMPTS, TrainError, check_init_from
 from spec_train.data import PromptRow, encode_prompts, first_per_kind, load_prompts, split_prompts
 from spec_train.evaluate import measure_acceptance
@@ -56,8 +62,10 @@ def convert(gguf: Path, out: Path) -> Path:
     return out
 
 
-def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, steps: int) -> TrainConfig:
-    """The run's options (shared data options; per-algorithm sizes)."""
+def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, steps: int,
+               profile_steps: int = 0, final: bool = False) -> TrainConfig:
+    """The run's options (shared data options; per-algorithm sizes). `--cache-target` applies to the
+    `final` run only: the short calibration runs would spend more on building the cache than it saves."""
     return TrainConfig(
         algorithm=alg, target=target, output=work / alg.lower(), data_cache=work / "data.pt", steps=steps,
         prompts=args.prompts,
@@ -66,27 +74,37 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
         progress=args.progress, init_from=args.init_from.get(alg), keep_draft_vocab=args.keep_draft_vocab,
+        profile_steps=profile_steps, cache_target=args.cache_target and final,
     )
 
 
 def train_one(alg: str, target: Path, work: Path, args: argparse.Namespace, log: dict) -> dict:
-    """Calibrate (time 50 steps net of the target's load; fewer under a smaller `--max-steps`), then train to the step count that fills
-    the budget (a resumed run: the first steps are kept)."""
-    short, calib = (min(10, args.max_steps), min(60, args.max_steps)) if args.max_steps else (10, 60)
+    """Calibrate (the trainer's own seconds per step over steps 10..59 after any run already in --work,
+    saves excluded; fewer under a smaller `--max-steps`), then train to the step count that fills the
+    budget (a resumed run: the first steps are kept). `--profile-steps N` profiles N calibration steps: `OUT/profile_<alg>.txt` and its trace."""
+    saved = load_state(work / alg.lower()) if (work / alg.lower()).is_dir() else None
+    base = saved["step"] if saved else 0  # a run already in --work: calibrate on the steps after it
+    short, calib = base + 10, base + 60
+    if args.max_steps:
+        short, calib = min(short, args.max_steps), min(calib, args.max_steps)
     t0 = time.perf_counter()
     train_draft(config_for(alg, target, work, args, short))  # includes data generation on the first run
-    t1 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, short))  # nothing to train: load time only
-    t2 = time.perf_counter()
-    train_draft(config_for(alg, target, work, args, calib))
-    per_step = max(1e-3, (time.perf_counter() - t2 - (t2 - t1)) / max(1, calib - short))
+    measured = train_draft(config_for(alg, target, work, args, calib, args.profile_steps))
+    per_step = max(1e-3, measured.seconds_per_step)
+    if args.profile_steps:
+        for name in ("profile.txt", "profile_trace.json.gz"):
+            source = work / alg.lower() / name
+            if source.is_file():
+                shutil.copyfile(source, args.out / name.replace("profile", f"profile_{alg.lower()}", 1))
     steps = max(80, int(args.budget_s / per_step))
     if args.max_steps:
         steps = min(steps, args.max_steps)
-    result = train_draft(config_for(alg, target, work, args, steps))
+    result = train_draft(config_for(alg, target, work, args, steps, final=True))
     last = result.history[-20:]
     summary = {k: sum(h[k] for h in last) / len(last) for k in last[0] if k != "step"}
-    entry = {"steps": steps, "seconds_per_step": round(per_step, 4), "train_seconds": round(time.perf_counter() - t0, 1),
+    entry = {"steps": steps, "seconds_per_step": round(per_step, 4),
+             "trained_seconds_per_step": round(result.seconds_per_step, 4),
+             "train_seconds": round(time.perf_counter() - t0, 1),
              "last20": {k: round(v, 4) for k, v in summary.items()}, "held_out": result.held_out}
     log[alg] = entry
     return entry
@@ -174,9 +192,9 @@ def run_parallel(target: Path, args: argparse.Namespace, log: dict) -> None:
         child.wait()
         res = out / "results.json"
         log[alg] = json.loads(res.read_text()).get(alg) if res.is_file() else {"error": f"exit {child.returncode}"}
-        if args.pack:
-            for chunk in sorted(out.glob(f"{alg.lower()}.tar.*")):
-                chunk.rename(args.out / chunk.name)
+        moved = sorted(out.glob("profile_*")) + (sorted(out.glob(f"{alg.lower()}.tar.*")) if args.pack else [])
+        for chunk in moved:
+            chunk.rename(args.out / chunk.name)
 
 
 def _without(argv: list, flags: tuple) -> list:
@@ -217,6 +235,13 @@ def main() -> int:
     p.add_argument("--eval-batch-size", type=int, default=8, help="prompts measured together")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--cache-target", action="store_true",
+                   help="in the budgeted run (not the calibration), run the target once over the training sequences "
+                        "and keep its hidden states on the GPU instead of running it every step (EAGLE-3 on "
+                        "SmolLM2: 4.6 KB per token in bfloat16); results.json's trained_seconds_per_step shows the gain")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="profile N calibration steps per algorithm (torch.profiler): OUT/profile_<alg>.txt "
+                        "(seconds per step, host syncs, top operators) and OUT/profile_<alg>_trace.json.gz")
     p.add_argument("--pack", action="store_true")
     p.add_argument("--evals", nargs="+", choices=sorted(EVALS), default=list(EVALS))
     p.add_argument("--parallel", action="store_true", help="one process per algorithm after shared data")
@@ -237,6 +262,8 @@ def main() -> int:
         p.error(f"--init-from: unknown algorithm {', '.join(unknown)} (one of {', '.join(SHIPPED)})")
     if args.eval_batch_size < 1:
         p.error(f"--eval-batch-size: must be >= 1, got {args.eval_batch_size}")
+    if args.profile_steps < 0:
+        p.error(f"--profile-steps: must be >= 0 (0: no profile), got {args.profile_steps}")
     if not args.prompts.is_file():
         p.error(f"--prompts {args.prompts}: file not found")
     missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]

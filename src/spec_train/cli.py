@@ -9,7 +9,8 @@ plain text and code; the chat template applies per row); every `--held-out-every
 kind is held out, or where the row's `split` says. The measurement reports each prompt kind.
 A run resumes from `OUTPUT/trainer_state.pt` when present. After training, `--eval-max-new-tokens`
 > 0 measures greedy acceptance on the held-out prompts with the runtime and writes
-`OUTPUT/acceptance.json`.
+`OUTPUT/acceptance.json`. `--cache-target` runs the target once per run instead of once per step;
+`--profile-steps N` writes `OUTPUT/profile.txt` (where a step's time goes) and its Chrome trace.
 """
 
 import argparse
@@ -26,7 +27,7 @@ _FIELDS = (
     ("warmup_steps", int), ("ttt_steps", int), ("draft_vocab_size", int), ("head_intermediate_size", int),
     ("draft_hidden_size", int), ("draft_layers", int), ("draft_heads", int), ("draft_kv_heads", int),
     ("draft_intermediate_size", int), ("save_every", int), ("gen_batch_size", int), ("seed", int),
-    ("device", str),
+    ("device", str), ("profile_steps", int),
 )
 
 
@@ -47,6 +48,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-draft-vocab", action="store_true",
                    help="EAGLE-3 with --init-from: keep the saved head's draft vocabulary (d2t/t2d) instead of "
                         "counting it on this run's data")
+    p.add_argument("--cache-target", action="store_true",
+                   help="run the target once over the training sequences and keep its hidden states on the device "
+                        "(tokens x (aux width + hidden) in its dtype) instead of running it every step")
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars, and no warnings or bars of transformers")
@@ -66,6 +70,8 @@ _HELP = {
                  "lm_head rows moved to their tokens' new indices, new tokens' rows from the target's output "
                  "rows (--keep-draft-vocab keeps the saved one)",
     "draft_heads": "STANDALONE: attention heads (divide --draft-hidden-size)",
+    "profile_steps": "profile this many training steps after one warm-up step (torch.profiler): OUTPUT/profile.txt "
+                     "(seconds per step, host syncs per step, top operators) and OUTPUT/profile_trace.json.gz",
 }
 """Help texts of the TrainConfig flags that need one."""
 
@@ -93,6 +99,8 @@ def run_train(args: argparse.Namespace) -> int:
         fields["save_dtype"] = args.save_dtype
     if args.keep_draft_vocab:
         fields["keep_draft_vocab"] = True
+    if args.cache_target:
+        fields["cache_target"] = True
     try:
         cfg = TrainConfig(algorithm=args.algorithm, target=args.target, output=args.output,
                           chat_template=not args.no_chat_template, progress=not args.no_progress, **fields)

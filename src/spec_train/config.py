@@ -31,6 +31,10 @@ class TrainConfig(BaseModel):
     fresh optimizer and schedule, instead of a fresh draft. An EAGLE-3 head started so takes the draft
     vocabulary a fresh run would count on this run's data (its `lm_head` rows moved by token; rows of
     new tokens start as a fresh run's), unless `keep_draft_vocab` keeps the saved `d2t`/`t2d`.
+    `profile_steps` > 0 profiles that many steps after one warm-up step (`spec_train.profiling`:
+    `output/profile.txt`, the top operators and host syncs per step, and a Chrome trace).
+    `cache_target` runs the frozen target once over the training sequences and keeps its hidden states
+    on the device (`spec_train.target_cache`) instead of running it every step.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -74,6 +78,8 @@ class TrainConfig(BaseModel):
     device: str = "cpu"
     save_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     progress: bool = True
+    profile_steps: int = Field(0, ge=0)
+    cache_target: bool = False
 
     @field_validator("aux_layer_ids")
     @classmethod
@@ -85,7 +91,7 @@ class TrainConfig(BaseModel):
     def fingerprint(self) -> dict:
         """The options a resumed run must share with the saved one (all but the step count, the
         checkpoint cadence and the display)."""
-        skip = {"steps", "save_every", "progress", "device", "data_cache"}
+        skip = {"steps", "save_every", "progress", "device", "data_cache", "profile_steps", "cache_target"}
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.model_dump().items() if k not in skip}
 
 

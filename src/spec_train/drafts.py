@@ -2,10 +2,11 @@
 and how it is written in its public layout."""
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from spec_runtime.models.base import CheckpointError
 from spec_schema import ModelDims, SpecAlgorithm, extend_width
@@ -20,6 +21,7 @@ from spec_train.losses import (
     head_step_loss,
     restrict_to_draft_vocab,
     step_mask,
+    target_distribution,
     vocab_map,
 )
 
@@ -141,44 +143,87 @@ class DraftBuilder(nn.Module):
 
     # ---- training --------------------------------------------------------------------------
 
-    def loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The batch loss (a scalar) and per-step statistics (`loss`, `acc_<step>`)."""
+    def target_pass(self, ids: torch.Tensor, logits: bool = True
+                    ) -> tuple[Optional[torch.Tensor], torch.Tensor, Optional[torch.Tensor]]:
+        """The frozen target on right-padded `(B, L)` ids: (what the draft reads: EAGLE-3 the aux layers'
+        hidden states concatenated, EAGLE-1 the final one, STANDALONE None; the final post-norm hidden
+        state; the logits, `lm_head` over the final hidden state, or None when `logits` is false).
+
+        Every row's real tokens come first, so under causal attention no real position sees a pad and
+        the target runs without an attention mask (the outputs of real positions are the masked run's,
+        bit for bit on CPU in float32; transformers then skips its mask build, whose padding test reads
+        the mask on the host, and SDPA may take its causal kernel)."""
+        # use_cache stays on: without a mask and without a cache, transformers reads the positions on the host
+        # to look for packed sequences (a sync); its empty cache only holds references to each layer's K/V
+        out = self.target(input_ids=ids, output_hidden_states=True, **({} if logits else {"logits_to_keep": 1}))
+        hs = out.hidden_states
+        final = hs[-1]
+        feat = None
+        if self.traits.draft_reads_hidden:
+            feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if self.traits.target_capture == "aux" else final
+        return feat, final, out.logits if logits else None
+
+    def loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor,
+             cached: Optional[tuple[Optional[torch.Tensor], torch.Tensor]] = None
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The batch loss (a scalar) and per-step statistics (`loss`, `acc_<step>`) as 0-d tensors: reading
+        them is the caller's one host sync per step (`trainer._Pending`), none happens in here.
+
+        `cached`: the batch's (feature, final hidden) rows from a `TargetCache`, instead of running the
+        target (its logits are then `lm_head` over the final hidden state, as the target computes them).
+        The draft runs without an attention mask, as the target does (`target_pass`)."""
         length = ids.shape[1]
         pad = torch.arange(length, device=ids.device)[None] < lens[:, None]
-        with torch.no_grad():
-            out = self.target(input_ids=ids, attention_mask=pad.long(), output_hidden_states=True)
-            logp = torch.log_softmax(out.logits.float(), dim=-1)
-        if not self.traits.draft_reads_hidden:
-            logits = self.draft(input_ids=ids, attention_mask=pad.long()).logits
-            total, n, correct = distill_loss(logits, logp, pad)
-            loss = total / n.clamp(min=1)
-            return loss, {"loss": float(loss.detach()), "acc_0": float(correct / n.clamp(min=1))}
-        return self._head_loss(ids, lens, prompt_lens, out.hidden_states, logp)
+        with torch.no_grad(), record_function("target"):
+            if cached is None:
+                feat, final, logits = self.target_pass(ids)
+            else:
+                (feat, final), logits = cached, self.target.get_output_embeddings()(cached[1])
+            if feat is not None and self.traits.draft_vocab_map == "d2t":  # EAGLE-3: its vocabulary's share only
+                logp, in_vocab = restrict_to_draft_vocab(logits, self.draft.t2d, self._draft_ids())
+            else:
+                logp, in_vocab = torch.log_softmax(logits.float(), dim=-1), None
+            del logits  # the full-vocabulary logits: not kept alive through the draft's forward and backward
+        with record_function("draft_loss"):
+            if feat is None:
+                student = self.draft(input_ids=ids).logits  # use_cache on: see target_pass
+                total, n, correct = distill_loss(student, logp, pad)
+                loss = total / n.clamp(min=1)
+                return loss, {"loss": loss.detach(), "acc_0": correct / n.clamp(min=1)}
+            return self._head_loss(ids, lens, prompt_lens, feat, final, logp, in_vocab)
 
-    def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, hs: tuple,
-                   logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        final = hs[-1]
-        feat = torch.cat([hs[i] for i in self.aux_layer_ids], dim=-1) if self.traits.target_capture == "aux" else final
+    def _draft_ids(self) -> torch.Tensor:
+        """The target ids of the EAGLE-3 draft vocabulary (where `t2d` is true, ascending), found once per
+        content of `t2d` (its version counter moves on every in-place write, a state-dict load included)."""
+        t2d = self.draft.t2d
+        key = (t2d.data_ptr(), t2d._version)
+        if getattr(self, "_draft_ids_key", None) != key:
+            self._draft_ids_cache = t2d.nonzero().flatten()  # the run's one host sync for it
+            self._draft_ids_key = key
+        return self._draft_ids_cache
+
+    def _head_loss(self, ids: torch.Tensor, lens: torch.Tensor, prompt_lens: torch.Tensor, feat: torch.Tensor,
+                   final: torch.Tensor, logp: torch.Tensor, in_vocab: Optional[torch.Tensor]
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`logp`: the target's log-probabilities over the draft's vocabulary; `in_vocab`: EAGLE-3's rows
+        whose target argmax the draft vocabulary holds (`restrict_to_draft_vocab`), else None."""
         shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=0)  # row j reads t_{j+1}
         outs = self.draft.unroll(shifted, feat, self.cfg.ttt_steps)
-        in_vocab = None
-        if self.traits.draft_vocab_map == "d2t":  # once per batch, not per step: the full-vocabulary tensor is the big one
-            logp, in_vocab = restrict_to_draft_vocab(logp, self.draft.t2d)
+        prob, top = target_distribution(logp)
+        del logp
         loss = ids.new_zeros((), dtype=torch.float32)
-        stats: dict[str, float] = {}
+        accs: dict[str, torch.Tensor] = {}
         for i, h in enumerate(outs):
             mask = step_mask(lens, prompt_lens, ids.shape[1], i)
             if in_vocab is not None:
-                mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, i + 1), value=False)
-            total, n, correct = head_step_loss(self.draft.logits(h), logp, mask, i)
+                mask = mask & torch.nn.functional.pad(in_vocab[:, i + 1:], (0, min(i + 1, ids.shape[1])), value=False)
+            total, n, correct = head_step_loss(self.draft.logits(h), prob, top, mask, i)
             step_loss = total / n.clamp(min=1)
             if self.traits.target_capture == "final" and self.cfg.feature_loss:  # EAGLE-1: features fed back
                 step_loss = step_loss + self.cfg.feature_loss * feature_loss(h, final, mask, i) / n.clamp(min=1)
             loss = loss + self.cfg.ttt_decay ** i * step_loss
-            stats[f"acc_{i}"] = float(correct / n.clamp(min=1))
-        stats["loss"] = float(loss.detach())
-        return loss, stats
+            accs[f"acc_{i}"] = correct / n.clamp(min=1)
+        return loss, {**accs, "loss": loss.detach()}
 
     # ---- output ----------------------------------------------------------------------------
 

@@ -171,7 +171,7 @@ class TrainHead(nn.Module):
         outs: list[torch.Tensor] = []
         hidden, from_target = target_hidden, True
         for i in range(steps):
-            step_ids = F.pad(ids[:, i:], (0, i), value=0)  # row j reads t_{j+1+i}; tail rows are masked out
+            step_ids = F.pad(ids[:, i:], (0, min(i, n)), value=0)  # row j reads t_{j+1+i}; tail rows are masked out
             mask = ttt_mask(n, i, ids.device)
             hidden = self.step(step_ids, hidden, base + i, cache, mask, from_target)
             outs.append(hidden)

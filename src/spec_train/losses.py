@@ -6,7 +6,8 @@ Shapes: `B` sequences padded to `L`; `lens (B,)` true lengths; `prompt_lens (B,)
 import torch
 import torch.nn.functional as F
 
-__all__ = ["distill_loss", "feature_loss", "head_step_loss", "restrict_to_draft_vocab", "step_mask", "vocab_map"]
+__all__ = ["distill_loss", "feature_loss", "head_step_loss", "restrict_to_draft_vocab", "step_mask",
+           "target_distribution", "vocab_map"]
 
 
 def step_mask(lens: torch.Tensor, prompt_lens: torch.Tensor, length: int, step: int) -> torch.Tensor:
@@ -16,39 +17,48 @@ def step_mask(lens: torch.Tensor, prompt_lens: torch.Tensor, length: int, step: 
     return (pos <= lens[:, None] - 1) & (pos >= prompt_lens[:, None] - 1)
 
 
-def head_step_loss(draft_logits: torch.Tensor, target_logp: torch.Tensor, mask: torch.Tensor, step: int,
-                   target_top: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def head_step_loss(draft_logits: torch.Tensor, target_prob: torch.Tensor, target_top: torch.Tensor,
+                   mask: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Soft cross-entropy of one unrolled step and its top-1 agreement.
 
-    `draft_logits (B, L, V_d)`; `target_logp (B, L, V_d)` target log-probabilities by position, over
-    the draft's vocabulary (`restrict_to_draft_vocab` for EAGLE-3); row j of step `step` learns
-    position `j + step + 1`, so only rows `< L - step - 1` can be trained (the mask drops the rest).
-    `target_top (B, L)`: the target's argmax per position in draft ids (default: of `target_logp`).
-    Returns (summed loss, trained rows, rows where the draft's argmax is the target's)."""
+    `draft_logits (B, L, V_d)`; `target_prob (B, L, V_d)` the target's probabilities by position over
+    the draft's vocabulary (`restrict_to_draft_vocab` for EAGLE-3) and `target_top (B, L)` its argmax
+    per position in draft ids: both made once per batch (`target_distribution`) and read here through
+    views, not recomputed per step. Row j of step `step` learns position `j + step + 1`, so only rows
+    `< L - step - 1` can be trained (the mask drops the rest).
+    Returns (summed loss, trained rows, rows where the draft's argmax is the target's), as tensors."""
     by = step + 1
-    n = draft_logits.shape[1] - by
-    tgt = target_logp[:, by:]
-    top = (target_logp.argmax(-1) if target_top is None else target_top)[:, by:]
+    n = max(0, draft_logits.shape[1] - by)  # a batch shorter than the unroll trains no row of this step
     m = mask[:, :n]
     logq = torch.log_softmax(draft_logits[:, :n].float(), dim=-1)
-    per_row = -(tgt.exp() * logq).sum(-1)
-    correct = ((draft_logits[:, :n].argmax(-1) == top) & m).sum()
+    per_row = -(target_prob[:, by:] * logq).sum(-1)
+    correct = ((draft_logits[:, :n].argmax(-1) == target_top[:, by:]) & m).sum()
     mf = m.float()
     return (per_row * mf).sum(), mf.sum(), correct
 
 
-def restrict_to_draft_vocab(target_logp: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def target_distribution(target_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(B, L, V)` log-probabilities -> their probabilities and `(B, L)` argmax, once per batch (each
+    unrolled step reads shifted views of both)."""
+    return target_logp.exp(), target_logp.argmax(-1)
+
+
+def restrict_to_draft_vocab(target_logits: torch.Tensor, t2d: torch.Tensor, draft_ids: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE-3 targets: the target distribution renormalised over the draft vocabulary `(B, L, V_d)`,
-    and `(B, L)` whether the target's own argmax is in the draft vocabulary (rows where it is not
-    cannot be drafted right and are not trained)."""
-    in_vocab = t2d[target_logp.argmax(-1)]
-    return torch.log_softmax(target_logp[..., t2d], dim=-1), in_vocab
+    float32 (a softmax over the draft vocabulary's logits: the full distribution is never formed), and
+    `(B, L)` whether the target's own argmax is in the draft vocabulary (rows where it is not cannot be
+    drafted right and are not trained). `target_logits (B, L, V)` in the target's dtype; `draft_ids
+    (V_d,)`: the ids where `t2d` is true, ascending (a gather by index needs no host sync, as a
+    boolean-mask index does)."""
+    in_vocab = t2d[target_logits.argmax(-1)]
+    return torch.log_softmax(target_logits.index_select(-1, draft_ids).float(), dim=-1), in_vocab
 
 
 def feature_loss(out: torch.Tensor, target_hidden: torch.Tensor, mask: torch.Tensor, step: int) -> torch.Tensor:
     """EAGLE-1's regression of its output onto the target's next feature (smooth L1, summed over rows)."""
     by = step + 1
-    n = out.shape[1] - by
+    n = max(0, out.shape[1] - by)
     per_row = F.smooth_l1_loss(out[:, :n].float(), target_hidden[:, by:].float(), reduction="none").mean(-1)
     return (per_row * mask[:, :n].float()).sum()
 

@@ -1,15 +1,20 @@
 """The training run: checks, data, draft model, the loop, checkpoints. `train_draft(cfg)` is the API.
 
-The target runs online (frozen, no grad) on every batch: its hidden states (EAGLE-1: the final
-post-norm hidden; EAGLE-3: the residual stream entering each aux layer, concatenated) and its
-log-probabilities are what the draft learns from.
+The target runs online (frozen, no grad) on every batch, or once per run with `cache_target`
+(`spec_train.target_cache`): its hidden states (EAGLE-1: the final post-norm hidden; EAGLE-3: the
+residual stream entering each aux layer, concatenated) and its log-probabilities are what the draft
+learns from. A step queues its work without waiting for the GPU; its statistics are read a step later
+(`_Pending`). `profile_steps` profiles the loop (`spec_train.profiling`).
 """
 
+import contextlib
+import functools
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -26,18 +31,23 @@ from spec_train.data import (
 )
 from spec_train.drafts import DraftBuilder
 
+if TYPE_CHECKING:
+    from spec_train.target_cache import TargetCache
+
 __all__ = ["TrainResult", "held_out_prompts", "prepare", "train_draft"]
 
 
 @dataclass
 class TrainResult:
-    """What a run produced: the draft directory, the held-out prompt ids, the loss history."""
+    """What a run produced: the draft directory, the held-out prompt ids, the loss history, and the
+    wall seconds per step of the steps this call ran (saves excluded; 0.0 when it ran none)."""
 
     output: Path
     held_out: list[list[int]]
     steps_done: int
     resumed_from: int
     history: list[dict[str, float]] = field(default_factory=list)
+    seconds_per_step: float = 0.0
 
 
 def _autocast(device: torch.device) -> Any:
@@ -154,19 +164,24 @@ def _write_held_out(path: Path, held_ids: list[list[int]]) -> None:
 
 def _batch(seqs: Sequences, idx: list[int], max_len: int, device: torch.device
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded `(B, L)` ids, `(B,)` lengths and prompt lengths."""
+    """Right-padded `(B, L)` ids, `(B,)` lengths and prompt lengths, padded to the batch's longest row.
+
+    Built on the host in one tensor each; on CUDA copied from pinned memory without blocking (a copy
+    from pageable memory would wait for the GPU to finish the previous step)."""
     rows = [seqs.ids[i][:max_len] for i in idx]
     length = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), length, dtype=torch.int64)
-    for b, r in enumerate(rows):
-        ids[b, :len(r)] = torch.tensor(r)
+    ids = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.int64)
     lens = torch.tensor([len(r) for r in rows])
     prompt_lens = torch.tensor([min(seqs.prompt_lens[i], max_len) for i in idx])
-    return ids.to(device), lens.to(device), prompt_lens.to(device)
+    if device.type != "cuda":
+        return ids.to(device), lens.to(device), prompt_lens.to(device)
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in (ids, lens, prompt_lens))  # type: ignore[return-value]
 
 
-def _order(n: int, epoch: int, seed: int) -> list[int]:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)).tolist()
+@functools.lru_cache(maxsize=2)
+def _order(n: int, epoch: int, seed: int) -> tuple[int, ...]:
+    """The epoch's permutation of the `n` sequences (drawn once per epoch, not once per step)."""
+    return tuple(torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)).tolist())
 
 
 def _batch_indices(n: int, step: int, batch_size: int, seed: int) -> list[int]:
@@ -175,7 +190,7 @@ def _batch_indices(n: int, step: int, batch_size: int, seed: int) -> list[int]:
     per_epoch = max(1, n // batch_size)
     epoch, k = divmod(step, per_epoch)
     order = _order(n, epoch, seed)
-    return order[k * batch_size:(k + 1) * batch_size] if n >= batch_size else order
+    return list(order[k * batch_size:(k + 1) * batch_size] if n >= batch_size else order)
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -217,33 +232,129 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     if start >= cfg.steps:
         builder.save_public(cfg.output)
         return result
-    _loop(cfg, builder, opt, seqs, start, history, device)
+    cache = None
+    if cfg.cache_target:
+        from spec_train.target_cache import TargetCache
+
+        cache = TargetCache.build(builder, seqs, cfg.max_seq_len, cfg.batch_size, device, _autocast(device), cfg.progress)
+    result.seconds_per_step = _loop(cfg, builder, opt, seqs, start, history, device, cache)
     result.steps_done = cfg.steps
     return result
 
 
 def _loop(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, seqs: Sequences, start: int,
-          history: list[dict[str, float]], device: torch.device) -> None:
+          history: list[dict[str, float]], device: torch.device, cache: Optional["TargetCache"] = None) -> float:
+    """Steps `start .. cfg.steps - 1`, saving every `save_every`; returns the wall seconds per step, saves
+    excluded.
+
+    A step's statistics are read on the host after the next step is queued (`_Pending`): the host never
+    waits for the GPU inside a step, and waits for a step only once the next one is in the queue."""
     from tqdm import tqdm
+
+    from spec_train.profiling import StepProfiler
 
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.algorithm}",
                unit="step", disable=not cfg.progress)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr * _lr_factor(step, cfg)
-        ids, lens, prompt_lens = _batch(seqs, _batch_indices(len(seqs), step, cfg.batch_size, cfg.seed),
-                                        cfg.max_seq_len, device)
-        with _autocast(device):
-            loss, stats = builder.loss(ids, lens, prompt_lens)
-        opt.zero_grad(set_to_none=True)
+    profiler = (StepProfiler(cfg.output, cfg.profile_steps, device, f"train {cfg.algorithm} batch {cfg.batch_size}")
+                if cfg.profile_steps else contextlib.nullcontext())
+    pending: Optional[_Pending] = None
+    clocks = [_Clock(start)]  # the whole loop; then the steps after a profiled window
+    with profiler:
+        for step in bar:
+            stats = _step(cfg, builder, opt, seqs, step, device, cache)
+            if pending is not None:
+                _record(pending, history, bar)
+            pending = _Pending.start(step + 1, stats)
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                _record(pending, history, bar)
+                pending = None
+                with contextlib.ExitStack() as paused:
+                    for clock in clocks:
+                        paused.enter_context(clock.paused())
+                    _save(cfg, builder, opt, step + 1, history)
+            if cfg.profile_steps and not profiler.done:
+                profiler.step()
+                if profiler.done:  # the profiled steps ran slower: time the steps after them
+                    clocks.append(_Clock(step + 1))
+    return clocks[-1].seconds_per_step(cfg.steps) or clocks[0].seconds_per_step(cfg.steps)
+
+
+def _step(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, seqs: Sequences, step: int,
+          device: torch.device, cache: Optional["TargetCache"] = None) -> dict[str, torch.Tensor]:
+    """One optimizer step, queued without a host sync; its statistics as 0-d tensors. With `cache`, the
+    target's outputs are read from it instead of running the target."""
+    from torch.profiler import record_function
+
+    for group in opt.param_groups:
+        group["lr"] = cfg.lr * _lr_factor(step, cfg)
+    with record_function("batch"):
+        idx = _batch_indices(len(seqs), step, cfg.batch_size, cfg.seed)
+        ids, lens, prompt_lens = _batch(seqs, idx, cfg.max_seq_len, device)
+        cached = cache.gather(idx, ids.shape[1], device) if cache is not None else None
+    with _autocast(device):
+        loss, stats = builder.loss(ids, lens, prompt_lens, cached)
+    opt.zero_grad(set_to_none=True)
+    with record_function("backward"):
         loss.backward()
+    with record_function("optimizer"):
         torch.nn.utils.clip_grad_norm_(builder.parameters(), cfg.grad_clip)
         opt.step()
-        stats["step"] = step + 1
-        history.append(stats)
-        bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats.get('acc_0', 0.0):.2f}")
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            _save(cfg, builder, opt, step + 1, history)
+    return stats
+
+
+class _Clock:
+    """Wall seconds per step from step `first` on, with pauses (saves) left out."""
+
+    def __init__(self, first: int) -> None:
+        self.first, self.start, self.paused_for = first, time.perf_counter(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Any:
+        """Time spent inside is not counted."""
+        t = time.perf_counter()
+        yield
+        self.paused_for += time.perf_counter() - t
+
+    def seconds_per_step(self, end: int) -> float:
+        """Per step over steps `first .. end - 1` (0.0 when none ran)."""
+        if end <= self.first:
+            return 0.0
+        return (time.perf_counter() - self.start - self.paused_for) / (end - self.first)
+
+
+@dataclass
+class _Pending:
+    """A step's statistics on their way to the host: one stacked tensor, copied without blocking on
+    CUDA (pinned memory) with an event to wait on; on the CPU already there."""
+
+    step: int
+    names: list[str]
+    values: torch.Tensor
+    event: Any = None
+
+    @classmethod
+    def start(cls, step: int, stats: dict[str, torch.Tensor]) -> "_Pending":
+        """Queue the copy of `stats` (0-d tensors) for step number `step` (1-based)."""
+        names = list(stats)
+        values = torch.stack([stats[k].detach().float() for k in names])
+        if not values.is_cuda:
+            return cls(step, names, values)
+        host = values.to("cpu", non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(step, names, host, event)
+
+    def read(self) -> dict[str, float]:
+        """The statistics as floats, with `step` (waits for this step's GPU work only)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return {**dict(zip(self.names, self.values.tolist())), "step": self.step}
+
+
+def _record(pending: _Pending, history: list[dict[str, float]], bar: Any) -> None:
+    stats = pending.read()
+    history.append(stats)
+    bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats.get('acc_0', 0.0):.2f}")
 
 
 def _save(cfg: TrainConfig, builder: "DraftBuilder", opt: torch.optim.Optimizer, step: int,

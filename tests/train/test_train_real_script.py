@@ -40,6 +40,7 @@ def test_bad_input_is_one_line_before_any_work(script, monkeypatch, capsys, tmp_
         ([*base, "--gguf", str(gguf), "--prompts", mix, "--max-prompts", "6"],
          f"error: --prompts {mix}: 6 prompts give 5 training and 1 held-out prompts"),
         ([*base, "--gguf", str(gguf), "--init-from", f"EAGLE3={tmp_path}"], f"error: --init-from {tmp_path}: no model.safetensors"),
+        ([*base, "--gguf", str(gguf), "--profile-steps", "-1"], "error: --profile-steps: must be >= 0 (0: no profile), got -1"),
     ]
     for args, want in cases:
         err = _error(script, monkeypatch, capsys, *args)
