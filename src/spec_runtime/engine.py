@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from spec_schema import SpecAlgorithm
+from spec_schema import STRICT_LEVEL, SpecAlgorithm
 
 from . import faults
 from .draft import draft
@@ -243,7 +243,7 @@ class SpecEngine:
             return events
         sampling = BatchSampling.from_params([r.sampling for r in self.running], self.rt.device)
         stops = StopBatch([r.max_new_tokens - len(r.output) for r in self.running],
-                          [r.stop_ids for r in self.running], room=self._room())
+                          [r.stop_ids for r in self.running], room=self._room(), shrink=not self.waiting)
         vin = draft(self.rt, self.state, sampling)
         vout = verify(self.rt, vin, sampling, stops)
         self.rt.counters.iterations += 1
@@ -273,7 +273,7 @@ class SpecEngine:
         return self.rt.target_cache.req_to_token.shape[1] - (self.rt.spec_config.num_steps + 1) - req.seq_len
 
     def _emit(self, tokens: list, counts: list, finished: list, events: list[TokenEvent]) -> list[Request]:
-        live = []
+        live, ended = [], []
         for req, row, count, done in zip(self.running, tokens, counts, finished):
             new = row[:count]
             req.output += new
@@ -281,10 +281,12 @@ class SpecEngine:
             req.iterations += 1
             req.seq_len += count
             if done:
-                self._release(req, "stop" if new[-1] in req.stop_ids else "length")
+                req.finish_reason = "stop" if new[-1] in req.stop_ids else "length"
+                ended.append(req)
             else:
                 live.append(req)
             events.append(TokenEvent(req.rid, new, done))
+        self._free_rows(ended)
         return live
 
     def _admit(self, events: list[TokenEvent]) -> None:
@@ -334,13 +336,25 @@ class SpecEngine:
     def _release(self, req: Request, reason: str) -> None:
         """Finish the request with `reason`: free its committed KV in both caches and its slot-table row."""
         req.finish_reason = reason
-        for cache in (self.rt.target_cache, self.rt.draft_cache):
-            row = cache.req_to_token[req.row]
-            used = row[row >= 0]
-            if used.numel():
-                cache.free_slots(used)
-            row.fill_(-1)
-        self.rt.requests.free(req.row)
+        self._free_rows([req])
+
+    def _free_rows(self, reqs: list[Request]) -> None:
+        """Free the committed KV of finished requests in both caches and their slot-table rows, with one
+        host read for all of them (how many slots each row holds): each row's committed slots are
+        sorted to its front (slots >= 0, the -1 of free columns last), then freed (checked for double
+        frees at `SPEC_STRICT=2`, a read more)."""
+        if not reqs:
+            return
+        caches = (self.rt.target_cache, self.rt.draft_cache)
+        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64).to(self.rt.device)
+        tables = [cache.req_to_token.index_select(0, rows) for cache in caches]
+        counts = torch.stack([(t >= 0).sum(1) for t in tables]).tolist()  # the one read
+        for cache, table, used in zip(caches, tables, counts):
+            front = table.sort(1, descending=True).values
+            cache.free_slots(torch.cat([front[i, :c] for i, c in enumerate(used)]), check=STRICT_LEVEL >= 2)
+            cache.req_to_token.index_fill_(0, rows, -1)
+        for req in reqs:
+            self.rt.requests.free(req.row)
 
     # ---- convenience --------------------------------------------------------------------------
 
