@@ -30,6 +30,8 @@ from spec_runtime.runtime import Runtime  # noqa: E402
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 DRAFTS = {"EAGLE3": "eagle3_dir", "STANDALONE": "standalone_dir"}
+ALIGNED = "aligned"
+"""`_engine`'s STANDALONE pair that accepts several drafts an iteration (`aligned_dirs`): stops cut there."""
 NEW = (5, 9, 14, 20)  # max_new_tokens: the four requests finish at different iterations
 FINISH_OPS = 75
 """Eager torch ops of a finishing iteration and the iteration after it, at most (`bookkeeping="triton"`,
@@ -82,7 +84,11 @@ def ops(monkeypatch) -> _Ops:
 
 
 def _engine(request, load_pair, algorithm: str, **fast) -> SpecEngine:
-    target, draft = load_pair(algorithm, request.getfixturevalue("llama_dir"), request.getfixturevalue(DRAFTS[algorithm]))
+    if algorithm == ALIGNED:
+        algorithm, dirs = "STANDALONE", request.getfixturevalue("aligned_dirs")
+    else:
+        dirs = request.getfixturevalue("llama_dir"), request.getfixturevalue(DRAFTS[algorithm])
+    target, draft = load_pair(algorithm, *dirs)
     rt = Runtime.create(target, draft, algorithm, num_steps=3, topk=2 if algorithm != "STANDALONE" else 1,
                         num_draft_tokens=5 if algorithm != "STANDALONE" else 4, max_batch_size=4, max_context=96,
                         executor="static", seed=3, fast=fast)
@@ -153,8 +159,9 @@ def test_stop_tokens_and_a_join(request, load_pair, bookkeeping: str) -> None:
 
 
 def _phase_outputs(engine: SpecEngine, monkeypatch, shrink: bool) -> list:
-    """Every verify's output in a run of `_prompts()[:4]` with `NEW` tokens (the engine's launches across
-    finishes on or off): its fields, and those of its draft-extend input, as lists."""
+    """Every verify's output in a run of `_prompts()[:4]` with `NEW` tokens, each stopped by the token
+    its target-only greedy output has at `STOP_AT` too (the engine's launches across finishes on or
+    off): its fields, and those of its draft-extend input, as lists."""
     from spec_runtime import engine as engine_module
 
     real_verify, real_stops, seen = engine_module.verify, engine_module.StopBatch, []
@@ -170,19 +177,25 @@ def _phase_outputs(engine: SpecEngine, monkeypatch, shrink: bool) -> list:
 
     monkeypatch.setattr(engine_module, "verify", verify)
     monkeypatch.setattr(engine_module, "StopBatch", lambda *a, **k: real_stops(*a, **{**k, "shrink": shrink}))
-    for p, n in zip(_prompts()[:4], NEW):
-        engine.add_request(p, n, ignore_eos=True)
+    prompts = _prompts()[:4]
+    greedy = target_only_generate(engine.rt.target, prompts, max(STOP_AT) + 1)
+    for p, n, g, k in zip(prompts, NEW, greedy, STOP_AT):
+        engine.add_request(p, n, stop_token_ids=[g[k]], ignore_eos=True)
     engine.run()
     monkeypatch.undo()
-    assert engine.rt.runner.ahead_stats["shrunk"] == (3 if shrink else 0), engine.rt.runner.ahead_stats
+    assert (engine.rt.runner.ahead_stats["shrunk"] > 0) == shrink, engine.rt.runner.ahead_stats
     return seen
 
 
-@pytest.mark.parametrize("algorithm", sorted(DRAFTS))
+STOP_AT = (20, 6, 11, 30)  # (past a request's budget: no stop)
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE3", ALIGNED])
 def test_outputs_equal_the_host_paths(request, load_pair, monkeypatch, algorithm: str) -> None:
     """The VerifyOutput of every iteration (the whole batch's tokens, accepted nodes, counts, finished
     flags) and its draft-extend input (the live requests' rows, hidden states included) are the same
-    whether the launch goes on across finishes or the host path filters the batch (torch bookkeeping)."""
+    whether the launch goes on across finishes or the host path filters the batch (torch bookkeeping);
+    the aligned pair accepts several tokens an iteration, so budgets and stop tokens cut them."""
     launched = _phase_outputs(_engine(request, load_pair, algorithm), monkeypatch, shrink=True)
     host = _phase_outputs(_engine(request, load_pair, algorithm), monkeypatch, shrink=False)
     assert len(launched) == len(host) and launched == host
