@@ -280,9 +280,9 @@ class SpecEngine:
             req.accept_lengths.append(count)
             req.iterations += 1
             req.seq_len += count
-            if done:
+            if done:  # (its last verify committed none of its nodes; its draft-extend ran before)
                 req.finish_reason = "stop" if new[-1] in req.stop_ids else "length"
-                ended.append(req)
+                ended.append((req, req.seq_len - count, req.seq_len - count + self._lead))
             else:
                 live.append(req)
             events.append(TokenEvent(req.rid, new, done))
@@ -307,8 +307,8 @@ class SpecEngine:
         for i, (req, tok) in enumerate(zip(new, first)):
             req.output.append(tok)
             done = tok in req.stop_ids or req.max_new_tokens == 1
-            if done:
-                self._release(req, "stop" if tok in req.stop_ids else "length")
+            if done:  # (its prompt is committed in the target only: no draft-extend ran)
+                self._release(req, "stop" if tok in req.stop_ids else "length", req.seq_len, 0)
             else:
                 keep.append(i)
             events.append(TokenEvent(req.rid, [tok], done))
@@ -328,32 +328,38 @@ class SpecEngine:
             return
         for i, req in enumerate(self.running):
             if i not in keep:
-                self._release(req, "context")
+                self._release(req, "context", req.seq_len, req.seq_len + self._lead)
                 events.append(TokenEvent(req.rid, [], True))
         self.running = [self.running[i] for i in keep]
         self.state = self.state.filter_batch(torch.tensor(keep, dtype=torch.int64, device=self.rt.device))
 
-    def _release(self, req: Request, reason: str) -> None:
-        """Finish the request with `reason`: free its committed KV in both caches and its slot-table row."""
-        req.finish_reason = reason
-        self._free_rows([req])
+    @property
+    def _lead(self) -> int:
+        """Positions the draft's KV runs ahead of the target's (traits: 1 for a STANDALONE draft)."""
+        return self.rt.spec_config.traits.draft_kv_lead
 
-    def _free_rows(self, reqs: list[Request]) -> None:
-        """Free the committed KV of finished requests in both caches and their slot-table rows, with one
-        host read for all of them (how many slots each row holds): each row's committed slots are
-        sorted to its front (slots >= 0, the -1 of free columns last), then freed (checked for double
-        frees at `SPEC_STRICT=2`, a read more)."""
-        if not reqs:
-            return
-        caches = (self.rt.target_cache, self.rt.draft_cache)
-        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64).to(self.rt.device)
-        tables = [cache.req_to_token.index_select(0, rows) for cache in caches]
-        counts = torch.stack([(t >= 0).sum(1) for t in tables]).tolist()  # the one read
-        for cache, table, used in zip(caches, tables, counts):
-            front = table.sort(1, descending=True).values
-            cache.free_slots(torch.cat([front[i, :c] for i, c in enumerate(used)]), check=STRICT_LEVEL >= 2)
-            cache.req_to_token.index_fill_(0, rows, -1)
-        for req in reqs:
+    def _release(self, req: Request, reason: str, target: int, draft: int) -> None:
+        """Finish the request with `reason`: free its committed KV in both caches (`target` and `draft`
+        positions, `_free_rows`) and its slot-table row."""
+        req.finish_reason = reason
+        self._free_rows([(req, target, draft)])
+
+    def _free_rows(self, ended: list[tuple[Request, int, int]]) -> None:
+        """Free finished requests' committed KV and their slot-table rows: `(request, target positions,
+        draft positions)`, the committed prefix of its row in each cache, known on the host (no read of
+        the tables: the device may still run a launch). `SPEC_STRICT=2` checks the frees and that
+        nothing is committed past the prefixes (reads)."""
+        for k, cache in enumerate((self.rt.target_cache, self.rt.draft_cache)):
+            held = [cache.req_to_token[req.row, : span[k]] for req, *span in ended if span[k]]
+            if held:
+                cache.free_slots(torch.cat(held) if len(held) > 1 else held[0], check=STRICT_LEVEL >= 2)
+            for req, *span in ended:
+                row = cache.req_to_token[req.row]
+                if STRICT_LEVEL >= 2 and bool((row[span[k]:] >= 0).any()):
+                    raise RuntimeError(f"request {req.rid}: row {req.row} of the {('target', 'draft')[k]} slot "
+                                       f"table holds slots past its {span[k]} committed positions")
+                row.fill_(-1)
+        for req, _, _ in ended:
             self.rt.requests.free(req.row)
 
     # ---- convenience --------------------------------------------------------------------------

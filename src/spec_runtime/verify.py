@@ -313,17 +313,16 @@ class _HostIndex:
     needs no boolean-mask indexing (each of which would read a count back from the device).
 
     counts `(bs,)` int64 and finished `(bs,)` bool as `_stops_host` returns them; `live` the
-    unfinished requests; `acc_b`, `acc_j` (request, column) of every accepted node of every request
-    (row-major, as `mask.nonzero()` lists them); `ext_b`, `ext_j` the same over the live requests
-    only (`ext_b` indexes the live requests)."""
+    unfinished requests; `acc_b`, `acc_j` (request, column) of every accepted node of every live request
+    (row-major, as `mask.nonzero()` lists them); `ext_b`, `ext_j` the same with `ext_b` indexing the
+    live requests."""
 
     def __init__(self, counts: list[int], finished: list[bool], width: int, device: torch.device) -> None:
         live = [i for i, done in enumerate(finished) if not done]
-        acc_b = [b for b, c in enumerate(counts) for _ in range(c)]
-        acc_j = [j for c in counts for j in range(c)]
+        acc_b = [b for b in live for _ in range(counts[b])]
         ext_b = [i for i, b in enumerate(live) for _ in range(counts[b])]
         ext_j = [j for b in live for j in range(counts[b])]
-        parts = [counts, [int(f) for f in finished], live, acc_b, acc_j, ext_b, ext_j]
+        parts = [counts, [int(f) for f in finished], live, acc_b, ext_j, ext_b, ext_j]
         flat = torch.tensor([v for part in parts for v in part], dtype=torch.int64)
         flat = flat.to(device)  # the stream is idle here (the stops just read the device)
         views, start = [], 0
@@ -343,7 +342,9 @@ def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 def _commit_kv(rt: RuntimeState, inp: VerifyInput, slots: torch.Tensor, accept_index: torch.Tensor,
                index: _HostIndex) -> None:
-    """Point positions seq_len .. seq_len + a - 1 at the accepted nodes' slots; free the rest.
+    """Point positions seq_len .. seq_len + a - 1 of the requests that go on at their accepted nodes'
+    slots; free the rest (a finished request's nodes all go back, as on the launched paths: the
+    engine frees its row next, knowing it holds seq_len committed positions).
 
     The root and accepted drafts got their KV in the verify forward, so committing is a slot-table
     write, no copy. `index` (host-built indices of the accepted nodes) avoids boolean masks."""

@@ -22,6 +22,7 @@ if not torch.cuda.is_available():
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from spec_schema import STRICT_LEVEL  # noqa: E402
 from spec_runtime.baseline import target_only_generate  # noqa: E402
 from spec_runtime.engine import SpecEngine  # noqa: E402
 from spec_runtime.executors.graphs import GraphSet  # noqa: E402
@@ -33,15 +34,16 @@ DRAFTS = {"EAGLE3": "eagle3_dir", "STANDALONE": "standalone_dir"}
 ALIGNED = "aligned"
 """`_engine`'s STANDALONE pair that accepts several drafts an iteration (`aligned_dirs`): stops cut there."""
 NEW = (5, 9, 14, 20)  # max_new_tokens: the four requests finish at different iterations
-FINISH_OPS = 75
+FINISH_OPS = 60
 """Eager torch ops of a finishing iteration and the iteration after it, at most (`bookkeeping="triton"`,
-a batch of four): the live rows' compaction, the finished rows' tree slots back, the batch's output
-from the read, the engine's one read of the finished rows' slot tables and their frees. The host path
-ran 157-172 there (113-128 in the finishing iteration: the filtered draft-extend input, its eager
-draft-extend, the slot-table commit; 28-44 in the next: the draft's and the verify's copy-ins)."""
-LAST_OPS = 60
-"""Eager torch ops of the iteration in which the last request finishes, at most (94 before: the
-host path's commit, filter and frees of the whole batch)."""
+a batch of four; 51 when written): the live rows' compaction, the finished rows' tree slots back,
+the batch's output from the read, the frees of the finished rows' committed slots, the device's free
+counts rewritten. The host path ran 156-172 there (112-128 in the finishing iteration: the filtered
+draft-extend input, its eager draft-extend, the slot-table commit, the frees of the finished rows
+read back through boolean masks; 28-44 in the next: the draft's and the verify's copy-ins)."""
+LAST_OPS = 40
+"""Eager torch ops of the iteration in which the last request finishes, at most (35 when written, 94
+before: the host path's commit, filter and checked frees, the idle inputs built anew)."""
 _NO_KERNEL = {"view", "_unsafe_view", "slice", "select", "expand", "as_strided", "t", "unsqueeze", "squeeze",
               "detach", "detach_", "alias", "reshape", "empty", "empty_like", "empty_strided", "new_empty",
               "lift_fresh", "unbind", "split", "permute", "transpose", "diagonal"}
@@ -127,10 +129,11 @@ def test_finishing_iterations_launch_ahead(request, load_pair, ops, algorithm: s
         steps.append((live, sum(e.finished for e in events), ops.ops, ops.runs))
     finishing = [i for i, (live, fin, _, _) in enumerate(steps) if fin and live > fin]
     assert len(finishing) == 3 and engine.rt.runner.ahead_stats["shrunk"] == 3, (steps, engine.rt.runner.ahead_stats)
+    counted = STRICT_LEVEL < 2  # (SPEC_STRICT=2 adds its value checks' ops to every phase)
     for i in finishing:
         assert steps[i][3] == 2 and steps[i + 1][3] == 2, (i, steps)
-        assert steps[i][2] + steps[i + 1][2] <= FINISH_OPS, (i, steps)
-    assert steps[-1][:2] == (1, 1) and steps[-1][2] <= LAST_OPS, steps
+        assert steps[i][2] + steps[i + 1][2] <= FINISH_OPS or not counted, (i, steps)
+    assert steps[-1][:2] == (1, 1) and (steps[-1][2] <= LAST_OPS or not counted), steps
     want = [target_only_generate(engine.rt.target, [p], n)[0] for p, n in zip(prompts, NEW)]
     assert [engine.requests[r].output for r in rids] == want
     assert engine.rt.target_cache.is_whole() and engine.rt.draft_cache.is_whole()

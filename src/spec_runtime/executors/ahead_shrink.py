@@ -88,17 +88,17 @@ class AheadShrink:
         captured = None
         if vo.captured is not None:  # the verify buffer's rows (every bucket's view starts at row 0)
             captured = vo.captured.view(old, n, -1).index_select(0, perm).view(new * n, -1)
-        key = (new, True, sim)
-        if self.executor == "static":  # the cores run eagerly: the moved rows are the bucket's outputs
+        graph = self.graphs.graphs.get(self._key("verify", new, True, sim))
+        if graph is None:  # the cores run eagerly ("static"): the moved rows are the bucket's outputs
             if captured is not None:
                 pairs.append((vo.captured[: new * n], captured))
-            self._vout_full[key] = VerifyCoreOut(moved.accept_index, moved.accept_tokens, moved.num_correct,
-                                                 None if captured is None else vo.captured[: new * n])
-        else:  # the captured graphs read the bucket's verify graph's own outputs
-            dst = self.graphs.graphs[self._key("verify", new, True, sim)].out
+            dst = VerifyCoreOut(moved.accept_index, moved.accept_tokens, moved.num_correct,
+                                None if captured is None else vo.captured[: new * n])
+        else:  # a captured `ahead` graph reads the bucket's verify graph's own outputs
+            dst = graph.out
             pairs += [(dst.accept_index, moved.accept_index), (dst.accept_tokens, moved.accept_tokens),
                       (dst.num_correct, moved.num_correct)]
             if captured is not None:
                 pairs.append((dst.captured, captured))
-            self._vout_full[key] = dst
+        self._vout_full[(new, True, sim)] = dst
         copy_all(pairs)
