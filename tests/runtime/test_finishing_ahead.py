@@ -22,11 +22,11 @@ if not torch.cuda.is_available():
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from spec_schema import STRICT_LEVEL  # noqa: E402
 from spec_runtime.baseline import target_only_generate  # noqa: E402
 from spec_runtime.engine import SpecEngine  # noqa: E402
 from spec_runtime.executors.graphs import GraphSet  # noqa: E402
 from spec_runtime.runtime import Runtime  # noqa: E402
+from spec_schema import STRICT_LEVEL  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
