@@ -34,15 +34,15 @@ DRAFTS = {"EAGLE3": "eagle3_dir", "STANDALONE": "standalone_dir"}
 ALIGNED = "aligned"
 """`_engine`'s STANDALONE pair that accepts several drafts an iteration (`aligned_dirs`): stops cut there."""
 NEW = (5, 9, 14, 20)  # max_new_tokens: the four requests finish at different iterations
-FINISH_OPS = 60
+FINISH_OPS = 55
 """Eager torch ops of a finishing iteration and the iteration after it, at most (`bookkeeping="triton"`,
-a batch of four; 51 when written): the live rows' compaction, the finished rows' tree slots back,
+a batch of four; 48 when written): the live rows' compaction, the finished rows' tree slots back,
 the batch's output from the read, the frees of the finished rows' committed slots, the device's free
 counts rewritten. The host path ran 156-172 there (112-128 in the finishing iteration: the filtered
 draft-extend input, its eager draft-extend, the slot-table commit, the frees of the finished rows
 read back through boolean masks; 28-44 in the next: the draft's and the verify's copy-ins)."""
-LAST_OPS = 40
-"""Eager torch ops of the iteration in which the last request finishes, at most (35 when written, 94
+LAST_OPS = 35
+"""Eager torch ops of the iteration in which the last request finishes, at most (33 when written, 94
 before: the host path's commit, filter and checked frees, the idle inputs built anew)."""
 _NO_KERNEL = {"view", "_unsafe_view", "slice", "select", "expand", "as_strided", "t", "unsqueeze", "squeeze",
               "detach", "detach_", "alias", "reshape", "empty", "empty_like", "empty_strided", "new_empty",
