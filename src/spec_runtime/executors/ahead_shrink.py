@@ -39,9 +39,9 @@ class AheadShrink:
                       room: Sequence[int], sim: bool,
                       build: Callable[..., VerifyOutput]) -> VerifyOutput:
         """Launch the rest of the iteration for the requests that go on (`may_shrink`): the prepared
-        launch (for the whole batch) is cancelled, the finished requests' tree slots freed, the live
-        rows compacted (`_compact`), a launch prepared for them and queued (`launch_ahead`); the
-        VerifyOutput is `build(ext_slots, live counts, rows, Shrunk)`."""
+        launch (for the whole batch) is cancelled, a launch prepared for them, their rows compacted
+        (`_compact`) and the launch queued (`launch_ahead`); then the finished requests' tree slots are
+        freed. The VerifyOutput is `build(ext_slots, live counts, rows, Shrunk)`."""
         bs = len(finished)
         live = [b for b, done in enumerate(finished) if not done]
         done = [b for b, fin in enumerate(finished) if fin]
@@ -55,8 +55,8 @@ class AheadShrink:
         perm_d, shift_d, done_d = index[:new], index[new: 2 * new], index[2 * new:]
         vo = self._vout_full[(old, True, sim)]
         accept_index = vo.accept_index[:bs].clone()  # the whole batch's, for the output
+        done_slots = self._verified.slots.index_select(0, done_d)  # (the compaction overwrites them)
         self.cancel_ahead()
-        self.rt.target_cache.free_slots(self._verified.slots.index_select(0, done_d), check=False)
         if not self.prepare_ahead(True, [room[b] for b in live], m, sim):  # (fewer rows than the prepared launch)
             raise RuntimeError("launch-ahead: a launch prepared for the whole batch cannot be prepared for part of it")
         self._compact(vo, old, new, perm_d, shift_d, sim)
@@ -71,6 +71,10 @@ class AheadShrink:
         else:  # the live rows as the launched graph kept them (compacted)
             out = head_rows(self.kept.keep("verify", self._vout_full[(new, True, sim)], new, copy=False), new, m)
             slots = self.kept.keep_tensor("verify_slots", self._verified.slots[:new], new, copy=False)[:m]
+        # the finished requests' tree slots go back behind the launch (which none of them reaches; after
+        # the host counted the launched graph's own slot work): the device idles until the launch, so
+        # the host does before it only what the launch reads
+        self.rt.target_cache.free_slots(done_slots, check=False)
         return build(ext_slots, live_counts, built, Shrunk(live_rows, out, slots, accept_index, counts, finished, rows))
 
     def _compact(self, vo: VerifyCoreOut, old: int, new: int, perm: torch.Tensor, shift: torch.Tensor,
