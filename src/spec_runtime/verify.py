@@ -99,15 +99,22 @@ def _output(accept_tokens: torch.Tensor, accept_index: torch.Tensor, num_accept:
                         draft_extend_input=extend)
 
 
-def _host_output(accept_index: torch.Tensor, rows_h: list[list[int]], counts_h: list[int], finished_h: list[bool],
-                 extend: DraftExtendInput) -> VerifyOutput:
-    """The VerifyOutput of a batch whose finished requests leave it, from what the read gave on the
-    host: the tokens cut at each count, the counts and the finished flags in one host-to-device copy,
-    and `accept_index` (the verify's, `(bs, num_steps + 1)`) cut on the device (what `_cut` gives)."""
-    bs, width = accept_index.shape
+def output_values(rows_h: list[list[int]], counts_h: list[int], finished_h: list[bool], width: int) -> list[int]:
+    """What `_host_output` copies to the device, flat: each request's `width` tokens cut at its count
+    (-1 after), the counts, the finished flags (0 or 1)."""
     tokens = [t if j < c else -1 for row, c in zip(rows_h, counts_h) for j, t in enumerate(row[:width])]
-    host = torch.tensor(tokens + counts_h + [int(f) for f in finished_h], dtype=torch.int64)
-    flat = host.to(accept_index.device)
+    return tokens + counts_h + [int(f) for f in finished_h]
+
+
+def _host_output(accept_index: torch.Tensor, rows_h: list[list[int]], counts_h: list[int], finished_h: list[bool],
+                 extend: DraftExtendInput, flat: Optional[torch.Tensor] = None) -> VerifyOutput:
+    """The VerifyOutput of a batch whose finished requests leave it, from what the read gave on the
+    host: `output_values` in one host-to-device copy (`flat`: that copy, made earlier), and
+    `accept_index` (the verify's, `(bs, num_steps + 1)`) cut on the device (what `_cut` gives)."""
+    bs, width = accept_index.shape
+    if flat is None:
+        values = output_values(rows_h, counts_h, finished_h, width)
+        flat = torch.tensor(values, dtype=torch.int64).to(accept_index.device)
     counts = flat[bs * width: bs * (width + 1)]
     return _output(flat[: bs * width].view(bs, width), _cut(accept_index, counts), counts,
                    flat[bs * (width + 1):] != 0, extend)
@@ -144,7 +151,7 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
     )
     rt.runner.note_output(extend)
     if shrunk is not None:
-        return _host_output(shrunk.accept_index, shrunk.rows, shrunk.counts, shrunk.finished, extend)
+        return _host_output(shrunk.accept_index, shrunk.rows, shrunk.counts, shrunk.finished, extend, shrunk.values)
     return VerifyOutput(accept_tokens=rows.accept_tokens, accept_indices=rows.accept_index,
                         num_correct_drafts=rows.num_correct, num_accept_tokens=rows.num_accept, finished=rows.finished,
                         draft_extend_input=extend)

@@ -20,6 +20,7 @@ import torch
 from spec_schema import VerifyInput, VerifyOutput
 
 from ..core_types import VerifyCoreOut
+from ..verify import output_values
 from .ahead_state import LiveRows, Shrunk
 from .graphs import copy_all, head_rows
 
@@ -50,9 +51,13 @@ class AheadShrink:
         n = self.rt.spec_config.num_draft_tokens
         # the bucket's rows past the live ones are padding (`_nlive`): any row fills them
         perm = live + [live[0]] * (new - m)
-        index = torch.tensor(perm + [(p - i) * n for i, p in enumerate(perm)] + done, dtype=torch.int64)
-        index = index.to(self.rt.device)  # (one copy: the stream is idle after the read)
-        perm_d, shift_d, done_d = index[:new], index[new: 2 * new], index[2 * new:]
+        # the compaction's rows and the output's values in one copy, before the launch: the stream is
+        # idle after the read (a copy from pageable memory behind the launch would wait for it)
+        values = output_values(rows, counts, finished, self.rt.spec_config.num_steps + 1)
+        index = torch.tensor(perm + [(p - i) * n for i, p in enumerate(perm)] + done + values, dtype=torch.int64)
+        index = index.to(self.rt.device)
+        perm_d, shift_d = index[:new], index[new: 2 * new]
+        done_d, values_d = index[2 * new: 2 * new + len(done)], index[2 * new + len(done):]
         vo = self._vout_full[(old, True, sim)]
         accept_index = vo.accept_index[:bs].clone()  # the whole batch's, for the output
         done_slots = self._verified.slots.index_select(0, done_d)  # (the compaction overwrites them)
@@ -75,7 +80,8 @@ class AheadShrink:
         # the host counted the launched graph's own slot work): the device idles until the launch, so
         # the host does before it only what the launch reads
         self.rt.target_cache.free_slots(done_slots, check=False)
-        return build(ext_slots, live_counts, built, Shrunk(live_rows, out, slots, accept_index, counts, finished, rows))
+        return build(ext_slots, live_counts, built,
+                     Shrunk(live_rows, out, slots, accept_index, counts, finished, rows, values_d))
 
     def _compact(self, vo: VerifyCoreOut, old: int, new: int, perm: torch.Tensor, shift: torch.Tensor,
                  sim: bool) -> None:

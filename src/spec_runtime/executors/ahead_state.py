@@ -99,3 +99,4 @@ class Shrunk(NamedTuple):
     counts: list[int]  # (bs,) tokens each request emits
     finished: list[bool]  # (bs,)
     rows: list[list[int]]  # (bs,) the host token rows of the read
+    values: torch.Tensor  # `verify.output_values` of the read, on the device (copied before the launch)
