@@ -5,8 +5,10 @@ on the device before (or right after) the host reads the verify, with no host wo
 `LaunchAhead` is the part of `executors.static.GraphRunner` that runs this protocol: `read_verify`
 (the verify phase's one host read, and the launches around it), `prepare_ahead` / `cancel_ahead`
 (slots staged before the read), `launch_ahead` (the two graph launches), `settle_ahead` / `revoke_ahead`
-(a launch queued before the read that the read allows or refuses), `take_*` / `note_output` /
-`discard_ahead` (the phases take launched results only with the very object they belong to). It
+(a launch queued before the read that the read allows or refuses), `launch_shrunk` (the read
+found some requests finished: the launch goes on for the others, `executors.ahead_shrink`),
+`take_*` / `note_output` / `discard_ahead` (the phases take launched results only with the very
+object they belong to). It
 uses the runner's buffers, graphs and bucket views (`bufs`, `graphs`, `_draft_fn`, `_verify_fn`,
 `_extend_fn`, `bucket_for`, `_key`) and the state `GraphRunner.__init__` and `setup` create.
 """
