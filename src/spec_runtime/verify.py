@@ -329,14 +329,15 @@ class _HostIndex:
         acc_b = [b for b in live for _ in range(counts[b])]
         ext_b = [i for i, b in enumerate(live) for _ in range(counts[b])]
         ext_j = [j for b in live for j in range(counts[b])]
-        parts = [counts, [int(f) for f in finished], live, acc_b, ext_j, ext_b, ext_j]
+        parts = [counts, [int(f) for f in finished], live, acc_b, ext_b, ext_j]
         flat = torch.tensor([v for part in parts for v in part], dtype=torch.int64)
         flat = flat.to(device)  # the stream is idle here (the stops just read the device)
         views, start = [], 0
         for part in parts:
             views.append(flat[start:start + len(part)])
             start += len(part)
-        self.counts, fin, self.live, self.acc_b, self.acc_j, self.ext_b, self.ext_j = views
+        self.counts, fin, self.live, self.acc_b, self.ext_b, self.ext_j = views
+        self.acc_j = self.ext_j
         self.finished = fin != 0
         self.width = width
         self.accepted = len(acc_b)
@@ -351,7 +352,7 @@ def _commit_kv(rt: RuntimeState, inp: VerifyInput, slots: torch.Tensor, accept_i
                index: _HostIndex) -> None:
     """Point positions seq_len .. seq_len + a - 1 of the requests that go on at their accepted nodes'
     slots; free the rest (a finished request's nodes all go back, as on the launched paths: the
-    engine frees its row next, knowing it holds seq_len committed positions).
+    engine frees its row next, knowing that it holds its length before this verify).
 
     The root and accepted drafts got their KV in the verify forward, so committing is a slot-table
     write, no copy. `index` (host-built indices of the accepted nodes) avoids boolean masks."""
