@@ -55,6 +55,13 @@ class Sequences:
         """Inverse of `to_dict`."""
         return cls(list(d["ids"]), list(d["prompt_lens"]))
 
+    def padded(self, idx: Sequence[int], max_len: int) -> torch.Tensor:
+        """`(B, L)` int64 ids of sequences `idx`, each cut to `max_len`, right-padded with 0 to the
+        longest of them (the trainer's batches and `TargetCache.build` pad alike)."""
+        rows = [self.ids[i][:max_len] for i in idx]
+        length = max(len(r) for r in rows)
+        return torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.int64)
+
     def continuation_tokens(self) -> list[int]:
         """Every generated token (the targets the draft learns), for the draft-vocabulary counts."""
         return [t for ids, n in zip(self.ids, self.prompt_lens) for t in ids[n:]]

@@ -56,7 +56,7 @@ class TargetCache:
         with torch.no_grad():
             for start in tqdm(range(0, len(order), step), desc="caching target", unit="batch", disable=not progress):
                 idx = order[start:start + step]
-                ids = _padded([seqs.ids[i][:max_len] for i in idx]).to(device)
+                ids = seqs.padded(idx, max_len).to(device)
                 with autocast:
                     feat, last, _ = builder.target_pass(ids, logits=False)
                 for row, i in enumerate(idx):
@@ -80,10 +80,6 @@ class TargetCache:
             return final, final
         return (None if self.feature is None else self.feature[rows]), final
 
-
-def _padded(rows: list[list[int]]) -> torch.Tensor:
-    length = max(len(r) for r in rows)
-    return torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.int64)
 
 
 def _allocate(builder: "DraftBuilder", tokens: int, device: torch.device

@@ -168,10 +168,8 @@ def _batch(seqs: Sequences, idx: list[int], max_len: int, device: torch.device
 
     Built on the host in one tensor each; on CUDA copied from pinned memory without blocking (a copy
     from pageable memory would wait for the GPU to finish the previous step)."""
-    rows = [seqs.ids[i][:max_len] for i in idx]
-    length = max(len(r) for r in rows)
-    ids = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.int64)
-    lens = torch.tensor([len(r) for r in rows])
+    ids = seqs.padded(idx, max_len)
+    lens = torch.tensor([min(len(seqs.ids[i]), max_len) for i in idx])
     prompt_lens = torch.tensor([min(seqs.prompt_lens[i], max_len) for i in idx])
     if device.type != "cuda":
         return ids.to(device), lens.to(device), prompt_lens.to(device)
