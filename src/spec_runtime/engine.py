@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from spec_schema import SpecAlgorithm
+from spec_schema import STRICT_LEVEL, SpecAlgorithm
 
 from . import faults
 from .draft import draft
@@ -243,7 +243,7 @@ class SpecEngine:
             return events
         sampling = BatchSampling.from_params([r.sampling for r in self.running], self.rt.device)
         stops = StopBatch([r.max_new_tokens - len(r.output) for r in self.running],
-                          [r.stop_ids for r in self.running], room=self._room())
+                          [r.stop_ids for r in self.running], room=self._room(), shrink=not self.waiting)
         vin = draft(self.rt, self.state, sampling)
         vout = verify(self.rt, vin, sampling, stops)
         self.rt.counters.iterations += 1
@@ -273,18 +273,20 @@ class SpecEngine:
         return self.rt.target_cache.req_to_token.shape[1] - (self.rt.spec_config.num_steps + 1) - req.seq_len
 
     def _emit(self, tokens: list, counts: list, finished: list, events: list[TokenEvent]) -> list[Request]:
-        live = []
+        live, ended = [], []
         for req, row, count, done in zip(self.running, tokens, counts, finished):
             new = row[:count]
             req.output += new
             req.accept_lengths.append(count)
             req.iterations += 1
             req.seq_len += count
-            if done:
-                self._release(req, "stop" if new[-1] in req.stop_ids else "length")
+            if done:  # (its last verify committed none of its nodes; its draft-extend ran before)
+                req.finish_reason = "stop" if new[-1] in req.stop_ids else "length"
+                ended.append((req, req.seq_len - count, req.seq_len - count + self._lead))
             else:
                 live.append(req)
             events.append(TokenEvent(req.rid, new, done))
+        self._free_rows(ended)
         return live
 
     def _admit(self, events: list[TokenEvent]) -> None:
@@ -305,8 +307,8 @@ class SpecEngine:
         for i, (req, tok) in enumerate(zip(new, first)):
             req.output.append(tok)
             done = tok in req.stop_ids or req.max_new_tokens == 1
-            if done:
-                self._release(req, "stop" if tok in req.stop_ids else "length")
+            if done:  # (its prompt is committed in the target only: no draft-extend ran)
+                self._release(req, "stop" if tok in req.stop_ids else "length", req.seq_len, 0)
             else:
                 keep.append(i)
             events.append(TokenEvent(req.rid, [tok], done))
@@ -326,21 +328,39 @@ class SpecEngine:
             return
         for i, req in enumerate(self.running):
             if i not in keep:
-                self._release(req, "context")
+                self._release(req, "context", req.seq_len, req.seq_len + self._lead)
                 events.append(TokenEvent(req.rid, [], True))
         self.running = [self.running[i] for i in keep]
         self.state = self.state.filter_batch(torch.tensor(keep, dtype=torch.int64, device=self.rt.device))
 
-    def _release(self, req: Request, reason: str) -> None:
-        """Finish the request with `reason`: free its committed KV in both caches and its slot-table row."""
+    @property
+    def _lead(self) -> int:
+        """Positions the draft's KV runs ahead of the target's (traits: 1 for a STANDALONE draft)."""
+        return self.rt.spec_config.traits.draft_kv_lead
+
+    def _release(self, req: Request, reason: str, target: int, draft: int) -> None:
+        """Finish the request with `reason`: free its committed KV in both caches (`target` and `draft`
+        positions, `_free_rows`) and its slot-table row."""
         req.finish_reason = reason
-        for cache in (self.rt.target_cache, self.rt.draft_cache):
-            row = cache.req_to_token[req.row]
-            used = row[row >= 0]
-            if used.numel():
-                cache.free_slots(used)
-            row.fill_(-1)
-        self.rt.requests.free(req.row)
+        self._free_rows([(req, target, draft)])
+
+    def _free_rows(self, ended: list[tuple[Request, int, int]]) -> None:
+        """Free finished requests' committed KV and their slot-table rows: `(request, target positions,
+        draft positions)`, the committed prefix of its row in each cache, known on the host (no read of
+        the tables: the device may still run a launch). `SPEC_STRICT=2` checks the frees and that
+        nothing is committed past the prefixes (reads)."""
+        for k, cache in enumerate((self.rt.target_cache, self.rt.draft_cache)):
+            held = [cache.req_to_token[req.row, : span[k]] for req, *span in ended if span[k]]
+            if held:
+                cache.free_slots(torch.cat(held) if len(held) > 1 else held[0], check=STRICT_LEVEL >= 2)
+            for req, *span in ended:
+                row = cache.req_to_token[req.row]
+                if STRICT_LEVEL >= 2 and bool((row[span[k]:] >= 0).any()):
+                    raise RuntimeError(f"request {req.rid}: row {req.row} of the {('target', 'draft')[k]} slot "
+                                       f"table holds slots past its {span[k]} committed positions")
+                row.fill_(-1)
+        for req, _, _ in ended:
+            self.rt.requests.free(req.row)
 
     # ---- convenience --------------------------------------------------------------------------
 

@@ -40,6 +40,9 @@ class StopBatch:
     # verify unless a request finishes), and `room[b]`: tokens request b may accept so that the next
     # iteration still fits its context. None: never launch ahead.
     room: Optional[list[int]] = None
+    # When some requests finish, launch-ahead may go on for the others (`executors.ahead`,
+    # "Finishing requests"): False when a finished request's row is refilled before the next verify.
+    shrink: bool = False
 
 
 @boundary
@@ -65,9 +68,15 @@ def verify(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling, stops: S
     (counts_h, finished_h, rows_h), ahead = rt.runner.read_verify(
         inp, out, slots, host_rows, sampling.all_greedy, sim, stops.budget, stops.room,
         read=lambda rows: _stops_host(out.accept_tokens, out.num_correct, stops, host_rows=rows),
-        build=lambda ext_slots, counts, built: _ahead_output(rt, inp, out, slots, ext_slots, counts, built))
+        build=lambda ext_slots, counts, built, shrunk=None: _ahead_output(rt, inp, out, slots, ext_slots, counts,
+                                                                         built, shrunk),
+        shrink=stops.shrink)
     if ahead is not None:
         return _emitted(rt, ahead, rows_h, counts_h, finished_h)
+    if all(finished_h):  # nothing to commit or extend: the trees' slots go back, the output from the read
+        rt.target_cache.free_slots(slots, check=False)  # (this verify's own, all in use)
+        vout = _host_output(out.accept_index, rows_h, counts_h, finished_h, rt.idle_extend_input())
+        return _emitted(rt, vout, rows_h, counts_h, finished_h)
     host_counts = tuple(c for c, done in zip(counts_h, finished_h) if not done)
     index = _HostIndex(counts_h, finished_h, out.accept_index.shape[1], out.accept_index.device)
     num_accept, finished = index.counts, index.finished
@@ -90,6 +99,27 @@ def _output(accept_tokens: torch.Tensor, accept_index: torch.Tensor, num_accept:
                         draft_extend_input=extend)
 
 
+def output_values(rows_h: list[list[int]], counts_h: list[int], finished_h: list[bool], width: int) -> list[int]:
+    """What `_host_output` copies to the device, flat: each request's `width` tokens cut at its count
+    (-1 after), the counts, the finished flags (0 or 1)."""
+    tokens = [t if j < c else -1 for row, c in zip(rows_h, counts_h) for j, t in enumerate(row[:width])]
+    return tokens + counts_h + [int(f) for f in finished_h]
+
+
+def _host_output(accept_index: torch.Tensor, rows_h: list[list[int]], counts_h: list[int], finished_h: list[bool],
+                 extend: DraftExtendInput, flat: Optional[torch.Tensor] = None) -> VerifyOutput:
+    """The VerifyOutput of a batch whose finished requests leave it, from what the read gave on the
+    host: `output_values` in one host-to-device copy (`flat`: that copy, made earlier), and
+    `accept_index` (the verify's, `(bs, num_steps + 1)`) cut on the device (what `_cut` gives)."""
+    bs, width = accept_index.shape
+    if flat is None:
+        values = output_values(rows_h, counts_h, finished_h, width)
+        flat = torch.tensor(values, dtype=torch.int64).to(accept_index.device)
+    counts = flat[bs * width: bs * (width + 1)]
+    return _output(flat[: bs * width].view(bs, width), _cut(accept_index, counts), counts,
+                   flat[bs * (width + 1):] != 0, extend)
+
+
 def _emitted(rt: RuntimeState, vout: VerifyOutput, rows_h: list[list[int]], counts_h: list[int],
              finished_h: list[bool]) -> VerifyOutput:
     """Keep the host copies of what the engine emits (tokens per request, counts, finished) in
@@ -99,13 +129,17 @@ def _emitted(rt: RuntimeState, vout: VerifyOutput, rows_h: list[list[int]], coun
 
 
 def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor,
-                  ext_slots: torch.Tensor, counts_h: list[int], built: Any = None) -> VerifyOutput:
+                  ext_slots: torch.Tensor, counts_h: list[int], built: Any = None, shrunk: Any = None) -> VerifyOutput:
     """The VerifyOutput when every request goes on and the rest of the iteration was launched
     ahead (`executors.ahead.LaunchAhead.launch_ahead`, which also committed the accepted nodes' slots on the
     device). Built without a host read or a host-to-device copy, so the host works here while the
     device runs the launched phases: counts are the device's (no request was cut), ragged rows are
     gathered with sizes the host knows, and unused slots are picked by a stable sort; or `built`, the
-    same tensors the launched graphs built (`FastOptions.bookkeeping="triton"`: `executors.ahead_slots`)."""
+    same tensors the launched graphs built (`FastOptions.bookkeeping="triton"`: `executors.ahead_slots`).
+    `shrunk` (`executors.ahead_state.Shrunk`): some requests finished and the launch went on for the
+    others; `counts_h`, `built` and the draft-extend input are theirs, the output the whole batch's."""
+    if shrunk is not None:
+        inp, out, slots = shrunk.live, shrunk.out, shrunk.slots
     rows = _AheadRows(*built) if built is not None else _ahead_rows_torch(rt, inp, out, slots, ext_slots, counts_h)
     hidden = rows.hidden
     if hidden is not None:
@@ -116,6 +150,8 @@ def _ahead_output(rt: RuntimeState, inp: VerifyInput, out: VerifyCoreOut, slots:
         req_pool_indices=inp.req_pool_indices, num_accept_tokens_cpu=tuple(counts_h),
     )
     rt.runner.note_output(extend)
+    if shrunk is not None:
+        return _host_output(shrunk.accept_index, shrunk.rows, shrunk.counts, shrunk.finished, extend, shrunk.values)
     return VerifyOutput(accept_tokens=rows.accept_tokens, accept_indices=rows.accept_index,
                         num_correct_drafts=rows.num_correct, num_accept_tokens=rows.num_accept, finished=rows.finished,
                         draft_extend_input=extend)
@@ -284,24 +320,24 @@ class _HostIndex:
     needs no boolean-mask indexing (each of which would read a count back from the device).
 
     counts `(bs,)` int64 and finished `(bs,)` bool as `_stops_host` returns them; `live` the
-    unfinished requests; `acc_b`, `acc_j` (request, column) of every accepted node of every request
-    (row-major, as `mask.nonzero()` lists them); `ext_b`, `ext_j` the same over the live requests
-    only (`ext_b` indexes the live requests)."""
+    unfinished requests; `acc_b`, `acc_j` (request, column) of every accepted node of every live request
+    (row-major, as `mask.nonzero()` lists them); `ext_b`, `ext_j` the same with `ext_b` indexing the
+    live requests."""
 
     def __init__(self, counts: list[int], finished: list[bool], width: int, device: torch.device) -> None:
         live = [i for i, done in enumerate(finished) if not done]
-        acc_b = [b for b, c in enumerate(counts) for _ in range(c)]
-        acc_j = [j for c in counts for j in range(c)]
+        acc_b = [b for b in live for _ in range(counts[b])]
         ext_b = [i for i, b in enumerate(live) for _ in range(counts[b])]
         ext_j = [j for b in live for j in range(counts[b])]
-        parts = [counts, [int(f) for f in finished], live, acc_b, acc_j, ext_b, ext_j]
+        parts = [counts, [int(f) for f in finished], live, acc_b, ext_b, ext_j]
         flat = torch.tensor([v for part in parts for v in part], dtype=torch.int64)
         flat = flat.to(device)  # the stream is idle here (the stops just read the device)
         views, start = [], 0
         for part in parts:
             views.append(flat[start:start + len(part)])
             start += len(part)
-        self.counts, fin, self.live, self.acc_b, self.acc_j, self.ext_b, self.ext_j = views
+        self.counts, fin, self.live, self.acc_b, self.ext_b, self.ext_j = views
+        self.acc_j = self.ext_j
         self.finished = fin != 0
         self.width = width
         self.accepted = len(acc_b)
@@ -314,7 +350,9 @@ def _cut(t: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 def _commit_kv(rt: RuntimeState, inp: VerifyInput, slots: torch.Tensor, accept_index: torch.Tensor,
                index: _HostIndex) -> None:
-    """Point positions seq_len .. seq_len + a - 1 at the accepted nodes' slots; free the rest.
+    """Point positions seq_len .. seq_len + a - 1 of the requests that go on at their accepted nodes'
+    slots; free the rest (a finished request's nodes all go back, as on the launched paths: the
+    engine frees its row next, knowing that it holds its length before this verify).
 
     The root and accepted drafts got their KV in the verify forward, so committing is a slot-table
     write, no copy. `index` (host-built indices of the accepted nodes) avoids boolean masks."""

@@ -5,8 +5,10 @@ on the device before (or right after) the host reads the verify, with no host wo
 `LaunchAhead` is the part of `executors.static.GraphRunner` that runs this protocol: `read_verify`
 (the verify phase's one host read, and the launches around it), `prepare_ahead` / `cancel_ahead`
 (slots staged before the read), `launch_ahead` (the two graph launches), `settle_ahead` / `revoke_ahead`
-(a launch queued before the read that the read allows or refuses), `take_*` / `note_output` /
-`discard_ahead` (the phases take launched results only with the very object they belong to). It
+(a launch queued before the read that the read allows or refuses), `launch_shrunk` (the read
+found some requests finished: the launch goes on for the others, `executors.ahead_shrink`),
+`take_*` / `note_output` / `discard_ahead` (the phases take launched results only with the very
+object they belong to). It
 uses the runner's buffers, graphs and bucket views (`bufs`, `graphs`, `_draft_fn`, `_verify_fn`,
 `_extend_fn`, `bucket_for`, `_key`) and the state `GraphRunner.__init__` and `setup` create.
 """
@@ -22,6 +24,7 @@ from spec_schema import VerifyInput, VerifyOutput
 from .. import buffers as B
 from ..core_types import DraftCoreOut, ExtendCoreOut, VerifyCoreOut
 from ..executor import StopRead
+from .ahead_shrink import AheadShrink
 from .ahead_slots import AheadSlots
 from .ahead_state import HostRows, Launched, Prepared, VerifiedRows, ahead_allowed
 from .ahead_torch import ahead_extend_in_torch, ahead_extend_out_torch, live_mask, live_or_pad
@@ -30,7 +33,7 @@ from .graphs import copy_packed, head_rows, tensors_in
 __all__ = ["HostRows", "LaunchAhead", "Launched", "Prepared", "VerifiedRows"]
 
 
-class LaunchAhead(AheadSlots):
+class LaunchAhead(AheadSlots, AheadShrink):
     """The launch-ahead protocol of `GraphRunner` (see the module docstring)."""
 
     # ---- the verify phase's read, and the launches around it ------------------------------------
@@ -38,12 +41,13 @@ class LaunchAhead(AheadSlots):
     def read_verify(self, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor, host_rows: Optional["HostRows"],
                     greedy: bool, sim: bool, budget: Sequence[int], room: Optional[Sequence[int]],
                     read: Callable[[Optional["HostRows"]], StopRead],
-                    build: Callable[[torch.Tensor, list[int], Any], VerifyOutput]) -> tuple[StopRead, Optional[VerifyOutput]]:
+                    build: Callable[..., VerifyOutput], shrink: bool = False) -> tuple[StopRead, Optional[VerifyOutput]]:
         """`Executor.read_verify`: stage a launch before the read (`prepare_ahead`); for small batches
         that nothing but a stop token can stop this iteration, launch before the read
         (`may_launch_before_read`), so that the device goes on while the host reads; read (`read`, the
         one sync); then settle, launch or cancel as the read allows. When launched, the VerifyOutput is
-        `build(ext_slots, counts)`, its device work queued beside the launched graphs (`bookkeeping`)."""
+        `build(ext_slots, counts)`, its device work queued beside the launched graphs (`bookkeeping`).
+        `shrink`: when some requests finish, launch for the others (`AheadShrink.launch_shrunk`)."""
         bs = len(inp)
         # bookkeeping beside the launched graphs (with bookkeeping="triton" they do it themselves)
         side = 0 < bs <= self.before_read_bs and self.backend.bookkeeping != "triton"
@@ -66,6 +70,8 @@ class LaunchAhead(AheadSlots):
             raise
         if early:  # a stop token refuses the launch: undo it and go the host way
             prepared = self.settle_ahead(finished, counts, room, inp.seq_lens, inp.req_pool_indices)
+        elif prepared and shrink and any(finished) and self.may_shrink(finished, counts, room):  # for those going on
+            return (counts, finished, rows), self.launch_shrunk(inp, counts, finished, rows, room, sim, build)
         elif prepared and not self.can_launch_ahead(finished, counts, room):
             self.cancel_ahead()
             prepared = False

@@ -10,7 +10,7 @@ import torch
 from ..core_types import DraftCoreOut, ExtendCoreOut, VerifyCoreOut
 from ..verify import stacked_rows
 
-__all__ = ["HostRows", "Launched", "Prepared", "VerifiedRows", "ahead_allowed"]
+__all__ = ["HostRows", "Launched", "LiveRows", "Prepared", "Shrunk", "VerifiedRows", "ahead_allowed"]
 
 
 def ahead_allowed(finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]]) -> bool:
@@ -78,3 +78,25 @@ class Prepared(NamedTuple):
     slots: torch.Tensor  # (bs, num_draft) target slots of the launched verify
     sim_state: Optional[torch.Tensor]  # the simulated-acceptance generator before its draw
     staged: bool  # the slots were allocated here (torch bookkeeping); else the ahead graph allocates them
+
+
+class LiveRows(NamedTuple):
+    """The verify input's fields a launched draft-extend's rows need, for the requests that go on."""
+
+    seq_lens: torch.Tensor  # (m,) lengths before the verify
+    req_pool_indices: torch.Tensor  # (m,) request rows
+
+
+class Shrunk(NamedTuple):
+    """What verify's output needs when some requests finished and the launch went on for the others
+    (`executors.ahead_shrink`): the live requests' rows of the verify (compacted, as the launched
+    draft-extend read them) and the whole batch's accepted nodes and host read."""
+
+    live: LiveRows
+    out: Optional[VerifyCoreOut]  # (m, ...) the live requests' verify outputs (torch bookkeeping; else None)
+    slots: Optional[torch.Tensor]  # (m, num_draft) their tree slots (torch bookkeeping; else None)
+    accept_index: torch.Tensor  # (bs, num_steps + 1) the whole batch's, before the stops' cut
+    counts: list[int]  # (bs,) tokens each request emits
+    finished: list[bool]  # (bs,)
+    rows: list[list[int]]  # (bs,) the host token rows of the read
+    values: torch.Tensor  # `verify.output_values` of the read, on the device (copied before the launch)
