@@ -1,6 +1,6 @@
 """Write src/spec_train/prompts_mix.jsonl: chat, plain-text and code prompts for draft self-distillation.
 
-    python scripts/make_mix_prompts.py [--out FILE]
+    python scripts/make_mix_prompts.py [--out FILE] [--tokenizer DIR]
 
 Three kinds, one JSON object a line (`spec_train.data.load_prompts` reads them):
 - `chat`: the instruction prompts of `scripts/make_train_prompts.py`, in its order, encoded with the
@@ -12,9 +12,18 @@ Three kinds, one JSON object a line (`spec_train.data.load_prompts` reads them):
 
 Held out (`"split": "held_out"`): text and code from packages and modules disjoint from the training
 ones (a name is held out when its CRC-32 is 0 mod 5), so the held-out texts are unseen. Each row
-records its `source` (`name==version:path:line`). Deterministic for the same Python and package
-versions: re-running rewrites the same file (the shipped file came from Python 3.11.7 and the
-packages of this project's venv; the sources recorded in each row say which).
+records its `source` (`name==version:path:line`).
+
+Version 2 appends training rows (`"version": 2`, `"split": "train"`) and keeps every row without
+that key verbatim (the first file came from Python 3.11.7 and the packages of this project's venv
+then; its rows no longer regenerate bit for bit, so they are read back, not rebuilt). The new rows:
+more paragraphs of package descriptions and docstrings (modules, classes, functions), the docs
+packages ship (`.md`, `.rst`, `.txt`), and openings of functions, methods and classes, from the
+standard library and from the installed packages under a permissive licence (MIT, BSD, Apache, PSF,
+ISC); never from a held-out package or module, vendored copies, tests or generated files; openings of
+20-200 tokens of the target's tokenizer, of lengths picked per source; none repeating an existing
+opening or sharing a 10-word run with a held-out row. Re-running rewrites the same file for the same
+Python and packages.
 """
 
 import argparse
@@ -42,6 +51,7 @@ MARKUP = r"```|>>>|::|\|\s|\bhttps?://|[{}\[\]<>=_`*#]"
 """What a prose paragraph never holds (version 2 allows `_`, as in "sort_keys is true")."""
 CODE_LINES = (6, 14)
 STD = f"python=={platform.python_version()}"
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 def held_out(name: str) -> bool:
@@ -412,7 +422,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         ap.error(f"--out {args.out}: no directory {args.out.parent}")
     count = _token_counter(args.tokenizer)
     base = _base_lines(args.out)
-    more = build_more([json.loads(line) for line in base], count, Path(sysconfig.get_paths()["stdlib"]))
+    more = build_more([json.loads(line) for line in base], count, STDLIB)
     args.out.write_text("".join(base) + "".join(json.dumps(r) + "\n" for r in more))
     rows = [json.loads(line) for line in base] + more
     print(f"{len(rows)} prompts -> {args.out}: " + ", ".join(f"{k} {v}" for k, v in counts(rows).items()))
