@@ -4,6 +4,7 @@ package or module or repeats an opening; the counts are those drafts/README.md g
 keeps the first rows verbatim, replaces its own and refuses a bad `--out` in one line."""
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import re
@@ -120,12 +121,13 @@ REPEAT = ("Repeated words alpha beta gamma delta epsilon zeta eta theta iota kap
 
 def _fake_stdlib(root: Path) -> Path:
     """`kept.py`: a fresh paragraph, one sharing a run with a held-out row, one a training row already
-    has, a long and a short function; `unseen.py` (a held-out name): a fresh paragraph."""
+    has, a long and a short (4-line) function; `unseen.py` (a held-out name): a fresh paragraph."""
     root.mkdir()
     (root / "kept.py").write_text(
         f'"""{PROSE.strip()}\n\n{HELD}\n\n{REPEAT}\n"""\n\n\n'
         "def long(a, b):\n" + "".join(f"    x{i} = a + b + {i}\n" for i in range(8)) + "    return x0\n\n\n"
-        "def short(a):\n    return a\n")
+        "def short(a, b, c, d, e, f, g, h, i, j, k, l):\n    x = a + b + c + d + e + f + g + h\n"
+        "    y = x + i + j + k + l + 1 + 2 + 3\n    return y\n")
     (root / "unseen.py").write_text(f'"""Another fresh paragraph that is long enough. {PROSE.strip()}"""\n')
     return root
 
@@ -133,7 +135,7 @@ def _fake_stdlib(root: Path) -> Path:
 def test_script_keeps_first_rows_and_replaces_its_own(script, tmp_path: Path, monkeypatch) -> None:
     """Only the fresh paragraph of the allowed module and its long function are appended."""
     assert _held("unseen.py") and not _held("kept.py")
-    held = {"prompt": " ".join(HELD.split()[:14]), "kind": "text", "template": False, "split": "held_out",
+    held = {"prompt": " ".join(HELD.split()[2:16]), "kind": "text", "template": False, "split": "held_out",
             "source": "x==1:METADATA:1"}
     first = ['{"prompt":  "Say hi.", "kind": "chat"}\n', json.dumps(held) + "\n",
              json.dumps({"prompt": REPEAT, "kind": "text", "split": "train"}) + "\n"]
@@ -165,3 +167,23 @@ def test_script_refuses_a_bad_out_file_in_one_line(script, tmp_path: Path, monke
     with pytest.raises(SystemExit, match=rf"^--out {re.escape(str(out))} line 2: not a JSON object$"):
         script.main(["--out", str(out)])
     assert out.read_text() == '{"prompt": "ok"}\nnot json\n'
+
+
+@pytest.mark.parametrize("meta, ok", [
+    ("License-Expression: MIT", True), ("Classifier: License :: OSI Approved :: BSD License", True),
+    ("License: Apache 2.0", True), ("License-Expression: GPL-3.0-only", False),
+    ("License: MPL-2.0 AND MIT", False), ("Summary: no licence said", False)])
+def test_new_sources_are_permissively_licensed(script, tmp_path: Path, meta: str, ok: bool) -> None:
+    info = tmp_path / "pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n{meta}\n")
+    assert script._permissive(importlib.metadata.PathDistribution(info)) is ok
+
+
+def test_new_sources_skip_copies_tests_and_held_out_names(script) -> None:
+    held_names, held_paths = {"rich"}, {"json/decoder.py"}
+    assert script._allowed("pkg/main.py", held_names, held_paths)
+    for rel in ("pip/_vendor/idna/main.py", "setuptools/_distutils/main.py", "pkg/tests/main.py",
+                "pkg/rich/main.py", "pkg/_rich.py", "pkg/json/decoder.py"):
+        assert not script.held_out(rel) and not script._allowed(rel, held_names, held_paths), rel
+    assert script.held_out("unseen.py") and not script._allowed("unseen.py", set(), set())
