@@ -159,9 +159,9 @@ def build() -> list[dict]:
 
 VERSION = 2
 """Rows this version appends carry `"version": 2`; rows without the key are the first file's."""
-MORE = {"text": {"python": 350, "packages": 350}, "code": {"python": 550, "packages": 450}}
-"""Training rows appended per kind, from the standard library and from the installed packages (the
-held-out rows are mostly the standard library's)."""
+MORE = {"text": {"python": 350, "docs": 140, "packages": 210}, "code": {"python": 550, "packages": 450}}
+"""Training rows appended per kind and origin: the standard library, the installed packages' descriptions
+and docs (`docs`), their Python files (the held-out rows are mostly the standard library's)."""
 PER_GROUP = {"text": 24, "code": 32}
 """At most this many new rows from one distribution or one standard-library top-level module."""
 PER_FILE = 6
@@ -184,6 +184,12 @@ NOT_PERMISSIVE = re.compile(r"GPL|MPL|Mozilla|proprietary", re.I)
 OWN = {"spec-runtime", "spec-schema"}
 """This project's own distributions: never a source."""
 SUFFIXES = {".py", ".md", ".rst", ".txt"}
+BOILERPLATE = re.compile(r"licen[cs]ed under|warrant|copyright|all rights reserved|permission is hereby granted", re.I)
+"""Licence text: never a new prose row."""
+INLINE_MARKUP = ((r"!?\[([^\]]*)\]\([^)]*\)", r"\1"), (r"`+_?", ""), (r":[a-z:]+:(?=\w)", ""),
+                 (r"(\*\*|__|\*)(\S[^*]*?\S|\S)\1", r"\2"))
+"""Markdown and reStructuredText inline markup of docs and descriptions, removed before the prose test:
+links and images (their text kept), literals, roles, emphasis."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,13 @@ def sources(stdlib: Path) -> Iterator[Source]:
             yield Source(name, label, rel, Path(str(dist.locate_file(rel))))
 
 
+def _plain(par: str) -> str:
+    """A docs paragraph without its inline markup (`INLINE_MARKUP`)."""
+    for pattern, repl in INLINE_MARKUP:
+        par = re.sub(pattern, repl, par)
+    return par
+
+
 def _read(src: Source) -> Optional[str]:
     if src.path is None:
         return src.body
@@ -288,8 +301,8 @@ def candidates(src: Source) -> Iterator[Candidate]:
     tree = _parse(text) if src.rel.endswith(".py") else None
     if src.rel.endswith(".py") and tree is None:
         return
-    pars = _docstrings_of(tree) if tree else _paragraphs(text)
-    found = [("text", n, tuple(p.split())) for n, p in pars if _is_prose(p, *PROSE_V2)]
+    pars = _docstrings_of(tree) if tree else ((n, _plain(p)) for n, p in _paragraphs(text))
+    found = [("text", n, tuple(p.split())) for n, p in pars if _is_prose(p, *PROSE_V2) and not BOILERPLATE.search(p)]
     if tree:
         lines = text.splitlines()
         found += [("code", n, u) for n, u in _definitions(tree, lines)]
@@ -340,7 +353,7 @@ def fit(c: Candidate, count: Callable[[str], int]) -> Optional[str]:
 
 def build_more(base: list[dict], count: Callable[[str], int], stdlib: Path) -> list[dict]:
     """The appended training rows: `MORE[kind][origin]` each, round-robin over sources (each file's best
-    candidate first), at most `PER_GROUP[kind]` per group, none repeating an existing opening (the
+    candidate first), at most `PER_GROUP[kind]` per group and origin, none repeating an existing opening (the
     same normalised text or first `PREFIX_WORDS` words) or sharing a `SHINGLE`-word run with a
     held-out row."""
     cands = [c for src in sources(stdlib) for c in candidates(src)]
@@ -348,21 +361,26 @@ def build_more(base: list[dict], count: Callable[[str], int], stdlib: Path) -> l
     seen = {k for r in base for k in _keys(r["prompt"])}
     rows = []
     for kind in ("text", "code"):
-        per_group: dict[str, int] = {}
+        per_group: dict[tuple[str, str], int] = {}
         taken = dict.fromkeys(MORE[kind], 0)
         for c in sorted((c for c in cands if c.kind == kind), key=lambda c: (c.rank, zlib.crc32(c.source.encode()))):
-            origin = "python" if c.source.startswith(STD + ":") else "packages"
-            if taken[origin] >= MORE[kind][origin] or per_group.get(c.group, 0) >= PER_GROUP[kind]:
+            origin = _origin(c)
+            if taken[origin] >= MORE[kind][origin] or per_group.get((origin, c.group), 0) >= PER_GROUP[kind]:
                 continue
             prompt = fit(c, count)
             if prompt is None or seen & set(_keys(prompt)) or held & shingles(prompt):
                 continue
             seen.update(_keys(prompt))
-            per_group[c.group] = per_group.get(c.group, 0) + 1
+            per_group[origin, c.group] = per_group.get((origin, c.group), 0) + 1
             taken[origin] += 1
             rows.append({"prompt": prompt, "kind": kind, "template": False, "split": "train", "source": c.source,
                          "version": VERSION})
     return rows
+
+
+def _origin(c: Candidate) -> str:
+    """`python` (the standard library), `docs` (a package's description or doc file) or `packages`."""
+    return "python" if c.source.startswith(STD + ":") else "packages" if c.source.split(":")[1].endswith(".py") else "docs"
 
 
 def _keys(prompt: str) -> tuple[str, str]:

@@ -187,3 +187,14 @@ def test_new_sources_skip_copies_tests_and_held_out_names(script) -> None:
                 "pkg/rich/main.py", "pkg/_rich.py", "pkg/json/decoder.py"):
         assert not script.held_out(rel) and not script._allowed(rel, held_names, held_paths), rel
     assert script.held_out("unseen.py") and not script._allowed("unseen.py", set(), set())
+
+
+def test_docs_paragraphs_lose_markup_and_licence_text(script) -> None:
+    """A package description's paragraphs: inline markup removed before the prose test, licence text never."""
+    body = ("Use the **fast** path: see [the guide](https://example.org/guide) and ``run()`` for details, or "
+            "call :func:`start` when the service runs in the background. It keeps going.\n\n"
+            "Licensed under the Apache License, Version 2.0; you may not use this file except in compliance "
+            "with the License. You may obtain a copy of the License from its authors.\n")
+    found = list(script.candidates(script.Source("pkg", "pkg==1.0", "METADATA", body=body)))
+    assert [(c.kind, c.source) for c in found] == [("text", "pkg==1.0:METADATA:1")]
+    assert " ".join(found[0].units).startswith("Use the fast path: see the guide and run() for details, or call start when")
