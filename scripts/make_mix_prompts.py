@@ -163,7 +163,7 @@ MORE = {"text": {"python": 350, "docs": 140, "packages": 210}, "code": {"python"
 """Training rows appended per kind and origin: the standard library, the installed packages' descriptions
 and docs (`docs`), their Python files (the held-out rows are mostly the standard library's)."""
 PER_GROUP = {"text": 24, "code": 32}
-"""At most this many new rows from one distribution or one standard-library top-level module."""
+"""At most this many new rows of one origin from one distribution or standard-library top-level module."""
 PER_FILE = 6
 FILES_PER_DIST = 160
 TOKENS = (20, 200)
