@@ -78,3 +78,26 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert last.startswith("python -m spec_train.token_map: error: ")
     assert re.search(message, last), last
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_trainer_writes_the_map_beside_an_eagle1_draft(train_root: Path, toy_target: Path, toy_prompts_file: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    """`spec-runtime train --token-map-size N` (EAGLE): `token_map.pt` of the run's training continuations
+    (the data cache's), read by the loader by default; other algorithms refuse the flag on one line."""
+    from spec_runtime.cli import main as cli_main
+
+    out = train_root / "cli_eagle1_map"
+    flags = ["--target", str(toy_target), "--prompts", str(toy_prompts_file), "--steps", "2",
+             "--max-new-tokens", "4", "--no-progress", "--data-cache", str(train_root / "map_data.pt")]
+    assert cli_main(["train", "--algorithm", "EAGLE", "--output", str(out), *flags, "--token-map-size", "24"]) == 0
+    cache = torch.load(train_root / "map_data.pt", weights_only=True)
+    expected = hot_token_ids(Sequences.from_dict(cache["data"]).continuation_tokens(), VOCAB, 24)
+    assert torch.equal(read_token_map(out / "token_map.pt", VOCAB), expected)
+    assert load_eagle1(out, load_target(toy_target)).vocab_size == 24
+    capsys.readouterr()
+    assert cli_main(["train", "--algorithm", "EAGLE3", "--output", str(train_root / "e3_map"), *flags,
+                     "--token-map-size", "24"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("spec-runtime train: error: --token-map-size: only EAGLE drafts take a hot-token map, not EAGLE3 "
+                   "(its draft vocabulary is --draft-vocab-size)"), err
+    assert not (train_root / "e3_map").exists()
