@@ -81,6 +81,22 @@ def test_map_restricts_and_maps_the_proposals(llama_dir: Path, eagle1_dir: Path,
     assert not bool(torch.isin(s_full.topk_index, ids).all())  # the map changes what is proposed
 
 
+def test_map_cuts_a_heads_own_lm_head(llama_dir: Path, eagle1_dir: Path, tmp_path: Path) -> None:
+    """A head with its own `lm_head.weight` scores that head's rows of the map (not the target's)."""
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "own"
+    shutil.copytree(eagle1_dir, d)
+    sd = load_file(str(d / "model.safetensors"))
+    own = torch.randn(VOCAB, sd["fc.weight"].shape[0], generator=torch.Generator().manual_seed(7))
+    save_file({**sd, "lm_head.weight": own}, str(d / "model.safetensors"))
+    ids = _write(tmp_path / "m.pt", _hot_ids(20, seed=2))
+    head = load_eagle1(d, load_target(llama_dir), token_map=ids)
+    h = torch.randn(3, own.shape[1])
+    torch.testing.assert_close(head.compute_logits(h), h @ own[torch.load(ids)].T)
+    assert head.lm_head is None  # the full own head is dropped once cut
+
+
 def test_permuted_whole_vocabulary_map_proposes_as_no_map(llama_dir: Path, eagle1_dir: Path,
                                                          tmp_path: Path) -> None:
     """A map of every id in a shuffled order changes no proposal: each draft index is read back as its
