@@ -40,6 +40,7 @@ FLAGS = {
     "dtype": "--dtype",
     "max_context": "--max-context",
     "seed": "--seed",
+    "token_map": "--speculative-token-map",
 }
 """The CLI flag of each setting a validation error may name."""
 DTYPES = ("float32", "bfloat16", "float16")
@@ -67,6 +68,9 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-eagle-topk", type=int, default=4, help="with --draft: branching of the tree")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=8,
                    help="with --draft: tree size per request, the root included")
+    p.add_argument("--speculative-token-map", default=None, metavar="FILE",
+                   help="with an EAGLE --draft: hot-token map it drafts from (sglang's format; default: the "
+                        "draft directory's token_map.pt when present; 'none': the whole vocabulary)")
 
 
 def _generate_flags(gen: argparse.ArgumentParser) -> None:
@@ -379,7 +383,13 @@ def _load_engine(args: argparse.Namespace) -> Any:
         num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
         num_draft_tokens=args.speculative_num_draft_tokens, dtype=dtype,
         device=args.device, max_context=args.max_context, seed=args.seed, executor=args.executor,
+        token_map=_token_map_arg(args.speculative_token_map),
     )
+
+
+def _token_map_arg(value: Optional[str]) -> Optional[str]:
+    """`--speculative-token-map` as `from_pretrained`'s `token_map`: unset "auto", "none" None."""
+    return "auto" if value is None else None if value.lower() == "none" else value
 
 
 def _token_ids(text: str, flag: str, negative_ok: bool = True) -> list[int]:

@@ -13,6 +13,7 @@ import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -92,6 +93,27 @@ def _check_settings(algorithm: Any, dtype: Any, values: dict[str, Any]) -> tuple
     return alg, ints
 
 
+def _token_map_setting(alg: SpecAlgorithm, draft: Any, token_map: Any, target: Any) -> dict[str, Any]:
+    """The draft loader's `token_map` argument, its file read and checked against the target's
+    vocabulary size (from its config) before any model loads; `SetupError` for a map given to a draft
+    that takes none (EAGLE-3 heads carry their own `d2t`)."""
+    from .models.loading import AUTO, read_config, read_token_map, resolve_token_map
+
+    auto = isinstance(token_map, str) and token_map == AUTO
+    if not SpecAlgorithm(alg).traits.hot_token_map:
+        if token_map is not None and not auto:
+            raise SetupError("token_map", f"token_map: {alg.value} drafts take no hot-token map (only EAGLE "
+                                          f"heads do), got {token_map!r}")
+        return {}
+    if not (auto or token_map is None or isinstance(token_map, (str, Path))):
+        raise SetupError("token_map", f"token_map must be a file path, None or 'auto', got {type(token_map).__name__}")
+    path = resolve_token_map(draft, token_map)
+    if path is not None:
+        vocab = read_config(target)["vocab_size"] if isinstance(target, (str, Path)) else target.config.vocab_size
+        read_token_map(path, vocab)
+    return {"token_map": token_map}
+
+
 class RequestError(ValueError):
     """A request was rejected (empty prompt, too long, bad parameters); other requests go on."""
 
@@ -161,11 +183,15 @@ class SpecEngine:
         max_context: int = 1024,
         seed: int = 0,
         executor: str = "auto",
+        token_map: Any = "auto",
     ) -> "SpecEngine":
         """Load a target (directory or transformers model) and a draft directory, and size the caches.
 
         `executor`: "auto" (the default) replays CUDA graphs on a CUDA device and runs eagerly
         elsewhere (`resolve_executor`); "eager", "static" or "cuda_graph" choose explicitly.
+        `token_map` (EAGLE only): a hot-token map file the draft scores instead of the whole vocabulary
+        (`models.loading.read_token_map`), None for the whole vocabulary, "auto" for the draft
+        directory's `token_map.pt` when it has one; checked before any model is loaded.
 
         A bad setting raises `SetupError` (a ValueError) on one line naming the argument: the
         algorithm, dtype, int arguments, device and executor before any model is loaded; the tree
@@ -179,8 +205,9 @@ class SpecEngine:
             "max_batch_size": max_batch_size, "max_context": max_context, "seed": seed})
         check_device(device)
         chosen = resolve_executor(executor, device)
+        map_kw = _token_map_setting(alg, draft, token_map, target)
         t = load_target(target, dtype, device)
-        d = DRAFT_LOADERS[alg](draft, t, dtype, device)
+        d = DRAFT_LOADERS[alg](draft, t, dtype, device, **map_kw)
         try:
             rt = Runtime.create(t, d, alg, **ints, executor=chosen)
         except ValidationError as err:

@@ -49,8 +49,9 @@ def build_spec_config(
         # the default aux layers.
         ids = getattr(draft, "aux_layer_ids", None)
         d_dims = d_dims.model_copy(update={"aux_layer_ids": tuple(ids) if ids else d_dims.aux_layer_ids})
-    else:
-        d_dims = d_dims.model_copy(update={"draft_vocab_size": None, "aux_layer_ids": None,
+    else:  # an EAGLE-1 head cut to a hot-token map scores fewer tokens than the target's
+        hot = draft.vocab_size if draft.vocab_size != t_dims.vocab_size else None
+        d_dims = d_dims.model_copy(update={"draft_vocab_size": hot, "aux_layer_ids": None,
                                            "num_aux_hidden_states": None, "target_hidden_size": None})
     return SpecConfig(algorithm=algorithm, target=t_dims, draft=d_dims, num_steps=num_steps, topk=topk,
                       num_draft_tokens=num_draft_tokens)

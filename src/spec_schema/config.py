@@ -46,6 +46,9 @@ class AlgorithmTraits:
         shares_lm_head: the draft scores tokens with the target's lm_head unless it carries its own
             (an EAGLE-3 head always has its own, over its draft vocabulary).
         draft_vocab_map: how draft-vocabulary ids become target ids: "identity" or "d2t" offsets.
+        hot_token_map: the draft may score a hot subset of the target vocabulary instead (FR-Spec,
+            sglang's `--speculative-token-map`: the shared lm_head cut to those rows, draft ids mapped
+            back as `d2t` offsets); the draft's `draft_vocab_size` is then the map's size.
         has_aux_layers: the algorithm may capture several target layers (EAGLE-3).
         draft_sequence: what the draft's KV holds. "shifted" (EAGLE heads): the pairs (token
             t_{j+1}, target hidden state j) at position j, so the draft never reads t_0 and its KV
@@ -59,6 +62,7 @@ class AlgorithmTraits:
     draft_vocab_map: Literal["identity", "d2t"]
     has_aux_layers: bool
     draft_sequence: DraftSequence
+    hot_token_map: bool = False
 
     @property
     def draft_kv_lead(self) -> int:
@@ -78,6 +82,7 @@ TRAITS: Mapping[SpecAlgorithm, AlgorithmTraits] = {
         draft_vocab_map="identity",
         has_aux_layers=False,
         draft_sequence="shifted",
+        hot_token_map=True,
     ),
     SpecAlgorithm.EAGLE3: AlgorithmTraits(
         draft_reads_hidden=True,
@@ -297,10 +302,11 @@ class SpecConfig(BaseModel):
             )
         if self.target.draft_vocab_size is not None:
             raise ValueError("draft_vocab_size belongs to the draft (an EAGLE-3 head), not the target")
-        if self.draft.draft_vocab_size is not None and not self.traits.draft_vocab_map == "d2t":
+        if self.draft.draft_vocab_size is not None and not (self.traits.draft_vocab_map == "d2t"
+                                                             or self.traits.hot_token_map):
             raise ValueError(
-                f"{self.algorithm.value} drafts score the target vocabulary; "
-                f"draft_vocab_size {self.draft.draft_vocab_size} is only valid for EAGLE3"
+                f"{self.algorithm.value} drafts score the target vocabulary; draft_vocab_size "
+                f"{self.draft.draft_vocab_size} is only valid for EAGLE3 (d2t) and EAGLE (a hot-token map)"
             )
 
     def _check_topk(self) -> None:

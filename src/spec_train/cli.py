@@ -27,7 +27,7 @@ _FIELDS = (
     ("warmup_steps", int), ("ttt_steps", int), ("draft_vocab_size", int), ("head_intermediate_size", int),
     ("draft_hidden_size", int), ("draft_layers", int), ("draft_heads", int), ("draft_kv_heads", int),
     ("draft_intermediate_size", int), ("save_every", int), ("gen_batch_size", int), ("seed", int),
-    ("device", str), ("profile_steps", int),
+    ("device", str), ("profile_steps", int), ("token_map_size", int),
 )
 
 
@@ -70,6 +70,8 @@ _HELP = {
                  "lm_head rows moved to their tokens' new indices, new tokens' rows from the target's output "
                  "rows (--keep-draft-vocab keeps the saved one)",
     "draft_heads": "STANDALONE: attention heads (divide --draft-hidden-size)",
+    "token_map_size": "EAGLE: also write OUTPUT/token_map.pt, this many most frequent continuation tokens of the "
+                      "training data (a hot-token map: the runtime's and sglang's --speculative-token-map)",
     "profile_steps": "profile this many training steps after one warm-up step (torch.profiler): OUTPUT/profile.txt "
                      "(seconds per step, host syncs per step, top operators) and OUTPUT/profile_trace.json.gz",
 }

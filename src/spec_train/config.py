@@ -34,7 +34,9 @@ class TrainConfig(BaseModel):
     `profile_steps` > 0 profiles that many steps after one warm-up step (`spec_train.profiling`:
     `output/profile.txt`, the top operators and host syncs per step, and a Chrome trace).
     `cache_target` runs the frozen target once over the training sequences and keeps its hidden states
-    on the device (`spec_train.target_cache`) instead of running it every step.
+    on the device (`spec_train.target_cache`) instead of running it every step. `token_map_size` (EAGLE
+    only) also writes `token_map.pt` beside the draft: that many most frequent continuation tokens of the
+    training data (`spec_train.token_map`), the hot-token map the runtime and sglang read.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -80,6 +82,7 @@ class TrainConfig(BaseModel):
     progress: bool = True
     profile_steps: int = Field(0, ge=0)
     cache_target: bool = False
+    token_map_size: Optional[int] = Field(None, ge=1)
 
     @field_validator("aux_layer_ids")
     @classmethod
@@ -91,7 +94,8 @@ class TrainConfig(BaseModel):
     def fingerprint(self) -> dict:
         """The options a resumed run must share with the saved one (all but the step count, the
         checkpoint cadence and the display)."""
-        skip = {"steps", "save_every", "progress", "device", "data_cache", "profile_steps", "cache_target"}
+        skip = {"steps", "save_every", "progress", "device", "data_cache", "profile_steps", "cache_target",
+                "token_map_size"}
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.model_dump().items() if k not in skip}
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from spec_runtime.models.base import CheckpointError
+from spec_runtime.models.loading import TOKEN_MAP_FILE
 from spec_schema import ModelDims, SpecAlgorithm, extend_width
 from spec_schema import default_aux_layer_ids as schema_default_aux_layer_ids
 from spec_train import checkpoint as ckpt
@@ -24,6 +25,7 @@ from spec_train.losses import (
     target_distribution,
     vocab_map,
 )
+from spec_train.token_map import hot_token_ids
 
 __all__ = ["DraftBuilder", "default_aux_layer_ids"]
 
@@ -54,6 +56,8 @@ class DraftBuilder(nn.Module):
         if cfg.init_from is not None:
             self._load_initial(cfg.init_from)
         self.draft.to(device)
+        self.hot_token_ids = None if cfg.token_map_size is None else hot_token_ids(
+            seqs.continuation_tokens(), target_cfg["vocab_size"], cfg.token_map_size)
 
     def _load_initial(self, directory: Path) -> None:
         """Start from the weights of a saved draft (its public layout); a draft of another algorithm
@@ -249,9 +253,13 @@ class DraftBuilder(nn.Module):
         )
 
     def save_public(self, directory: Path) -> None:
-        """Write config.json + model.safetensors in the algorithm's public layout."""
+        """Write config.json + model.safetensors in the algorithm's public layout (and an EAGLE head's
+        `token_map.pt` when `token_map_size` is set)."""
         dtype = torch.bfloat16 if self.cfg.save_dtype == "bfloat16" else torch.float32
         ckpt.save_draft(directory, self.public_config(), self.public_tensors(), dtype)
+        if self.hot_token_ids is not None:
+            ids = self.hot_token_ids
+            ckpt.atomic_write(directory / TOKEN_MAP_FILE, lambda p: torch.save(ids, p))
 
 
 def _remap_draft_vocab(saved: dict[str, torch.Tensor], head: TrainHead, target_rows: torch.Tensor,

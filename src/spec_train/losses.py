@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["distill_loss", "feature_loss", "head_step_loss", "restrict_to_draft_vocab", "step_mask",
-           "target_distribution", "vocab_map"]
+           "most_frequent", "target_distribution", "vocab_map"]
 
 
 def step_mask(lens: torch.Tensor, prompt_lens: torch.Tensor, length: int, step: int) -> torch.Tensor:
@@ -73,14 +73,20 @@ def distill_loss(student_logits: torch.Tensor, target_logp: torch.Tensor, mask: 
     return (kl * m).sum(), m.sum(), correct
 
 
+def most_frequent(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The `n` ids of the highest `counts` (`(vocab,)`, integral values), sorted by id; equal counts and
+    unseen tokens by id: a tiny descending tie-break keeps the choice deterministic."""
+    vocab = counts.numel()
+    score = counts.double() - torch.arange(vocab, dtype=torch.float64) / (2 * vocab)
+    return torch.topk(score, n).indices.sort().values
+
+
 def vocab_map(tokens: list[int], vocab: int, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE-3 draft vocabulary: the `draft_vocab` most frequent target tokens of the training
     continuations (ties and unseen tokens by id), sorted by id. Returns `d2t` (int64 offsets,
     `target = draft + d2t[draft]`) and `t2d` (bool membership over the target vocabulary)."""
     counts = torch.bincount(torch.tensor(tokens, dtype=torch.int64), minlength=vocab).double()
-    # Unseen tokens keep order by id: a tiny descending tie-break keeps the choice deterministic.
-    score = counts - torch.arange(vocab, dtype=torch.float64) / (2 * vocab)
-    chosen = torch.topk(score, draft_vocab).indices.sort().values
+    chosen = most_frequent(counts, draft_vocab)
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[chosen] = True
     return chosen - torch.arange(draft_vocab), t2d

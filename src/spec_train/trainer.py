@@ -70,6 +70,7 @@ def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
     if cfg.max_prompts is not None:
         prompts = prompts[:cfg.max_prompts]
     train, held = split_prompts(prompts, cfg.held_out_every, cfg.min_train_prompts, f"--prompts {cfg.prompts}")
+    _check_token_map_size(cfg, target_cfg["vocab_size"])
     if SpecAlgorithm(cfg.algorithm).traits.has_aux_layers:
         n = target_cfg["num_hidden_layers"]
         bad = [i for i in cfg.aux_layer_ids or () if not 0 <= i < n]
@@ -89,6 +90,17 @@ def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
         raise TrainError(f"--draft-heads {cfg.draft_heads}: --draft-hidden-size {cfg.draft_hidden_size} must be a "
                          f"multiple of --draft-heads, itself a multiple of --draft-kv-heads {cfg.draft_kv_heads}")
     return target_cfg, train, held
+
+
+def _check_token_map_size(cfg: TrainConfig, vocab: int) -> None:
+    size = cfg.token_map_size
+    if size is None:
+        return
+    if not SpecAlgorithm(cfg.algorithm).traits.hot_token_map:
+        raise TrainError(f"--token-map-size: only EAGLE drafts take a hot-token map, not {cfg.algorithm}"
+                         + (" (its draft vocabulary is --draft-vocab-size)" if cfg.algorithm == "EAGLE3" else ""))
+    if size > vocab:
+        raise TrainError(f"--token-map-size {size} exceeds the target vocab {vocab}")
 
 
 def _check_output(directory: Path, flag: str) -> None:

@@ -163,8 +163,9 @@ def test_config_topk_1_is_a_chain_of_num_steps_plus_1(num_steps, n):
             "draft_vocab_size belongs to the draft (an EAGLE-3 head), not the target",
         ),
         (
-            {"draft": ModelDims(hidden_size=32, vocab_size=128, draft_vocab_size=64)},
-            "EAGLE drafts score the target vocabulary; draft_vocab_size 64 is only valid for EAGLE3",
+            {"algorithm": "STANDALONE", "draft": ModelDims(hidden_size=32, vocab_size=128, draft_vocab_size=64)},
+            "STANDALONE drafts score the target vocabulary; draft_vocab_size 64 is only valid for EAGLE3 (d2t) "
+            "and EAGLE (a hot-token map)",
         ),
         (
             {

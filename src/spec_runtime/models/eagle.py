@@ -6,6 +6,12 @@ repo's default), `layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.mlp.{gate
 (else the target's). The feature is the target's post-final-norm hidden state; later draft steps feed
 the head's own output back, so the head width must equal the target's. Logits are an lm_head applied
 to the layer output with no norm.
+
+A hot-token map (FR-Spec; sglang's `--speculative-token-map`: `hot_token_ids`, target ids) cuts the
+lm_head to those rows once at load: the head then scores only them (`vocab_size` is their number) and
+`d2t` maps its top-k ids back to target ids (`target = draft + d2t[draft]`, EAGLE-3's table, which the
+Triton top-k and the frontier kernel apply in their own launch). The target verifies every token, so
+the output is unchanged; a token outside the map can never be drafted.
 """
 
 from collections.abc import Mapping
@@ -57,6 +63,8 @@ class Eagle1Head(EagleHeadBase):
         target: the target model; its embedding and lm_head are used unless the head has its own.
         bias: whether `fc` has a bias (config key `bias`, default True).
         own_embed, own_lm_head: whether the checkpoint carries `embed_tokens.weight` / `lm_head.weight`.
+
+    `set_token_map` (after the weights are loaded) cuts the lm_head to a hot-token set.
     """
 
     def __init__(
@@ -84,6 +92,21 @@ class Eagle1Head(EagleHeadBase):
             self.lm_head = nn.Linear(h, target.vocab_size, bias=False, dtype=dtype) if own_lm_head else None
         self.to_empty(device=torch.device(device)).requires_grad_(False)
         self.hidden_size, self.vocab_size = h, target.vocab_size
+        # the hot-token map's lm_head rows and id offsets (`set_token_map`); not in the state dict
+        self.register_buffer("hot_lm_head", None, persistent=False)
+        self.register_buffer("d2t", None, persistent=False)
+
+    def set_token_map(self, hot_token_ids: torch.Tensor) -> None:
+        """Score only `hot_token_ids` (`(n,)` distinct target ids, checked by the loader): their rows of
+        the lm_head (the head's own, which is then dropped, or the target's) are copied once, and
+        `d2t` maps draft index i to `hot_token_ids[i]`."""
+        if self.d2t is not None:
+            raise RuntimeError("this EAGLE-1 head already has a hot-token map (set_token_map runs once, at load)")
+        ids = hot_token_ids.to(device=self.fc.weight.device, dtype=torch.int64)
+        self.hot_lm_head = self.lm_head_weight.detach()[ids].contiguous()
+        self.lm_head = None  # an own full head is never read again
+        self.d2t = ids - torch.arange(ids.numel(), device=ids.device)
+        self.vocab_size = ids.numel()
 
     def load_state_dict_checked(self, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
         """Load EAGLE-1 keys (names and shapes checked)."""
@@ -111,11 +134,13 @@ class Eagle1Head(EagleHeadBase):
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        """`(vocab, H)` output projection: the head's own or the target's."""
+        """`(vocab_size, H)` output projection: the hot-token rows, else the head's own or the target's."""
+        if self.hot_lm_head is not None:
+            return self.hot_lm_head
         return self.lm_head.weight if self.lm_head is not None else self._target.lm_head_weight
 
     def compute_logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
-        """float32 `(T, vocab)`: the lm_head (own or target's) on the layer output, no norm."""
+        """float32 `(T, vocab_size)`: the lm_head (`lm_head_weight`) on the layer output, no norm."""
         return self.logits(h, ops).float()
 
     def logits(self, h: torch.Tensor, ops: TorchOps = TORCH_OPS) -> torch.Tensor:
@@ -123,5 +148,5 @@ class Eagle1Head(EagleHeadBase):
         return ops.lm_head(self, h)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Identity: EAGLE-1 drafts in the target vocabulary."""
-        return draft_ids
+        """Target ids of draft ids (any shape): `draft + d2t[draft]` under a hot-token map, else the ids."""
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]

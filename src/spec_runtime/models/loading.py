@@ -3,6 +3,9 @@
 A directory holds `config.json` and one of: `model.safetensors`, a sharded
 `model.safetensors.index.json`, `pytorch_model.bin` (read with `weights_only=True`) or a sharded
 `pytorch_model.bin.index.json`. Every loaded model carries the parsed config dict as `.hf_config`.
+
+An EAGLE-1 draft may carry a hot-token map (`TOKEN_MAP_FILE`, sglang's `--speculative-token-map`
+format: a `torch.save`d 1-D integer tensor of distinct target ids), read by `read_token_map`.
 """
 
 import json
@@ -21,6 +24,8 @@ from spec_runtime.models.llama import LlamaArch, LlamaForCausal, StandaloneDraft
 from spec_schema import SpecAlgorithm
 
 __all__ = [
+    "AUTO",
+    "TOKEN_MAP_FILE",
     "WEIGHT_FILES",
     "load_eagle1",
     "load_eagle3",
@@ -29,10 +34,19 @@ __all__ = [
     "read_config",
     "read_shapes",
     "read_state_dict",
+    "read_token_map",
+    "resolve_token_map",
 ]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
+
+
+TOKEN_MAP_FILE = "token_map.pt"
+"""An EAGLE-1 draft directory's hot-token map, used unless the caller names another or none."""
+
+AUTO = "auto"
+"""`token_map` value: the draft directory's `TOKEN_MAP_FILE` when it has one, else the full vocabulary."""
 
 
 # config.json keys every model here needs (a Llama-style decoder), each a positive int
@@ -168,11 +182,62 @@ def _head_arch(cfg: Mapping[str, Any]) -> LlamaArch:
     return LlamaArch.from_hf_config({**cfg, "model_type": cfg.get("model_type") or "llama"})
 
 
+def resolve_token_map(directory: str | Path, token_map: str | Path | None = AUTO) -> Path | None:
+    """The hot-token map file an EAGLE-1 draft in `directory` reads: `token_map` itself when it names
+    one, none for None, and for `AUTO` the directory's `TOKEN_MAP_FILE` when present."""
+    if token_map is None:
+        return None
+    if isinstance(token_map, str) and token_map == AUTO:
+        path = Path(directory) / TOKEN_MAP_FILE
+        return path if path.is_file() else None
+    return Path(token_map)
+
+
+def read_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
+    """A hot-token map file as `(n,)` int64 target ids, in the file's order (draft index i scores
+    target id ids[i]). `CheckpointError` on one line naming the file: unreadable, not a non-empty 1-D
+    integer tensor (or list of ints), an id outside [0, vocab_size), or an id listed twice."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"token map {path}: " + ("a directory, not a file" if path.is_dir() else "file not found"))
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # unpickling, zip and OS errors alike: the file is not a saved tensor
+        raise CheckpointError(f"token map {path}: cannot read it as a torch-saved id tensor "
+                              f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    ids = _token_map_ids(data, path)
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.numel():
+        raise CheckpointError(f"token map {path}: id {int(bad[0])} is outside the target vocabulary [0, {vocab_size})")
+    unique, counts = ids.unique(return_counts=True)
+    if bool((counts > 1).any()):
+        raise CheckpointError(f"token map {path}: id {int(unique[counts > 1][0])} is listed "
+                              f"{int(counts.max())} times; each id must appear once")
+    return ids
+
+
+def _token_map_ids(data: object, path: Path) -> torch.Tensor:
+    """The ids of a loaded map: an integer tensor or a list of ints, 1-D and non-empty."""
+    if isinstance(data, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        data = torch.tensor(data, dtype=torch.int64)
+    if not isinstance(data, torch.Tensor):
+        raise CheckpointError(f"token map {path}: holds a {type(data).__name__}, expected a 1-D integer tensor of target ids")
+    if data.dtype.is_floating_point or data.dtype.is_complex or data.dtype == torch.bool:
+        raise CheckpointError(f"token map {path}: dtype {data.dtype}, expected an integer dtype (int64)")
+    if data.dim() != 1 or data.numel() == 0:
+        raise CheckpointError(f"token map {path}: shape {tuple(data.shape)}, expected (n,) with n >= 1 target ids")
+    return data.to(torch.int64)
+
+
 def load_eagle1(directory: str | Path, target: LlamaForCausal, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu") -> Eagle1Head:
-    """Load an EAGLE-1 head (config `bias` defaults to True, as in the EAGLE repo)."""
+                device: torch.device | str = "cpu", token_map: str | Path | None = AUTO) -> Eagle1Head:
+    """Load an EAGLE-1 head (config `bias` defaults to True, as in the EAGLE repo). `token_map`: a
+    hot-token map file, None for the full vocabulary, `AUTO` for the directory's `TOKEN_MAP_FILE` if any;
+    the map is read and checked before the weights."""
     cfg = read_config(directory)
     _check_no_remote_code(cfg, str(directory))
+    map_path = resolve_token_map(directory, token_map)
+    hot = None if map_path is None else read_token_map(map_path, target.vocab_size)
     sd, source = read_state_dict(directory)
     sd = _strip_prefix(sd, "model.")
     head = Eagle1Head(
@@ -180,6 +245,8 @@ def load_eagle1(directory: str | Path, target: LlamaForCausal, dtype: torch.dtyp
         own_embed="embed_tokens.weight" in sd, own_lm_head="lm_head.weight" in sd, dtype=dtype, device=device,
     )
     head.load_state_dict_checked(sd, source)
+    if hot is not None:
+        head.set_token_map(hot)
     head.hf_config = cfg
     return head.eval()
 
