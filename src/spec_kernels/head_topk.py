@@ -65,19 +65,21 @@ class HeadTopkConfig:
                     f"HeadTopkConfig.{name} must be a power of two >= 16, got {value}")
 
 
-def head_topk_config(m: int, v: int, k: int, device: torch.device) -> HeadTopkConfig:
-    """The default configuration: the smallest `block_v` (from 32) that keeps the programs within
-    three per multiprocessor (on an H200, 132 SMs: 256 programs of 32 rows at V = 8192, 384 of 128
-    at 49152), so every multiprocessor streams weight rows while the merge reads at most
-    `3 * SMs * KP` candidates per row; `block_k` 64 where K is a multiple of it (576: nine tiles),
-    else 128 with a masked tail."""
+def head_topk_config(m: int, v: int, k: int, dtype: torch.dtype, device: torch.device) -> HeadTopkConfig:
+    """The default configuration (not yet timed on a GPU: `bench/head_topk_bench.py` sweeps others). The
+    smallest `block_v` from 32 (at most 256) that keeps the programs within three per multiprocessor:
+    on an H200 (132 SMs) 256 programs of 32 rows at V = 8192, 384 of 128 at 49152, so every
+    multiprocessor streams weight rows while the merge reads at most `3 * SMs * KP` candidates per
+    row. `block_k` 64 (32 in float32), eight warps from 64 rows up: built for sm90 (ptxas) none of
+    these spills at 16 or 32 rows (bf16 16 x 128 x 64: 185 registers; at four warps 255, and 72
+    bytes spilled at 32 rows; float32 32 x 128 x 32: 192)."""
     block_v = 32
-    while cdiv(v, block_v) > 3 * sm_count(device) and block_v < 512:
+    while cdiv(v, block_v) > 3 * sm_count(device) and block_v < 256:
         block_v *= 2
-    block_k = 64 if k % 64 == 0 or k < 128 else 128
+    block_k = min(32 if dtype == torch.float32 else 64, max(16, next_pow2(k)))
     if interpreting():
         return HeadTopkConfig(block_v, block_k, num_warps=4, num_stages=1)
-    return HeadTopkConfig(block_v, block_k, num_warps=8 if block_v >= 256 else 4)
+    return HeadTopkConfig(block_v, block_k, num_warps=4 if block_v == 32 else 8)
 
 
 def reference_head_topk(h: torch.Tensor, w: torch.Tensor, k: int,
@@ -187,7 +189,7 @@ def head_topk(h: torch.Tensor, w: torch.Tensor, k: int, *, d2t: Optional[torch.T
     ids = torch.empty((m, k), dtype=torch.int64, device=h.device)
     if m == 0:
         return probs, ids
-    cfg = config or head_topk_config(m, v, kdim, h.device)
+    cfg = config or head_topk_config(m, v, kdim, w.dtype, h.device)
     c = cdiv(v, cfg.block_v)
     kp = next_pow2(max(k, 2))
     f32 = dict(dtype=torch.float32, device=h.device)

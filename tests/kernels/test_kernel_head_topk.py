@@ -56,13 +56,15 @@ def test_matches_reference(poisoned_empty, program_order, m, v, kdim, k):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_ties_in_index_order(dtype):
     """Duplicated weight rows make equal logits within a block and across blocks: the lower index first,
-    as torch's stable sort (and topk.py) order them. Integer data: exact in every dtype."""
+    as torch's stable sort (and topk.py) order them; with more tied entries in a block than k, the
+    block's lowest indices. Integer data: exact in every dtype."""
     h, w = _integer_data(4, 200, 48, dtype, 11)
     h = (h > 0).to(dtype)  # ones and zeros: the rows of threes below are every row's maximum
-    w[[7, 9, 150]] = 3  # a tie within block 0 and across blocks 0 and 4
-    probs, ids = head_topk(h, w, 8, config=SMALL)
-    assert ids[:, :3].tolist() == [[7, 9, 150]] * 4
-    _check((probs, ids), reference_head_topk(h, w, 8))
+    w[[7, 9, 12, 150]] = 3  # three tied in block 0, one in block 4
+    for k, top in ((2, [7, 9]), (8, [7, 9, 12, 150])):
+        probs, ids = head_topk(h, w, k, config=SMALL)
+        assert ids[:, :len(top)].tolist() == [top] * 4
+        _check((probs, ids), reference_head_topk(h, w, k))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf (numpy, interpreted)
@@ -79,6 +81,16 @@ def test_block_bound_and_nan():
     assert ids[:, :2].tolist() == [[3, 90], [3, 90]]
     assert torch.isnan(probs).all()
     _check((probs, ids), reference_head_topk(h, w, 4))
+
+
+def test_logits_rounded_to_the_head_dtype():
+    """A float16 head: each logit is rounded to float16 before the softmax, as the unfused path's GEMV
+    writes it (the unrounded float32 sums give other probabilities)."""
+    h, w = _data(5, 130, 64, torch.float16, 4)
+    probs, ids = head_topk(h, w, 4, config=SMALL)
+    _check((probs, ids), reference_head_topk(h, w, 4))
+    unrounded = torch.softmax(F.linear(h.float(), w.float()), -1).gather(-1, ids)
+    assert not torch.allclose(probs, unrounded, rtol=RTOL, atol=1e-9)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
@@ -153,3 +165,19 @@ def test_gpu_graph_capture_replays_the_same():
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(out, head_topk(h, w, 4, d2t=d2t)))
     assert not torch.equal(out[1], eager[1])
+
+
+def test_builds_for_hopper():
+    """The kernel builds for sm90 without a GPU (the compiler front end's checks, which the interpreter
+    skips), with PDL on (false under the interpreter), in bf16 over masked or even K tiles and in float32."""
+    from kernel_helpers import hopper_builds
+
+    ptrs = {"pm_ptr": "*fp32", "ps_ptr": "*fp32", "pv_ptr": "*fp32", "pi_ptr": "*i32"}
+    common = dict(TOPK=8, KP=8, BLOCK_M=16, BLOCK_V=64, BLOCK_K=64, PDL=True)
+    job = dict(module="spec_kernels.head_topk", name="_head_topk_kernel")
+    irs = hopper_builds([
+        dict(job, types={"x_ptr": "*bf16", "w_ptr": "*bf16", **ptrs},
+             constexprs=[dict(common, EVEN_K=True, DOT_F32=False), dict(common, EVEN_K=False, DOT_F32=False)]),
+        dict(job, types={"x_ptr": "*fp32", "w_ptr": "*fp32", **ptrs},
+             constexprs=[dict(common, BLOCK_M=32, EVEN_K=True, DOT_F32=True)])])
+    assert len(irs) == 3 and all("tt.dot" in ir and "tt.store" in ir for ir in irs)

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 FAST = {"frontier": "triton", "topk": "triton", "fuse": False, "attention": "dense", "elementwise": "torch",
         "linear": "torch", "tree": "torch", "bookkeeping": "torch"}
 DRAFTS = {"EAGLE": "eagle1_dir", "EAGLE3": "eagle3_dir", "STANDALONE": "standalone_dir"}
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
 _NO_KERNEL = {"view", "_unsafe_view", "slice", "select", "expand", "as_strided", "t", "unsqueeze", "squeeze",
               "detach", "alias", "reshape", "empty", "empty_like", "empty_strided", "new_empty", "lift_fresh",
               "split", "split_with_sizes", "unbind", "permute", "transpose", "narrow", "view_as", "sym_size",
@@ -101,7 +101,7 @@ def _generate(monkeypatch: pytest.MonkeyPatch, rt: Runtime) -> dict:
             m.setattr(interpreter.InterpretedFunction, "run",
                       lambda self, *a, **k: kernels.launch(lambda: real_run(self, *a, **k)))
         with kernels:
-            reqs = SpecEngine(rt).generate(PROMPTS, max_new_tokens=5)
+            reqs = SpecEngine(rt).generate(PROMPTS, max_new_tokens=4)
     got["outputs"] = [(r.output, r.accept_lengths) for r in reqs]
     return got
 
