@@ -130,6 +130,24 @@ def test_bad_input_names_the_problem():
     assert head_topk(h[:0], w, 3)[1].shape == (0, 3)
 
 
+def _assert_unfused_within_a_unit(h: torch.Tensor, w: torch.Tensor, k: int) -> None:
+    """Against the unfused path (cuBLAS's logits in the head's dtype, the Triton top-k): the same ids,
+    except where a logit sits so close to a rounding boundary of the head's dtype that the two float32
+    summation orders round it to neighbouring values (rare: about one logit in a few thousand in bf16):
+    there the fused ids' unfused logits must be the unfused top-k's within two units, in at most a
+    quarter of the rows (one of few). Probabilities of the rows with the same ids to float32 rounding."""
+    probs, ids = head_topk(h, w, k)
+    logits = F.linear(h, w)
+    ref_p, ref_i = softmax_topk(logits, k)
+    same = (ids == ref_i).all(-1)
+    lf = logits.float()
+    # two units of the head's dtype, at least 1e-5 relative (float32 sums of K products in two orders)
+    unit = lf.gather(-1, ref_i).abs() * max(2 * torch.finfo(w.dtype).eps, 1e-5) + 1e-6
+    assert ((lf.gather(-1, ids) - lf.gather(-1, ref_i)).abs() <= unit).all(), (ids, ref_i)
+    assert int((~same).sum()) <= max(1, ids.shape[0] // 4), f"{int((~same).sum())} of {same.numel()} rows differ"
+    torch.testing.assert_close(probs[same], ref_p[same], rtol=1e-5, atol=1e-8)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("m", [1, 4, 16, 20, 32])
@@ -137,16 +155,12 @@ def test_bad_input_names_the_problem():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_real_shapes(m, v, kdim, dtype):
     """The draft heads of SmolLM2-135M (EAGLE-3 8192 x 576, EAGLE 49152 x 576, STANDALONE 49152 x 192)
-    and the widest K, against the unfused path (cuBLAS's logits in the head's dtype, the Triton top-k):
-    the same ids (cuBLAS's summation order could move a logit by one bf16 unit: not with these seeds)."""
+    and the widest K, default configurations, k 1, 4 and 8."""
     torch.manual_seed(m * v + kdim)
     h = torch.randn(m, kdim, device="cuda").to(dtype)
     w = (torch.randn(v, kdim, device="cuda") / kdim ** 0.5).to(dtype)
     for k in (1, 4, 8):
-        probs, ids = head_topk(h, w, k)
-        ref_p, ref_i = softmax_topk(F.linear(h, w), k)
-        assert torch.equal(ids, ref_i), (k, (ids != ref_i).nonzero())
-        torch.testing.assert_close(probs, ref_p, rtol=1e-5, atol=1e-8)
+        _assert_unfused_within_a_unit(h, w, k)
 
 
 @gpu
