@@ -151,3 +151,25 @@ def test_count_is_per_head_call() -> None:
     with kernels:
         torch.nn.functional.linear(x, torch.ones(4, 3)).view(-1).to(torch.float32)
     assert kernels.count == 2  # the ones and the matmul
+
+
+def test_more_rows_than_the_kernel_takes(load_pair, monkeypatch, llama_dir, eagle3_dir):
+    """`FastOps.head_topk` gives the Triton top-k of the model's own logits (EAGLE-3: its norm, then its
+    head; ids through `d2t`): up to 32 rows in the fused kernel, over 32 (a large batch's `bs * topk`)
+    the head's linear, then the top-k."""
+    require("triton")
+    import spec_kernels.head_topk as HK
+    from spec_kernels.topk import softmax_topk
+
+    target, draft = load_pair("EAGLE3", llama_dir, eagle3_dir)
+    ops = FastOps(FastBackend(FastOptions(**FAST, head_topk=True), torch.device("cpu")), draft, 64)
+    calls = []
+    monkeypatch.setattr(HK, "head_topk", lambda *a, _f=HK.head_topk, **k: calls.append(a[0].shape[0]) or _f(*a, **k))
+    gen = torch.Generator().manual_seed(0)
+    for rows in (8, 40):
+        h = torch.randn(rows, draft.lm_head_weight.shape[1], generator=gen).to(draft.dtype)
+        probs, ids = ops.head_topk(draft, h, 4, draft.d2t)
+        ref_p, ref_i = softmax_topk(draft.logits(h), 4, d2t=draft.d2t)
+        assert torch.equal(ids, ref_i)
+        torch.testing.assert_close(probs, ref_p, rtol=2e-6, atol=1e-9)
+    assert calls == [8]
