@@ -6,7 +6,7 @@ Shapes: SmolLM2-135M's draft heads, the rows of a draft step (`bs * topk`) or of
 bf16, k = 4. Each case is timed as a CUDA graph of back-to-back calls
 (`triton.testing.do_bench_cudagraph`, median, microseconds per call), PDL on where the device has it.
 The fused kernel runs with its default configuration and, with `--sweep`, with each `block_v` x
-`num_warps` of a small grid (the fastest shown). Whether the ids equal the unfused path's is printed,
+`block_k` x `num_warps` of a small grid (the fastest shown; about a minute). Whether the ids equal the unfused path's is printed,
 never asserted; nothing here asserts a speed.
 
 Run: `PYTHONPATH=src python bench/head_topk_bench.py [--sweep] [--k 4] [--json PATH]`.
@@ -28,7 +28,8 @@ from spec_kernels.topk import softmax_topk
 
 ROWS = (1, 4, 16)
 HEADS = ((8192, 576), (49152, 576), (49152, 192))
-SWEEP = [(bv, warps) for bv in (32, 64, 128, 256) for warps in (4, 8)]
+SWEEP = [(bv, bk, warps) for bv in (32, 64, 128, 256) for bk in (32, 64, 128) for warps in (4, 8)]
+"""(block_v, block_k, num_warps) of `--sweep` (block_k at most K's power of two)."""
 
 
 def _us(fn) -> float | None:
@@ -60,11 +61,13 @@ def _case(m: int, v: int, kdim: int, k: int, dtype: torch.dtype, sweep: bool, de
     row["same_ids"] = bool(torch.equal(head_topk(h, w, k)[1], ref_ids))
     if sweep:
         best = None
-        for block_v, warps in SWEEP:
-            cfg = HeadTopkConfig(block_v, default.block_k, num_warps=warps)
+        for block_v, block_k, warps in SWEEP:
+            if block_k > kdim:
+                continue
+            cfg = HeadTopkConfig(block_v, block_k, num_warps=warps)
             us = _us(lambda cfg=cfg: head_topk(h, w, k, config=cfg))
             if us is not None and (best is None or us < best[0]):
-                best = (us, f"{block_v}x{cfg.block_k}/{warps}w")
+                best = (us, f"{block_v}x{block_k}/{warps}w")
         row["best_us"], row["best"] = best if best else (None, None)
     return row
 
@@ -87,7 +90,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k", type=int, default=4, help="top-k (the draft tree's branching; default 4)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="head dtype")
-    p.add_argument("--sweep", action="store_true", help="also time each block_v x num_warps of a small grid")
+    p.add_argument("--sweep", action="store_true", help="also time each block_v x block_k x num_warps of a small grid")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = p.parse_args()
     if not torch.cuda.is_available():
