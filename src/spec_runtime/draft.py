@@ -132,8 +132,9 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
 
 def draft_topk(ops: CoreOps, h: torch.Tensor, k: int, out: Optional[torch.Tensor],
                greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`softmax_topk` of the draft's logits at `h`, draft ids: where the backend fuses the head into
-    the top-k (`ops.softmax_topk.of_head`, `FastOptions.head_topk`) one kernel, no logits."""
+    """`softmax_topk` of the draft's logits at `h`, draft ids. Where the backend fuses the head into the
+    top-k (`ops.softmax_topk.of_head`, `FastOptions.head_topk`), one kernel instead of the logits and the
+    top-k's first pass."""
     fused = getattr(ops.softmax_topk, "of_head", None)
     if fused is not None:
         return fused(ops.draft, h, k)
