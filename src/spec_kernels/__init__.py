@@ -22,6 +22,8 @@ Modules (one per kernel family; each Triton kernel sits above its launcher):
   and unreduced-partials epilogues; its kernels in `_gemv_kernels.py`.
 - `elementwise`: RMSNorm (+ residual add, + embedding gather), RoPE + KV store, SiLU-and-multiply.
 - `topk`: `softmax_topk` (`spec_runtime.sampling.softmax_topk`) and `row_argmax`.
+- `head_topk`: a draft head's GEMV and the top-k of its softmax in one kernel (`reference_head_topk`;
+  `topk`'s merge finishes it).
 - `frontier`: `frontier_step`, `organize_records` (the draft's expansion bookkeeping:
   `spec_runtime.tree.select_frontier`, `gather_branches`, `organize`), one launch per draft step;
   `chain_probs`, `onehot_rows` (a greedy chain's one-hot distributions).

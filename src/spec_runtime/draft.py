@@ -84,9 +84,8 @@ def draft_core(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
     for step in range(1, steps):
         branch_slots = torch.cat([history, c.temp_slots[:, :, step - 1 : step]], dim=2)
         h = _draft_forward(ops, c, tokens, hidden, branch_slots, step)
-        logits = draft_logits(ops, h, c.draft_logits, raw_logits(ops, sampled, c.greedy))
         uniform = None if c.uniforms is None else c.uniforms[step - 1]
-        p, ids, full = _propose(ops, logits, k, sampled, c, uniform)
+        p, ids, full = propose(ops, h, c.draft_logits, k, sampled, c, uniform)
         scores, tokens, parent, record = select_frontier(step, scores, p.view(bs, k, k), ids.view(bs, k, k))
         records.append(record)
         probs += [] if full is None else [full]
@@ -124,12 +123,36 @@ def _draft_core_kernels(ops: CoreOps, c: DraftCoreIn) -> DraftCoreOut:
         hidden_in = None if hidden is None else hidden.reshape(bs * k, -1)
         h = ops.draft.forward(front.tokens.reshape(-1), hidden_in, front.positions, attn, ops.draft_cache,
                               from_target=False)
-        logits = draft_logits(ops, h, c.draft_logits, raw_logits(ops, False, c.greedy))
-        p, ids = (ops.softmax_topk or softmax_topk)(logits, k)
+        p, ids = draft_topk(ops, h, k, c.draft_logits, c.greedy)
         front = f.frontier_step(step, steps, records, p, ids, c.temp_slots, draft_lens, front.scores,
                                 front.branch_slots, d2t, None if hidden is None else h.reshape(bs * k, -1).contiguous())
         hidden = front.hidden  # (reordered by parent branch in the step's launch; None after the last)
     return _layout(ops, c, *f.organize_records(records, ops.config.num_draft_tokens), [])
+
+
+def draft_topk(ops: CoreOps, h: torch.Tensor, k: int, out: Optional[torch.Tensor],
+               greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`softmax_topk` of the draft's logits at `h`, draft ids. Where the backend fuses the head into the
+    top-k (`ops.softmax_topk.of_head`, `FastOptions.head_topk`), one kernel instead of the logits and the
+    top-k's first pass."""
+    fused = getattr(ops.softmax_topk, "of_head", None)
+    if fused is not None:
+        return fused(ops.draft, h, k)
+    logits = draft_logits(ops, h, out, raw_logits(ops, False, greedy))
+    return (ops.softmax_topk or softmax_topk)(logits, k)
+
+
+def propose(ops: CoreOps, h: torch.Tensor, out: Optional[torch.Tensor], k: int, sampled: bool, params: Any,
+            uniform: Optional[torch.Tensor]):
+    """`_propose` on the draft's logits at `h` (landed in `out` where they need float32); a tree's top-k
+    with the head fused into it where the backend does that (`draft_topk`), its ids mapped to the target's."""
+    fused = None if sampled else getattr(ops.softmax_topk, "of_head", None)
+    if fused is not None:
+        d2t = getattr(ops.draft, "d2t", None)
+        p, ids = fused(ops.draft, h, k, d2t=d2t)
+        return p, ids if d2t is not None else ops.draft.to_target_ids(ids), None
+    logits = draft_logits(ops, h, out, raw_logits(ops, sampled, params.greedy))
+    return _propose(ops, logits, k, sampled, params, uniform)
 
 
 def raw_logits(ops: CoreOps, sampled: bool, greedy: bool) -> bool:

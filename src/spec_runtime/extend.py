@@ -18,7 +18,7 @@ from spec_schema import DraftExtendInput, DraftInput, boundary
 
 from .attention import AttnBatch, const_arange, const_causal
 from .core_types import CoreOps, ExtendCoreIn, ExtendCoreOut, fields_of
-from .draft import _propose, draft_logits, raw_logits
+from .draft import propose
 from .sampling import probs_from_logits_batched, sample_from_probs
 from .state import BatchSampling, RuntimeState
 
@@ -78,8 +78,7 @@ def draft_extend_core(ops: CoreOps, c: ExtendCoreIn) -> ExtendCoreOut:
         attn = AttnBatch(c.req_pool_indices, prefix, qo_indptr, c.out_slots, extra)
     h = ops.draft.forward(c.input_ids, c.hidden_states, c.positions, attn, ops.draft_cache, from_target=True)
     last = h.index_select(0, last_rows)  # one kernel at any batch size (h[rows]: a gather and a copy at bs 4)
-    logits = draft_logits(ops, last, c.draft_logits, raw_logits(ops, c.sampled, c.greedy))
-    topk_p, topk_index, full = _propose(ops, logits, ops.config.topk, c.sampled, c, c.uniform)
+    topk_p, topk_index, full = propose(ops, last, c.draft_logits, ops.config.topk, c.sampled, c, c.uniform)
     keep_hidden = ops.config.traits.draft_reads_hidden
     return ExtendCoreOut(topk_p, topk_index, last if keep_hidden else None, full)
 

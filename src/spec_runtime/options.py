@@ -62,6 +62,11 @@ class FastOptions:
             sync-free torch versions) (auto: triton on CUDA).
         topk: "triton" (`kernels.topk`: the draft's softmax top-k and the argmax of verify and
             plain decode in two launches each) or "torch" (auto: triton on CUDA).
+        head_topk: the draft head's GEMV and the top-k of its softmax in one kernel
+            (`spec_kernels.head_topk`) wherever a draft takes the top-k of its head's logits (a tree's
+            steps and its draft-extend, at most 32 rows), instead of the head's linear then
+            `kernels.topk` (one launch fewer per head call, no logits written). Needs the Triton
+            top-k (`topk`). Off by default: under measurement on the GPU (`bench/head_topk_bench.py`).
         frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
             step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
             triton on CUDA).
@@ -99,6 +104,7 @@ class FastOptions:
     linear: str = "auto"
     tree: str = "auto"
     topk: str = "auto"
+    head_topk: bool = False
     frontier: str = "auto"
     bookkeeping: str = "auto"
     epilogues: str = "auto"
@@ -127,8 +133,11 @@ class FastOptions:
                 continue
             if value not in allowed:
                 raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-        if not isinstance(self.launch_ahead, bool):
-            raise ValueError(f"FastOptions.launch_ahead must be True or False, got {self.launch_ahead!r}")
+        for name in ("launch_ahead", "head_topk"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FastOptions.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.head_topk and self.topk == "torch":
+            raise ValueError("FastOptions.head_topk needs the Triton top-k, but topk='torch'")
         if isinstance(self.launch_before_read, bool) or not isinstance(self.launch_before_read, int) \
                 or self.launch_before_read < 0:
             raise ValueError(f"FastOptions.launch_before_read must be an int >= 0, got {self.launch_before_read!r}")

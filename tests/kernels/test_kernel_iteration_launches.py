@@ -173,7 +173,6 @@ def test_draft_logits_in_model_dtype_propose_the_same(tmp_path, monkeypatch, ste
     an iteration), every request's tokens and accept lengths equal the float32 path's, and the bf16
     path was taken."""
     from spec_runtime import draft as draft_module
-    from spec_runtime import extend as extend_module
     from spec_runtime.models.loading import load_standalone, load_target
     from spec_runtime.tiny import build_tiny_aligned_pair
 
@@ -186,8 +185,7 @@ def test_draft_logits_in_model_dtype_propose_the_same(tmp_path, monkeypatch, ste
 
     def run(raw: bool) -> list:
         choose = (lambda *a: raw_calls.append(real_raw(*a)) or raw_calls[-1]) if raw else (lambda *a: False)
-        monkeypatch.setattr(draft_module, "raw_logits", choose)
-        monkeypatch.setattr(extend_module, "raw_logits", choose)
+        monkeypatch.setattr(draft_module, "raw_logits", choose)  # the draft-extend's too (`draft.propose`)
         rt = Runtime.create(target, draft, "STANDALONE", num_steps=steps, topk=topk, num_draft_tokens=n,
                             max_batch_size=2, max_context=96, executor="static", buckets=(1, 2), seed=5,
                             fast={"tree": "triton", "topk": "triton", "frontier": "triton", "bookkeeping": "triton"})

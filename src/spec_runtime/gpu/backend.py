@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from spec_kernels import tuning as T
 from spec_kernels.tuning_file import load_tuning_file
 from spec_runtime.attention import torch_attention
-from spec_runtime.gpu.fast_ops import Linear, _pow2
+from spec_runtime.gpu.fast_ops import HeadTopk, Linear, _pow2
 from spec_runtime.gpu.ops import dense_attention
 from spec_runtime.options import FastOptions
 
@@ -70,6 +70,11 @@ class FastBackend:
             from spec_kernels.topk import row_argmax, softmax_topk
 
             self.softmax_topk_fn, self.argmax_fn = softmax_topk, row_argmax
+        if options.head_topk:  # the draft's head fused into the Triton top-k
+            if self.topk != "triton":
+                raise ValueError(f"FastOptions.head_topk needs the Triton top-k, but topk={options.topk!r} "
+                                 f"resolved to {self.topk!r} on {device}")
+            self.softmax_topk_fn = HeadTopk()
         self.linear = options.linear if options.linear != "auto" else ("auto" if usable else "torch")
         # the GEMV epilogues: they hand over to the Triton add + RMSNorm, so they need those kernels
         epi = options.epilogues

@@ -16,7 +16,9 @@ Per model, set up once from the model's own modules and weights:
   weight shape and row count at setup (`FastBackend.choose_linears`);
 - where the GEMV runs, the step after it in its epilogue (`FastOptions.epilogues`): RoPE + KV store
   after QKV, SiLU-and-multiply after gate/up, and the o / down split-K partials summed by the next
-  add + RMSNorm, so a decoder layer launches four kernels fewer.
+  add + RMSNorm, so a decoder layer launches four kernels fewer;
+- with `FastOptions.head_topk`, a draft's head and the top-k of its softmax in one kernel
+  (`FastOps.head_topk`, `HeadTopk`: the logits are never written).
 
 Nothing here reads a tensor value on the host, so every forward can be captured in a CUDA graph.
 """
@@ -34,7 +36,7 @@ from spec_runtime.kv_cache import KVCache
 from spec_runtime.models.llama import MLP, RotaryEmbedding, SelfAttention
 from spec_runtime.models.ops import Rope, TorchOps
 
-__all__ = ["FastOps", "Linear", "RopeTable"]
+__all__ = ["FastOps", "HeadTopk", "Linear", "RopeTable"]
 
 
 # ---- RoPE ----------------------------------------------------------------------------------------
@@ -334,3 +336,49 @@ class FastOps(TorchOps):
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         return self.be.argmax(logits)
+
+    def head_topk(self, model: Any, h: torch.Tensor, k: int,
+                  d2t: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`spec_kernels.topk.softmax_topk(model.logits(h), k, d2t=d2t)` with the head's GEMV and the
+        top-k in one kernel (`spec_kernels.head_topk`): the model's own steps before its head (EAGLE-3's
+        norm) run through these ops, then its head weight goes to the kernel instead of the linear.
+        More rows than the kernel takes: the head's linear, then the Triton top-k."""
+        return model.logits(h, ops=_HeadTopkOps(self, k, d2t))
+
+
+class _HeadTopkOps:
+    """A `FastOps` whose `lm_head` step gives `(probs, ids)`, the top-k of the head's softmax, instead of
+    the logits (`FastOps.head_topk`); every other step is the `FastOps`'."""
+
+    def __init__(self, ops: FastOps, k: int, d2t: Optional[torch.Tensor]) -> None:
+        self._ops, self._k, self._d2t = ops, k, d2t
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+    def lm_head(self, model: Any, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from spec_kernels.head_topk import MAX_M, head_topk
+        from spec_kernels.topk import softmax_topk
+
+        if h.shape[0] > MAX_M:
+            return softmax_topk(self._ops.lm_head(model, h), self._k, d2t=self._d2t)
+        return head_topk(h, self._ops._heads[model].weight, self._k, d2t=self._d2t)
+
+
+class HeadTopk:
+    """`CoreOps.softmax_topk` with `FastOptions.head_topk` on. Called with logits: the Triton top-k
+    (`spec_kernels.topk.softmax_topk`). `of_head(draft, h, k, d2t=)`: the top-k of a fast draft's
+    (`gpu.models.FastModel`) softmax at its hidden states `h`, head and top-k in one kernel
+    (`FastOps.head_topk`); the phase cores call it where they would compute the logits
+    (`spec_runtime.draft.draft_topk`)."""
+
+    def __call__(self, logits: torch.Tensor, k: int, *,
+                 d2t: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        from spec_kernels.topk import softmax_topk
+
+        return softmax_topk(logits, k, d2t=d2t)
+
+    @staticmethod
+    def of_head(draft: Any, h: torch.Tensor, k: int, *,
+                d2t: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return draft.ops.head_topk(draft.model, h, k, d2t)
