@@ -243,7 +243,8 @@ def main() -> int:
                    help="profile N calibration steps per algorithm (torch.profiler): OUT/profile_<alg>.txt "
                         "(seconds per step, host syncs, top operators) and OUT/profile_<alg>_trace.json.gz")
     p.add_argument("--pack", action="store_true")
-    p.add_argument("--evals", nargs="+", choices=sorted(EVALS), default=list(EVALS))
+    p.add_argument("--evals", nargs="*", choices=sorted(EVALS), default=list(EVALS),
+                   help="held-out measurements after training (none given: train only; --measure-drafts later)")
     p.add_argument("--parallel", action="store_true", help="one process per algorithm after shared data")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="prompts file (JSON lines)")
     p.add_argument("--measure-drafts", type=Path, metavar="DIR",
@@ -266,6 +267,8 @@ def main() -> int:
         p.error(f"--profile-steps: must be >= 0 (0: no profile), got {args.profile_steps}")
     if not args.prompts.is_file():
         p.error(f"--prompts {args.prompts}: file not found")
+    if args.measure_drafts and not args.evals:
+        p.error("--evals: --measure-drafts needs at least one measurement")
     missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
     if missing:
         p.error(f"--measure-drafts {args.measure_drafts}: no {', '.join(missing)} directory")

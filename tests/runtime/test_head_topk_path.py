@@ -107,10 +107,19 @@ def _generate(monkeypatch: pytest.MonkeyPatch, rt: Runtime) -> dict:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreted CPU run (the GPU runs tests/kernels' shapes)")
-@pytest.mark.parametrize("algorithm", sorted(DRAFTS))
+@pytest.mark.parametrize("algorithm", [*sorted(DRAFTS), "EAGLE+map"])
 def test_fused_head_proposes_what_the_unfused_path_does(request, load_pair, monkeypatch, llama_dir, algorithm):
     require("triton")
+    mapped = algorithm.endswith("+map")
+    algorithm = algorithm.removesuffix("+map")
     target, draft = load_pair(algorithm, llama_dir, request.getfixturevalue(DRAFTS[algorithm]))
+    if mapped:  # an EAGLE-1 hot-token map (a draft of its own: the session's is shared): the map's rows, d2t
+        from spec_runtime.models.loading import load_eagle1
+
+        gen = torch.Generator().manual_seed(5)
+        ids = torch.randperm(target.vocab_size, generator=gen)[: target.vocab_size // 2].sort().values
+        draft = load_eagle1(request.getfixturevalue("eagle1_dir"), target, token_map=None)
+        draft.set_token_map(ids)
     runs = {}
     for on in (False, True):
         rt = Runtime.create(target, draft, algorithm, num_steps=3, topk=2, num_draft_tokens=6, max_batch_size=4,

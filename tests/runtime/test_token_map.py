@@ -191,3 +191,16 @@ def test_cli_token_map_flag(llama_dir: Path, mapped_dir: Path, tmp_path: Path, c
         assert cli.main([*base, *flag]) == 0
         assert json.loads(capsys.readouterr().out)["requests"][0]["tokens"] == reference_greedy(llama_dir, [5, 17, 3], 6)
         assert engines[-1].rt.spec_config.draft_vocab == draft_vocab
+
+
+def test_map_after_a_runtime_is_refused(llama_dir: Path, eagle1_dir: Path) -> None:
+    """A runtime's fast copy of the head keeps the lm_head it read (shared by later runtimes on the same
+    head), so a map set afterwards would leave it scoring the whole vocabulary: refused, naming the way in."""
+    target = load_target(llama_dir)
+    head = load_eagle1(eagle1_dir, target, token_map=None)
+    rt = Runtime.create(target, head, "EAGLE", num_steps=2, topk=2, num_draft_tokens=4, max_batch_size=2,
+                        max_context=32, executor="static", buckets=(2,))
+    SpecEngine(rt).generate([list(PROMPTS[0])], max_new_tokens=2)  # the static executor builds its fast models
+    with pytest.raises(RuntimeError, match="already in use by a runtime: set_token_map runs at load"):
+        head.set_token_map(_hot_ids(40))
+    assert head.d2t is None and head.vocab_size == VOCAB

@@ -1,6 +1,6 @@
 """scripts/train_real_drafts.py refuses bad input in one line naming the flag (exit 2), before the GGUF's
 conversion and before it creates --out: a missing GGUF or target, a prompts file whose split leaves too
-few training prompts, an --init-from folder without a draft."""
+few training prompts, an --init-from folder without a draft, --measure-drafts with no --evals."""
 
 import importlib.util
 import sys
@@ -41,6 +41,8 @@ def test_bad_input_is_one_line_before_any_work(script, monkeypatch, capsys, tmp_
          f"error: --prompts {mix}: 6 prompts give 5 training and 1 held-out prompts"),
         ([*base, "--gguf", str(gguf), "--init-from", f"EAGLE3={tmp_path}"], f"error: --init-from {tmp_path}: no model.safetensors"),
         ([*base, "--gguf", str(gguf), "--profile-steps", "-1"], "error: --profile-steps: must be >= 0 (0: no profile), got -1"),
+        ([*base, "--gguf", str(gguf), "--measure-drafts", str(REPO / "drafts" / "smollm2-135m"), "--evals"],
+         "error: --evals: --measure-drafts needs at least one measurement"),
     ]
     for args, want in cases:
         err = _error(script, monkeypatch, capsys, *args)

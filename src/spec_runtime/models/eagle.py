@@ -102,6 +102,9 @@ class Eagle1Head(EagleHeadBase):
         `d2t` maps draft index i to `hot_token_ids[i]`."""
         if self.d2t is not None:
             raise RuntimeError("this EAGLE-1 head already has a hot-token map (set_token_map runs once, at load)")
+        if self.__dict__.get("_spec_fast_models"):  # a runtime's fast copy read the full head already
+            raise RuntimeError("this EAGLE-1 head is already in use by a runtime: set_token_map runs at load "
+                               "(load_eagle1's token_map), before any runtime is built on the head")
         ids = hot_token_ids.to(device=self.fc.weight.device, dtype=torch.int64)
         self.hot_lm_head = self.lm_head_weight.detach()[ids].contiguous()
         self.lm_head = None  # an own full head is never read again
