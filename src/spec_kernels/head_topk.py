@@ -39,7 +39,7 @@ from spec_kernels._common import (
     sm_count,
 )
 from spec_kernels._gemv_kernels import _tile_product
-from spec_kernels.topk import _BIG, _MAX_INDEX, _topk_merge_kernel
+from spec_kernels.topk import _BIG, _MAX_INDEX, Partials
 
 __all__ = ["MAX_M", "HeadTopkConfig", "head_topk", "head_topk_config", "reference_head_topk"]
 
@@ -190,20 +190,12 @@ def head_topk(h: torch.Tensor, w: torch.Tensor, k: int, *, d2t: Optional[torch.T
     if m == 0:
         return probs, ids
     cfg = config or head_topk_config(m, v, kdim, w.dtype, h.device)
-    c = cdiv(v, cfg.block_v)
-    kp = next_pow2(max(k, 2))
-    f32 = dict(dtype=torch.float32, device=h.device)
-    pm, ps = torch.empty((m, c), **f32), torch.empty((m, c), **f32)
-    pv = torch.empty((m, c, kp), **f32)
-    pi = torch.empty((m, c, kp), dtype=torch.int32, device=h.device)
-    pdl = pdl_options(h.device)
-    _head_topk_kernel[(c,)](
-        h, w, pm, ps, pv, pi, m, v, kdim, h.stride(0), w.stride(0), c,
-        TOPK=k, KP=kp, BLOCK_M=max(16, next_pow2(m)), BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
+    parts = Partials.empty(m, cdiv(v, cfg.block_v), k, h.device)
+    _head_topk_kernel[(parts.blocks,)](
+        h, w, *parts.tensors, m, v, kdim, h.stride(0), w.stride(0), parts.blocks,
+        TOPK=k, KP=parts.kp, BLOCK_M=max(16, next_pow2(m)), BLOCK_V=cfg.block_v, BLOCK_K=cfg.block_k,
         EVEN_K=kdim % cfg.block_k == 0, DOT_F32=interpreting() or w.dtype == torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(h.device),
     )
-    _topk_merge_kernel[(m,)](pm, ps, pv, pi, probs, ids, ids if d2t is None else d2t, c, probs.stride(0),
-                             ids.stride(0), K=k, KP=kp, CP=next_pow2(c), SOFTMAX=True, D2T=d2t is not None,
-                             num_warps=4, **pdl)
+    parts.merge(probs, ids, d2t, softmax=True)
     return probs, ids

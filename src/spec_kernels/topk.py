@@ -141,19 +141,38 @@ def _launch(x: torch.Tensor, k: int, softmax: bool,
     ids = torch.empty((r, k), dtype=torch.int64, device=x.device)
     if r:
         block = min(_BLOCK, next_pow2(v))
-        c = cdiv(v, block)
-        kp = next_pow2(max(k, 2))
-        f32 = dict(dtype=torch.float32, device=x.device)
-        pm, ps = torch.empty((r, c), **f32), torch.empty((r, c), **f32)
-        pv = torch.empty((r, c, kp), **f32)
-        pi = torch.empty((r, c, kp), dtype=torch.int32, device=x.device)
-        pdl = pdl_options(x.device)
-        _topk_part_kernel[(r, c)](rows, pm, ps, pv, pi, v, rows.stride(0), c, K=k, KP=kp, BLOCK=block,
-                                  SOFTMAX=softmax, num_warps=4, **pdl)
-        _topk_merge_kernel[(r,)](pm, ps, pv, pi, vals, ids, ids if d2t is None else d2t, c, vals.stride(0),
-                                 ids.stride(0), K=k, KP=kp, CP=next_pow2(c), SOFTMAX=softmax, D2T=d2t is not None,
-                                 num_warps=4, **pdl)
+        parts = Partials.empty(r, cdiv(v, block), k, x.device)
+        pm, ps, pv, pi = parts.tensors
+        _topk_part_kernel[(r, parts.blocks)](rows, pm, ps, pv, pi, v, rows.stride(0), parts.blocks, K=k, KP=parts.kp,
+                                             BLOCK=block, SOFTMAX=softmax, num_warps=4, **pdl_options(x.device))
+        parts.merge(vals, ids, d2t, softmax)
     return vals.reshape(*lead, k), ids.reshape(*lead, k)
+
+
+class Partials:
+    """The per-block partials of a row-wise top-k over `blocks` vocabulary blocks (what `_topk_part_kernel`,
+    or a kernel fusing the logits into it, writes): each block's maximum and `sum(exp(x - max))`
+    `(rows, blocks)` and its own top-k values and indices `(rows, blocks, kp)` (kp: k to a power of two)."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], k: int, kp: int) -> None:
+        self.tensors, self.k, self.kp = tensors, k, kp
+        self.blocks = tensors[0].shape[1]
+
+    @classmethod
+    def empty(cls, rows: int, blocks: int, k: int, device: torch.device) -> "Partials":
+        kp = next_pow2(max(k, 2))
+        f32 = dict(dtype=torch.float32, device=device)
+        tensors = (torch.empty((rows, blocks), **f32), torch.empty((rows, blocks), **f32),
+                   torch.empty((rows, blocks, kp), **f32), torch.empty((rows, blocks, kp), dtype=torch.int32, device=device))
+        return cls(tensors, k, kp)
+
+    def merge(self, vals: torch.Tensor, ids: torch.Tensor, d2t: Optional[torch.Tensor], softmax: bool) -> None:
+        """`_topk_merge_kernel` over the partials into `vals`, `ids` `(rows, k)` (ids through `d2t`)."""
+        pm, ps, pv, pi = self.tensors
+        _topk_merge_kernel[(pm.shape[0],)](pm, ps, pv, pi, vals, ids, ids if d2t is None else d2t, self.blocks,
+                                           vals.stride(0), ids.stride(0), K=self.k, KP=self.kp,
+                                           CP=next_pow2(self.blocks), SOFTMAX=softmax, D2T=d2t is not None,
+                                           num_warps=4, **pdl_options(vals.device))
 
 
 def softmax_topk(logits: torch.Tensor, k: int, *,
