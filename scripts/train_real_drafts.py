@@ -12,7 +12,9 @@ drafts and, with `--pack`, the drafts as <= 15 MB tar chunks (the GPU machine re
 
 `--parallel` generates the shared data once, then trains the algorithms in one process each, side by
 side on the same GPU (each is launch-bound on a 135M target, so they overlap), and merges their
-`results.json`.
+`results.json`; each process's output goes to `OUT/<alg>.log`, and one that fails is reported with its
+exit code and its log's last line. Three drafts side by side with `--cache-target` did not all finish on
+one H200: run two at a time.
 
 `--prompts FILE` trains on another prompts file (e.g. `src/spec_train/prompts_mix.jsonl`: chat, plain
 text and code); the measurement takes the first `--eval-prompts` held-out prompts of each kind and
@@ -185,16 +187,29 @@ def run_parallel(target: Path, args: argparse.Namespace, log: dict) -> None:
     children = []
     for alg in args.algorithms:
         out = args.out / alg.lower()
+        out.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, __file__, *_without(sys.argv[1:], ("--algorithms", "--out", "--gguf", "--parallel")),
                "--target", str(target), "--algorithms", alg, "--out", str(out)]
-        children.append((alg, out, subprocess.Popen(cmd)))
+        with open(args.out / f"{alg.lower()}.log", "w") as sink:  # the child keeps its own handle
+            children.append((alg, out, subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)))
+        print(f"{alg}: one process, its output in {args.out / f'{alg.lower()}.log'}", flush=True)
     for alg, out, child in children:
         child.wait()
         res = out / "results.json"
-        log[alg] = json.loads(res.read_text()).get(alg) if res.is_file() else {"error": f"exit {child.returncode}"}
+        log[alg] = json.loads(res.read_text()).get(alg) if res.is_file() else _failure(alg, child.returncode, args.out)
         moved = sorted(out.glob("profile_*")) + (sorted(out.glob(f"{alg.lower()}.tar.*")) if args.pack else [])
         for chunk in moved:
             chunk.rename(args.out / chunk.name)
+
+
+def _failure(alg: str, code: int, out: Path) -> dict:
+    """A child that wrote no results: its exit code and the last line of its log (e.g. a CUDA out-of-memory
+    error when too many drafts share one GPU), also printed."""
+    path = out / f"{alg.lower()}.log"
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.is_file() else []
+    entry = {"error": f"exit {code}" + (f": {lines[-1].strip()}" if lines else ""), "log": str(path)}
+    print(f"{alg} failed ({entry['error']}); its output: {path}", file=sys.stderr, flush=True)
+    return entry
 
 
 def _without(argv: list, flags: tuple) -> list:

@@ -66,7 +66,7 @@ class HeadTopkConfig:
 
 
 def head_topk_config(m: int, v: int, k: int, dtype: torch.dtype, device: torch.device) -> HeadTopkConfig:
-    """The default configuration (not yet timed on a GPU: `bench/head_topk_bench.py` sweeps others). The
+    """The default configuration (measured end to end only: `bench/results/real_smollm2_hotmap/`). The
     smallest `block_v` from 32 (at most 256) that keeps the programs within three per multiprocessor:
     on an H200 (132 SMs) 256 programs of 32 rows at V = 8192, 384 of 128 at 49152, so every
     multiprocessor streams weight rows while the merge reads at most `3 * SMs * KP` candidates per

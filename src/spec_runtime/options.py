@@ -66,7 +66,11 @@ class FastOptions:
             (`spec_kernels.head_topk`) wherever a draft takes the top-k of its head's logits (a tree's
             steps and its draft-extend, at most 32 rows), instead of the head's linear then
             `kernels.topk` (one launch fewer per head call, no logits written). Needs the Triton
-            top-k (`topk`). Off by default: under measurement on the GPU (`bench/head_topk_bench.py`).
+            top-k (`topk`). None (default): on wherever the Triton top-k runs on CUDA, for draft
+            heads up to `gpu.backend.HEAD_TOPK_AUTO_BYTES` (32 MiB: the sizes measured; the
+            interpreter keeps the two launches: CI time); on the H200 with SmolLM2-135M it took five
+            kernels off each iteration and EAGLE-3 at bs=4 from 1.20x to 1.24x plain
+            (`bench/results/real_smollm2_hotmap/`). True: every head, False: none.
         frontier: "triton" (`kernels.frontier`: the draft's expansion bookkeeping in one launch per
             step and one for the rerank) or "torch" (`tree.select_frontier` and friends) (auto:
             triton on CUDA).
@@ -104,7 +108,7 @@ class FastOptions:
     linear: str = "auto"
     tree: str = "auto"
     topk: str = "auto"
-    head_topk: bool = False
+    head_topk: Optional[bool] = None
     frontier: str = "auto"
     bookkeeping: str = "auto"
     epilogues: str = "auto"
@@ -133,9 +137,10 @@ class FastOptions:
                 continue
             if value not in allowed:
                 raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-        for name in ("launch_ahead", "head_topk"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"FastOptions.{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.launch_ahead, bool):
+            raise ValueError(f"FastOptions.launch_ahead must be True or False, got {self.launch_ahead!r}")
+        if self.head_topk is not None and not isinstance(self.head_topk, bool):
+            raise ValueError(f"FastOptions.head_topk must be None, True or False, got {self.head_topk!r}")
         if self.head_topk and self.topk == "torch":
             raise ValueError("FastOptions.head_topk needs the Triton top-k, but topk='torch'")
         if isinstance(self.launch_before_read, bool) or not isinstance(self.launch_before_read, int) \

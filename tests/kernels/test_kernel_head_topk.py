@@ -135,7 +135,9 @@ def _assert_unfused_within_a_unit(h: torch.Tensor, w: torch.Tensor, k: int) -> N
     except where a logit sits so close to a rounding boundary of the head's dtype that the two float32
     summation orders round it to neighbouring values (rare: about one logit in a few thousand in bf16):
     there the fused ids' unfused logits must be the unfused top-k's within two units, in at most a
-    quarter of the rows (one of few). Probabilities of the rows with the same ids to float32 rounding."""
+    quarter of the rows (one of few). Probabilities of the rows with the same ids to float32 rounding of
+    a K-term sum in two orders: 1e-5 relative up to K 576, 2e-6 sqrt(K) beyond (K 8192: 1.1e-4
+    measured on the H200, 1.8e-4 allowed)."""
     probs, ids = head_topk(h, w, k)
     logits = F.linear(h, w)
     ref_p, ref_i = softmax_topk(logits, k)
@@ -145,7 +147,8 @@ def _assert_unfused_within_a_unit(h: torch.Tensor, w: torch.Tensor, k: int) -> N
     unit = lf.gather(-1, ref_i).abs() * max(2 * torch.finfo(w.dtype).eps, 1e-5) + 1e-6
     assert ((lf.gather(-1, ids) - lf.gather(-1, ref_i)).abs() <= unit).all(), (ids, ref_i)
     assert int((~same).sum()) <= max(1, ids.shape[0] // 4), f"{int((~same).sum())} of {same.numel()} rows differ"
-    torch.testing.assert_close(probs[same], ref_p[same], rtol=1e-5, atol=1e-8)
+    rtol = 1e-5 if h.shape[-1] <= 576 else 2e-6 * h.shape[-1] ** 0.5
+    torch.testing.assert_close(probs[same], ref_p[same], rtol=rtol, atol=1e-8)
 
 
 @gpu

@@ -148,7 +148,10 @@ def test_head_topk_needs_the_triton_topk(load_pair, llama_dir, eagle3_dir):
     if not torch.cuda.is_available():  # "auto" resolves to torch's top-k on the CPU
         with pytest.raises(ValueError, match="topk='auto' resolved to 'torch' on cpu"):
             FastBackend(FastOptions(head_topk=True), torch.device("cpu"))
-    with pytest.raises(ValueError, match="FastOptions.head_topk must be True or False, got 'yes'"):
+    # the default resolves: off in the interpreter even beside the Triton top-k (CI time), and never an error
+    assert FastBackend(FastOptions(topk="triton"), torch.device("cpu")).head_topk is False
+    assert FastBackend(FastOptions(topk="torch"), torch.device("cpu")).head_topk is False
+    with pytest.raises(ValueError, match="FastOptions.head_topk must be None, True or False, got 'yes'"):
         Runtime.create(target, draft, "EAGLE3", num_steps=2, topk=2, num_draft_tokens=4, max_batch_size=2,
                        max_context=32, executor="static", buckets=(2,), fast={**FAST, "head_topk": "yes"})
 
@@ -182,3 +185,30 @@ def test_more_rows_than_the_kernel_takes(load_pair, monkeypatch, llama_dir, eagl
         assert torch.equal(ids, ref_i)
         torch.testing.assert_close(probs, ref_p, rtol=2e-6, atol=1e-9)
     assert calls == [8]
+
+
+def test_default_fuses_heads_up_to_the_measured_size(load_pair, monkeypatch, llama_dir, eagle3_dir):
+    """The default (`head_topk` None) fuses heads up to `HEAD_TOPK_AUTO_BYTES` and gives a larger head
+    its linear and the Triton top-k (same result); asked for (True), every head is fused. The CPU's
+    default is off, so the resolved backend is set as CUDA's default would set it."""
+    require("triton")
+    import spec_kernels.head_topk as HK
+    from spec_kernels.topk import softmax_topk
+    from spec_runtime.gpu import backend as B
+
+    target, draft = load_pair("EAGLE3", llama_dir, eagle3_dir)
+    w = draft.lm_head_weight
+    size = w.numel() * w.element_size()
+    calls = []
+    monkeypatch.setattr(HK, "head_topk", lambda *a, _f=HK.head_topk, **k: calls.append(a[0].shape[0]) or _f(*a, **k))
+    h = torch.randn(4, w.shape[1], generator=torch.Generator().manual_seed(1)).to(draft.dtype)
+    ref_p, ref_i = softmax_topk(draft.logits(h), 4, d2t=draft.d2t)
+    for limit, asked, fused in ((size, None, True), (size - 1, None, False), (size - 1, True, True)):
+        monkeypatch.setattr(B, "HEAD_TOPK_AUTO_BYTES", limit)
+        be = FastBackend(FastOptions(**FAST, head_topk=asked), torch.device("cpu"))
+        be.head_topk = True  # what the default resolves to beside the Triton top-k on CUDA
+        calls.clear()
+        probs, ids = FastOps(be, draft, 64).head_topk(draft, h, 4, draft.d2t)
+        assert bool(calls) == fused, (limit, asked)
+        assert torch.equal(ids, ref_i)
+        torch.testing.assert_close(probs, ref_p, rtol=2e-6, atol=1e-9)

@@ -2,6 +2,7 @@
 conversion and before it creates --out: a missing GGUF or target, a prompts file whose split leaves too
 few training prompts, an --init-from folder without a draft, --measure-drafts with no --evals."""
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -48,3 +49,24 @@ def test_bad_input_is_one_line_before_any_work(script, monkeypatch, capsys, tmp_
         err = _error(script, monkeypatch, capsys, *args)
         assert err.startswith("train_real_drafts.py: ") and want in err, (args, err)
         assert not out.exists() and not (tmp_path / "work").exists(), args
+
+
+def test_parallel_child_failure_names_its_log(script, monkeypatch, capsys, tmp_path: Path) -> None:
+    """`--parallel`: each algorithm's process writes `OUT/<alg>.log`; one that writes no results is
+    reported with its exit code and its log's last line (here the children's own one-line refusal of a
+    target without config.json), and the parent's other entries are kept."""
+    out, target = tmp_path / "out", tmp_path / "target"
+    target.mkdir()
+    monkeypatch.setattr(script, "prepare_data", lambda target, args: None)  # the shared data: not needed here
+    argv = ["train_real_drafts.py", "--target", str(target), "--work", str(tmp_path / "w"), "--out", str(out),
+            "--algorithms", "EAGLE3", "STANDALONE", "--parallel"]
+    monkeypatch.setattr(sys, "argv", argv)
+    log: dict = {}
+    script.run_parallel(target, argparse.Namespace(algorithms=["EAGLE3", "STANDALONE"], out=out, pack=True), log)
+    err = capsys.readouterr().err
+    for alg in ("EAGLE3", "STANDALONE"):
+        path = out / f"{alg.lower()}.log"
+        assert path.is_file()
+        assert log[alg]["log"] == str(path)
+        assert log[alg]["error"].startswith("exit 2: ") and f"--target {target}: no config.json" in log[alg]["error"]
+        assert f"{alg} failed (exit 2: " in err

@@ -20,6 +20,12 @@ from spec_runtime.options import FastOptions
 __all__ = ["FastBackend"]
 
 
+HEAD_TOPK_AUTO_BYTES = 32 << 20
+"""The largest draft head `FastOptions.head_topk`'s default fuses into the top-k: the heads it was measured
+on (SmolLM2-135M's drafts: 9.4 MB, 18.9 MB; `bench/results/real_smollm2_hotmap/`); larger ones (an 8B
+target's, 262 MB and up) keep the head's tuned GEMV and the top-k's two launches until measured."""
+
+
 def _is_cuda(device: torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
@@ -70,7 +76,11 @@ class FastBackend:
             from spec_kernels.topk import row_argmax, softmax_topk
 
             self.softmax_topk_fn, self.argmax_fn = softmax_topk, row_argmax
-        if options.head_topk:  # the draft's head fused into the Triton top-k
+        # the draft's head fused into the Triton top-k (auto: wherever that top-k runs on CUDA, for heads
+        # of at most HEAD_TOPK_AUTO_BYTES; asked for: every head)
+        self.head_topk = options.head_topk if options.head_topk is not None else (cuda and self.topk == "triton")
+        self.head_topk_max_bytes: Optional[int] = HEAD_TOPK_AUTO_BYTES if options.head_topk is None else None
+        if self.head_topk:
             if self.topk != "triton":
                 raise ValueError(f"FastOptions.head_topk needs the Triton top-k, but topk={options.topk!r} "
                                  f"resolved to {self.topk!r} on {device}")

@@ -342,7 +342,8 @@ class FastOps(TorchOps):
         """`spec_kernels.topk.softmax_topk(model.logits(h), k, d2t=d2t)` with the head's GEMV and the
         top-k in one kernel (`spec_kernels.head_topk`): the model's own steps before its head (EAGLE-3's
         norm) run through these ops, then its head weight goes to the kernel instead of the linear.
-        More rows than the kernel takes: the head's linear, then the Triton top-k."""
+        More rows than the kernel takes, or a head over the backend's `head_topk_max_bytes` (the
+        default's limit): the head's linear, then the Triton top-k."""
         return model.logits(h, ops=_HeadTopkOps(self, k, d2t))
 
 
@@ -360,9 +361,11 @@ class _HeadTopkOps:
         from spec_kernels.head_topk import MAX_M, head_topk
         from spec_kernels.topk import softmax_topk
 
-        if h.shape[0] > MAX_M:
+        w = self._ops._heads[model].weight
+        limit = self._ops.be.head_topk_max_bytes
+        if h.shape[0] > MAX_M or (limit is not None and w.numel() * w.element_size() > limit):
             return softmax_topk(self._ops.lm_head(model, h), self._k, d2t=self._d2t)
-        return head_topk(h, self._ops._heads[model].weight, self._k, d2t=self._d2t)
+        return head_topk(h, w, self._k, d2t=self._d2t)
 
 
 class HeadTopk:
