@@ -453,6 +453,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         draft_dirs(Path(args.drafts))
     except MissingDraftError as err:
         p.error(f"--drafts {args.drafts}: {err}")
+    if args.gguf is not None and not Path(args.gguf).is_file():  # a converted copy in the cache would hide it
+        p.error(f"--gguf {args.gguf}: file not found")
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: at least 1")
     if args.new_tokens < 2:

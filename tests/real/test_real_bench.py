@@ -70,6 +70,18 @@ def test_bench_real_missing_drafts_fail_in_one_line(monkeypatch, capsys, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+def test_bench_real_missing_gguf_fails_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+    """A --gguf that is not a file stops the run before the model loads, even with a converted copy cached."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import bench_real
+
+    missing = tmp_path / "missing.gguf"
+    err = _refused(bench_real, capsys, ["--gguf", str(missing), "--out", str(tmp_path / "out")])
+    assert err == f"bench_real.py: error: --gguf {missing}: file not found", err
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
     """Each bad --trees entry stops the run before the model loads, with a line naming it."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))

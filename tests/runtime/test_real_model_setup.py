@@ -50,6 +50,9 @@ def test_a_converted_directory_is_returned_without_work(monkeypatch, tmp_path) -
     (done / "model.safetensors").write_bytes(b"")
     monkeypatch.setattr(importlib.metadata, "distribution", _no_smollm2)  # would fail if asked
     assert real_model.real_model_dir(tmp_path) == done
+    missing = tmp_path / "nope.gguf"  # a mistyped --gguf is refused, not hidden by the cached copy
+    with pytest.raises(FileNotFoundError, match=f"{missing}: no such GGUF file"):
+        real_model.real_model_dir(tmp_path, gguf=missing)
 
 
 def test_xdg_cache_home_is_the_default_root(monkeypatch, tmp_path) -> None:
