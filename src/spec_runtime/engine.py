@@ -93,6 +93,18 @@ def _check_settings(algorithm: Any, dtype: Any, values: dict[str, Any]) -> tuple
     return alg, ints
 
 
+def _with_kind_hint(err: ValueError, draft: Any, alg: SpecAlgorithm) -> ValueError:
+    """A draft that failed to load as `alg`: the error, plus which algorithm the directory looks like when
+    that is another one (`models.loading.draft_kind`), e.g. an EAGLE-3 head given as EAGLE."""
+    from .models.base import CheckpointError
+    from .models.loading import draft_kind
+
+    kind = draft_kind(draft) if isinstance(draft, (str, Path)) and Path(draft).is_dir() else None
+    if kind is None or kind[0] == alg:
+        return err
+    return CheckpointError(f"{draft} looks like a draft for {kind[0].value}, not {alg.value} ({kind[1]}): {err}")
+
+
 def _token_map_setting(alg: SpecAlgorithm, draft: Any, token_map: Any, target: Any) -> dict[str, Any]:
     """The draft loader's `token_map` argument, its file read and checked against the target's
     vocabulary size (from its config) before any model loads; `SetupError` for a map given to a draft
@@ -207,7 +219,10 @@ class SpecEngine:
         chosen = resolve_executor(executor, device)
         map_kw = _token_map_setting(alg, draft, token_map, target)
         t = load_target(target, dtype, device)
-        d = DRAFT_LOADERS[alg](draft, t, dtype, device, **map_kw)
+        try:
+            d = DRAFT_LOADERS[alg](draft, t, dtype, device, **map_kw)
+        except ValueError as err:
+            raise _with_kind_hint(err, draft, alg) from None
         try:
             rt = Runtime.create(t, d, alg, **ints, executor=chosen)
         except ValidationError as err:

@@ -26,6 +26,7 @@ from spec_schema import SpecAlgorithm
 __all__ = [
     "AUTO",
     "TOKEN_MAP_FILE",
+    "draft_kind",
     "WEIGHT_FILES",
     "load_eagle1",
     "load_eagle3",
@@ -278,6 +279,36 @@ def load_standalone(directory: str | Path, target: LlamaForCausal, dtype: torch.
             "they must be equal"
         )
     return StandaloneDraft(load_target(directory, dtype, device))
+
+
+def draft_kind(directory: str | Path) -> tuple[SpecAlgorithm, str] | None:
+    """Which algorithm's draft `directory` looks like, and by what: config.json's `architectures` naming
+    EAGLE-3, else the safetensors header (no tensor read): `d2t` or `midlayer.*` (EAGLE-3), an `fc` of
+    input width 2 x hidden (EAGLE-1) or 3 or more (EAGLE-3), no `fc` but a whole model's embedding, layers
+    and final norm (STANDALONE). None when it cannot tell (another weights format, an unreadable file). For a
+    load that failed: a hint, never a check."""
+    try:
+        arch = " ".join(map(str, read_config(directory).get("architectures") or []))
+        if "eagle3" in arch.lower():
+            return SpecAlgorithm.EAGLE3, f"config.json architectures {arch}"
+        shapes = read_shapes(directory)
+    except (OSError, ValueError):
+        return None
+    if shapes is None:
+        return None
+    sd = {k.removeprefix("model."): v for k, v in shapes[0].items()}  # heads saved as model.*, HF causal LMs
+    if "d2t" in sd or any(k.startswith("midlayer.") for k in sd):
+        return SpecAlgorithm.EAGLE3, "its weights have d2t / midlayer"
+    fc = sd.get("fc.weight")
+    if fc is not None and fc.dim() == 2 and fc.shape[0] > 0 and fc.shape[1] % fc.shape[0] == 0:
+        ratio = fc.shape[1] // fc.shape[0]
+        if ratio == 2:
+            return SpecAlgorithm.EAGLE, f"fc.weight {tuple(fc.shape)}: input 2 x hidden"
+        if ratio >= 3:
+            return SpecAlgorithm.EAGLE3, f"fc.weight {tuple(fc.shape)}: input {ratio} x hidden"
+    if fc is None and {"embed_tokens.weight", "norm.weight"} <= sd.keys() and any(k.startswith("layers.") for k in sd):
+        return SpecAlgorithm.STANDALONE, "its weights: a whole causal LM, no fc"
+    return None
 
 
 DRAFT_LOADERS = {SpecAlgorithm.EAGLE: load_eagle1, SpecAlgorithm.EAGLE3: load_eagle3,
