@@ -77,7 +77,7 @@ def device_meta(args: argparse.Namespace) -> dict[str, Any]:
         "cwd": os.getcwd(), "python": platform.python_version(), "torch": torch.__version__,
         "strict_level": spec_schema.STRICT_LEVEL, "executor": args.executor, "device_arg": args.device,
         "dtype": "float32" if args.tiny and args.device == "cpu" else "bfloat16",
-        "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "bs": args.bs, "tiny": args.tiny,
+        "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "bs": args.bs, "tiny": args.tiny, "fast": args.fast,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     for mod in ("triton", "transformers"):
@@ -133,8 +133,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--strict-rounds", type=int, default=3, help="alternating strict0/strict1 child pairs")
     p.add_argument("--trace", action="store_true", help="with --profile: also write profile_trace.json (large)")
     p.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fast", type=json.loads, default=None, metavar="JSON",
+                   help="the spec runtimes' FastOptions fields, e.g. '{\"head_topk\": true}' (default: the defaults)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.fast is not None:
+        from spec_runtime.options import FastOptions
+
+        try:
+            FastOptions.of(args.fast)
+        except (TypeError, ValueError) as err:
+            p.error(f"--fast {json.dumps(args.fast)}: {err}")
     if args.bandwidth_tbs is not None and not args.bandwidth_tbs > 0:
         p.error(f"--bandwidth-tbs must be a positive number of TB/s, got {args.bandwidth_tbs}")
     args.executor = args.executor or ("cuda_graph" if args.device.startswith("cuda") else "static")

@@ -161,7 +161,7 @@ def run_spec(args: argparse.Namespace, algorithm: str, target, draft, results: R
     t0 = time.perf_counter()
     rt = Runtime.create(target, draft, algorithm, num_steps=steps, topk=topk, num_draft_tokens=n,
                         max_batch_size=max(args.bs), max_context=ctx, executor=args.executor,
-                        buckets=tuple(args.bs), seed=0)
+                        buckets=tuple(args.bs), seed=0, fast=getattr(args, "fast", None))
     rt.runner.setup()
     setup_s = time.perf_counter() - t0
     results.note(f"{algorithm}: setup (fast models, buffers, {len(rt.runner.graphs.graphs)} graphs) in {setup_s:.1f} s")
@@ -320,7 +320,8 @@ def run_profile(args: argparse.Namespace, target, draft_e3, results: Results) ->
 
     steps, topk, n = SPEC["EAGLE3"]
     rt = Runtime.create(target, draft_e3, "EAGLE3", num_steps=steps, topk=topk, num_draft_tokens=n,
-                        max_batch_size=1, max_context=args.prompt_len + 64, executor=args.executor, buckets=(1,))
+                        max_batch_size=1, max_context=args.prompt_len + 64, executor=args.executor, buckets=(1,),
+                        fast=getattr(args, "fast", None))
     rt.simulate_accept = SimulatedAccept(parse_sim(args.simulate_accept_len).get("EAGLE3", 5.4), seed=2)
     engine = SpecEngine(rt)
     prompt = random_prompts(1, args.prompt_len, target.vocab_size, seed=7)

@@ -134,3 +134,21 @@ def test_bench_real_refuses_bad_options_before_loading(capsys) -> None:
             raise AssertionError(f"{argv} was accepted")
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert said in last, last
+
+
+def test_bench_fast_options_reach_the_spec_runtimes(tmp_path) -> None:
+    """`bench_e2e.py --fast JSON` is checked before any work (a bad field: one line naming --fast, exit 2)
+    and given to every spec runtime: `{"head_topk": true}` on the CPU, where the top-k is torch's, is
+    that runtime's own refusal, recorded as the config's error, and the meta keeps the options."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    cmd = [sys.executable, str(REPO / "bench" / "bench_e2e.py"), "--tiny", "--configs", "EAGLE3", "--bs", "1",
+           "--simulate-accept-len", "0"]
+    bad = subprocess.run([*cmd, "--out", str(tmp_path / "bad"), "--fast", '{"head_topk": "yes"}'],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and not (tmp_path / "bad").exists()
+    assert "--fast" in bad.stderr.strip().splitlines()[-1] and "must be None, True or False" in bad.stderr
+    res = subprocess.run([*cmd, "--out", str(tmp_path / "out"), "--fast", '{"head_topk": true}'],
+                         capture_output=True, text=True, env=env, timeout=600)
+    data = json.loads((tmp_path / "out" / "bench_e2e.json").read_text())
+    assert data["meta"]["fast"] == {"head_topk": True}, res.stderr[-2000:]
+    assert any("head_topk needs the Triton top-k" in str(e) for e in data["errors"]), data["errors"]
