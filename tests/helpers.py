@@ -1,5 +1,25 @@
 """Small helpers shared by test modules of several folders."""
 
+import importlib.util
+import types
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+KERNEL_LOOP = {"frontier": "triton", "fuse": False, "attention": "dense", "elementwise": "torch", "linear": "torch",
+               "tree": "torch", "topk": "torch", "bookkeeping": "torch"}
+"""`FastOptions` of the static executor with the draft's frontier kernels and every other piece on torch
+(the CPU defaults, pinned so that a CUDA run compares the draft loop alone, not also the fused weights
+and Triton layers); `{**KERNEL_LOOP, "topk": "triton"}` adds the Triton top-k."""
+
+
+def load_script(name: str) -> types.ModuleType:
+    """The module of `scripts/<name>.py` (scripts are files, not an importable package)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 def first_seen_at(output: list[int], start: int) -> int:
     """A token of `output` whose first occurrence is at index >= `start`: as a stop token, it ends

@@ -81,7 +81,6 @@ class TargetCache:
         return (None if self.feature is None else self.feature[rows]), final
 
 
-
 def _allocate(builder: "DraftBuilder", tokens: int, device: torch.device
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The zero-filled stores (final hidden; the aux features for EAGLE-3, else None), in the target's

@@ -16,6 +16,7 @@ import os
 import pytest
 import torch
 from tests.features import require
+from tests.helpers import KERNEL_LOOP
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
@@ -26,10 +27,6 @@ from spec_runtime.runtime import Runtime  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-# the static executor with the frontier kernels and every other piece on torch (the CPU defaults, pinned
-# so that a CUDA run compares the loop alone, not also the fused weights and Triton layers)
-KERNEL_LOOP = {"frontier": "triton", "fuse": False, "attention": "dense", "elementwise": "torch", "linear": "torch",
-               "tree": "torch", "topk": "torch", "bookkeeping": "torch"}
 HEADS = {"eagle1": ("EAGLE", "eagle1_dir"), "eagle3": ("EAGLE3", "eagle3_dir")}
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
 

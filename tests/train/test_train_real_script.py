@@ -3,21 +3,18 @@ conversion and before it creates --out: a missing GGUF or target, a prompts file
 few training prompts, an --init-from folder without a draft, --measure-drafts with no --evals."""
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("train_real_drafts", REPO / "scripts" / "train_real_drafts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_real_drafts")
 
 
 def _error(script, monkeypatch, capsys, *args: str) -> str:

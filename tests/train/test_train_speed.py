@@ -233,13 +233,9 @@ def test_a_batch_shorter_than_the_unroll_trains(train_root, toy_target, algorith
 @pytest.mark.parametrize("options", [["--algorithm", "EAGLE3"], ["--algorithm", "STANDALONE", "--cache-target"]])
 def test_step_cost_script_counts_a_step(options: list[str], capsys) -> None:
     """scripts/train_step_cost.py at a tiny shape: the step's launches, bytes and FLOPs, no host sync."""
-    import importlib.util
-    from pathlib import Path
+    from tests.helpers import load_script
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "train_step_cost.py"
-    spec = importlib.util.spec_from_file_location("train_step_cost", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("train_step_cost")
     tiny = ["--layers", "4", "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--intermediate", "64",
             "--vocab", "256", "--draft-vocab-size", "64", "--length", "24", "--ttt-steps", "3"]
     assert module.main([*options, *tiny]) == 0
