@@ -161,6 +161,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    # the setup decisions are this run's timings or --tuning-file's, never an earlier run's (children inherit it)
+    os.environ.setdefault("SPEC_TUNING_CACHE", "0")
     if args.child:
         return child_main(args)
     start = time.perf_counter()

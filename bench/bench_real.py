@@ -257,8 +257,9 @@ def spec_setups(args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from spec_runtime.demo_real import chat_prompts, draft_dirs
     from spec_runtime.models.loading import load_target
-    from spec_runtime.options import TUNING_FILE_ENV
+    from spec_runtime.options import TUNING_CACHE_ENV, TUNING_FILE_ENV
 
+    os.environ.setdefault(TUNING_CACHE_ENV, "0")  # the decisions are --tuning-file's, never an earlier run's
     tuning = getattr(args, "tuning", None)  # check_args' choice; FastOptions reads it from the environment
     if tuning is None:
         os.environ.pop(TUNING_FILE_ENV, None)

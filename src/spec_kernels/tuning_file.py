@@ -1,16 +1,23 @@
 """Tuning files: the setup decisions of one process (`spec_kernels/tuning.py`'s tables and
 `spec_kernels.gemv`'s tuned configurations) saved as JSON and loaded into another, which then times
-nothing they cover (`FastOptions.tuning_file`, the benchmark's `--save-tuning` / `--tuning-file`).
+nothing they cover (`FastOptions.tuning_file`, the benchmark's `--save-tuning` / `--tuning-file`), and
+the per-GPU cache that keeps them between runs (`FastOptions.tuning_cache`: `cache_file`, `load_cache`,
+`save_cache`).
 """
 
 import dataclasses
+import os
+import re
+import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from spec_kernels import tuning as T
 
-__all__ = ["load_decisions", "load_tuning_file", "save_decisions"]
+__all__ = ["cache_file", "decision_count", "load_cache", "load_decisions", "load_tuning_file", "save_cache",
+           "save_decisions"]
 
 _TUNING_LOADED: set[str] = set()
 """Tuning files already loaded in this process (`load_tuning_file` loads each once)."""
@@ -98,3 +105,54 @@ def load_tuning_file(path: Optional[str]) -> None:
     if path and path not in _TUNING_LOADED and Path(path).exists():
         load_decisions(path)
         _TUNING_LOADED.add(path)
+
+
+def decision_count() -> int:
+    """How many decisions and configurations this process holds (what `save_decisions` would write)."""
+    from spec_kernels import gemv as G
+
+    return len(T._GEMV_DECISIONS) + len(G._TUNED) + len(T._EPILOGUE_DECISIONS)
+
+
+def cache_file(root: Any) -> Path:
+    """The tuning cache under `root` for this process's device and its torch and triton versions
+    (decisions timed under other versions are not reused: their kernels compile differently)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        triton_version = version("triton")
+    except PackageNotFoundError:
+        triton_version = "none"
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    key = f"{name}-torch{torch.__version__}-triton{triton_version}"
+    return Path(root) / (re.sub(r"[^a-z0-9.]+", "-", key.lower()).strip("-") + ".json")
+
+
+def load_cache(path: Path) -> int:
+    """The decisions of the tuning cache at `path`, loaded once per process (0: no file, or loaded
+    before). A cache that does not load (another layout of the decisions, a foreign file) costs one
+    warning and is timed over: the setup then saves a new one in its place."""
+    key = str(path)
+    if key in _TUNING_LOADED or not Path(path).is_file():
+        return 0
+    _TUNING_LOADED.add(key)
+    try:
+        return load_decisions(path)
+    except ValueError as err:
+        warnings.warn(f"{err}; timing again and replacing the tuning cache", stacklevel=2)
+        return 0
+
+
+def save_cache(path: Path) -> int:
+    """Write this process's decisions to the tuning cache at `path` (through a temporary file and a
+    rename: a reader never sees half a file). Returns the entries written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        count = save_decisions(tmp)
+        if count:
+            os.replace(tmp, path)
+        return count
+    finally:
+        tmp.unlink(missing_ok=True)

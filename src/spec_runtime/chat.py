@@ -89,7 +89,11 @@ def note(progress: bool, line: str) -> None:
 
 
 def quiet_libraries() -> None:
-    """Silence transformers' and huggingface_hub's warnings and progress bars (`--no-progress`)."""
+    """Silence transformers' and huggingface_hub's warnings and progress bars, and the fast path's
+    (`--no-progress`)."""
+    from .options import set_quiet
+
+    set_quiet()
     try:
         from transformers.utils import logging
     except ImportError:

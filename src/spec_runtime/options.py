@@ -13,8 +13,9 @@ Environment variables read here, and only here:
 | variable | read | meaning |
 |---|---|---|
 | `SPEC_TUNING_FILE` | when a `FastOptions` is built | default of `FastOptions.tuning_file` |
+| `SPEC_TUNING_CACHE` | when a `FastOptions` is built | `0`: `FastOptions.tuning_cache` off by default |
 | `OMP_NUM_THREADS` | by `omp_threads_set()` | set: the CLI leaves torch's thread count alone |
-| `XDG_CACHE_HOME` | by `cache_home()` | where the converted real model is cached (default `~/.cache`) |
+| `XDG_CACHE_HOME` | by `cache_home()` | where the converted real model and the tuning cache live (default `~/.cache`) |
 
 Elsewhere: `SPEC_STRICT` (spec_schema, at import: the contract checks) and
 `SPEC_HYPOTHESIS_PROFILE` (spec_schema's pytest plugin: the property tests' profile). Triton reads
@@ -30,10 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["TUNING_FILE_ENV", "FastOptions", "cache_home", "omp_threads_set"]
+__all__ = ["TUNING_CACHE_ENV", "TUNING_FILE_ENV", "FastOptions", "cache_home", "omp_threads_set", "quiet", "set_quiet",
+           "tuning_cache_dir"]
 
 TUNING_FILE_ENV = "SPEC_TUNING_FILE"
 """`SPEC_TUNING_FILE=PATH`: the default `FastOptions.tuning_file` (say, for the GPU tests)."""
+
+TUNING_CACHE_ENV = "SPEC_TUNING_CACHE"
+"""`SPEC_TUNING_CACHE=0`: `FastOptions.tuning_cache` off by default (the benchmarks and the tests set it:
+their decisions come from their own files or their own timings); `1` or unset: on."""
+
+
+def _tuning_cache_default() -> bool:
+    value = os.environ.get(TUNING_CACHE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{TUNING_CACHE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def omp_threads_set() -> bool:
@@ -44,6 +57,26 @@ def omp_threads_set() -> bool:
 def cache_home() -> Path:
     """`$XDG_CACHE_HOME`, else `~/.cache` (where the converted real model is kept)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+_QUIET = False
+
+
+def set_quiet(quiet: bool = True) -> None:
+    """Hide the fast path's progress bar (the setup timing the linears: `FastOptions.tuning_cache`); the
+    CLI's `--no-progress` sets it."""
+    global _QUIET
+    _QUIET = quiet
+
+
+def quiet() -> bool:
+    """Whether `set_quiet` hid the fast path's progress bar."""
+    return _QUIET
+
+
+def tuning_cache_dir() -> Path:
+    """Where `FastOptions.tuning_cache` keeps one file per kind of GPU and torch / triton versions."""
+    return cache_home() / "spec_runtime" / "tuning"
 
 
 @dataclass(frozen=True)
@@ -95,6 +128,12 @@ class FastOptions:
         tuning_file: setup decisions to load before the first one (`spec_kernels.tuning_file.save_decisions`'
             JSON: GEMV or cuBLAS, launch configurations, epilogues), so the setup times only what
             the file lacks; refused if tuned on another kind of GPU. Default: `$SPEC_TUNING_FILE`.
+        tuning_cache: keep the setup decisions across processes (auto linear only): load
+            `tuning_cache_dir()`'s file for this kind of GPU and these torch and triton versions before
+            the first decision, and write it again after a setup that timed something. The first run
+            on a GPU times every linear shape and row bucket (minutes from a cold Triton cache, with a
+            progress bar on a terminal); later ones time nothing. A `tuning_file` loads after it and
+            wins. Default on; `SPEC_TUNING_CACHE=0` turns the default off.
         launch_ahead: greedy verifies: when every request of a verify goes on, queue the rest of the
             iteration and the next verify before the host bookkeeping (`executors.ahead`).
         launch_before_read: for batches of at most this many requests, queue that launch before the
@@ -115,6 +154,7 @@ class FastOptions:
     gemv_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     gemv_tune: bool = False
     tuning_file: Optional[str] = field(default_factory=lambda: os.environ.get(TUNING_FILE_ENV) or None)
+    tuning_cache: bool = field(default_factory=_tuning_cache_default)
     launch_ahead: bool = True
     launch_before_read: int = 1
 
@@ -137,6 +177,8 @@ class FastOptions:
                 continue
             if value not in allowed:
                 raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        if not isinstance(self.tuning_cache, bool):
+            raise ValueError(f"FastOptions.tuning_cache must be True or False, got {self.tuning_cache!r}")
         if not isinstance(self.launch_ahead, bool):
             raise ValueError(f"FastOptions.launch_ahead must be True or False, got {self.launch_ahead!r}")
         if self.head_topk is not None and not isinstance(self.head_topk, bool):

@@ -309,3 +309,91 @@ def test_setup_decisions_round_trip(tmp_path, monkeypatch) -> None:
         TF.load_decisions(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="missing.json is not a file save_decisions wrote: FileNotFoundError"):
         TF.load_decisions(tmp_path / "missing.json")
+
+
+def test_tuning_cache_keeps_decisions_between_processes(tmp_path, monkeypatch) -> None:
+    """`FastOptions.tuning_cache`: the first setup on a kind of GPU times every weight shape and row
+    bucket and writes the cache under $XDG_CACHE_HOME; a later process (fresh tables) loads it and times
+    nothing; a new shape is timed alone and added. Off, nothing is read or written. A cache that does
+    not load costs one warning, is timed over and replaced. `SPEC_TUNING_CACHE` sets the default."""
+    import json
+
+    from spec_kernels import gemv as G
+    from spec_kernels import tuning as T
+    from spec_kernels import tuning_file as TF
+    from spec_runtime.gpu import models as M
+    from spec_runtime.options import tuning_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    timed = []
+
+    def fake_time(lin, rows, log, lead=None):
+        timed.append((tuple(lin.weight.shape), rows))
+        return T.GemvDecision(0.03, 0.04 if rows < 8 else 0.02, G.GemvConfig(32, 128, 1))
+
+    monkeypatch.setattr(T, "_time_gemv", fake_time)
+
+    def new_process() -> None:
+        for name in ("_GEMV_DECISIONS", "_EPILOGUE_DECISIONS"):
+            monkeypatch.setattr(T, name, {})
+        monkeypatch.setattr(G, "_TUNED", {})
+        monkeypatch.setattr(TF, "_TUNING_LOADED", set())
+        timed.clear()
+
+    def setup(*weights, cache=True) -> list:
+        be = M.FastBackend(M.FastOptions(elementwise="triton", tuning_file=None, tuning_cache=cache),
+                           torch.device("cpu"))
+        be.linear, be.epilogues = "auto", frozenset()  # as on CUDA
+        lins = [M.Linear(w) for w in weights]
+        be.choose_linears(lins)
+        return [sorted(lin.gemv_buckets) for lin in lins]
+
+    a, b = torch.zeros(48, 64), torch.zeros(16, 32)
+    rows = list(M.FastOptions().gemv_rows)
+    path = TF.cache_file(tuning_cache_dir())
+    assert path.parent == tmp_path / "spec_runtime" / "tuning" and path.name.startswith("cpu-torch")
+    new_process()
+    assert setup(a) == [[1, 2, 4]] and timed == [((48, 64), m) for m in rows]
+    assert len(json.loads(path.read_text())["decisions"]) == len(rows)
+    new_process()
+    assert setup(a) == [[1, 2, 4]] and timed == []  # loaded, nothing timed
+    assert setup(a, b) == [[1, 2, 4], [1, 2, 4]] and timed == [((16, 32), m) for m in rows]
+    new_process()
+    assert setup(a, b) == [[1, 2, 4], [1, 2, 4]] and timed == []
+    # the progress bar counts the shapes and buckets without a decision (none: no bar)
+    from spec_runtime.gpu.backend import _progress
+
+    new_shape = [M.Linear(torch.zeros(8, 16)), M.Linear(a)]
+    with _progress(new_shape, rows, path) as bar:
+        assert bar is None  # off a terminal
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with _progress(new_shape, rows, path) as bar:
+        assert bar.total == len(rows) and not bar.disable
+    with _progress([M.Linear(a)], rows, path) as bar:
+        assert bar is None
+    from spec_runtime import options
+
+    monkeypatch.setattr(options, "_QUIET", False)
+    options.set_quiet()  # the CLI's --no-progress
+    with _progress(new_shape, rows, path) as bar:
+        assert bar is None
+    # off: timed in the process, the file neither read nor written
+    before = path.read_text()
+    new_process()
+    setup(a, cache=False)
+    assert len(timed) == len(rows) and path.read_text() == before and str(path) not in TF._TUNING_LOADED
+    # a cache another layout wrote: one warning, timed over, replaced by a good one
+    path.write_text('{"meta": {}}')
+    new_process()
+    with pytest.warns(UserWarning, match="is not a file save_decisions wrote.*timing again and replacing the tuning cache"):
+        setup(a)
+    assert len(timed) == len(rows) and len(json.loads(path.read_text())["decisions"]) == len(rows)
+    # the environment's default; anything but 0 or 1 is refused by name
+    for value, on in (("0", False), ("1", True)):
+        monkeypatch.setenv("SPEC_TUNING_CACHE", value)
+        assert M.FastOptions().tuning_cache is on
+    monkeypatch.setenv("SPEC_TUNING_CACHE", "yes")
+    with pytest.raises(ValueError, match="SPEC_TUNING_CACHE must be 0 or 1, got 'yes'"):
+        M.FastOptions()
+    with pytest.raises(ValueError, match="FastOptions.tuning_cache must be True or False, got 'no'"):
+        M.FastOptions(tuning_cache="no", tuning_file=None)

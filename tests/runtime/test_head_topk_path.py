@@ -29,6 +29,8 @@ from spec_runtime.options import FastOptions  # noqa: E402
 from spec_runtime.runtime import Runtime  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
+_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the interpreted kernels (the GPU "
+                          "runs tests/kernels' shapes and tests/gpu/test_head_topk_gpu.py)")
 
 # the static executor with the Triton top-k and frontier, every other piece on torch
 FAST = {**KERNEL_LOOP, "topk": "triton"}
@@ -106,7 +108,7 @@ def _generate(monkeypatch: pytest.MonkeyPatch, rt: Runtime) -> dict:
     return got
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreted CPU run (the GPU runs tests/kernels' shapes)")
+@_CPU
 @pytest.mark.parametrize("algorithm", [*sorted(DRAFTS), "EAGLE+map"])
 def test_fused_head_proposes_what_the_unfused_path_does(request, load_pair, monkeypatch, llama_dir, algorithm):
     require("triton")
@@ -165,6 +167,7 @@ def test_count_is_per_head_call() -> None:
     assert kernels.count == 2  # the ones and the matmul
 
 
+@_CPU
 def test_more_rows_than_the_kernel_takes(load_pair, monkeypatch, llama_dir, eagle3_dir):
     """`FastOps.head_topk` gives the Triton top-k of the model's own logits (EAGLE-3: its norm, then its
     head; ids through `d2t`): up to 32 rows in the fused kernel, over 32 (a large batch's `bs * topk`)
@@ -187,6 +190,7 @@ def test_more_rows_than_the_kernel_takes(load_pair, monkeypatch, llama_dir, eagl
     assert calls == [8]
 
 
+@_CPU
 def test_default_fuses_heads_up_to_the_measured_size(load_pair, monkeypatch, llama_dir, eagle3_dir):
     """The default (`head_topk` None) fuses heads up to `HEAD_TOPK_AUTO_BYTES` and gives a larger head
     its linear and the Triton top-k (same result); asked for (True), every head is fused. The CPU's

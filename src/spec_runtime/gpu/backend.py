@@ -4,18 +4,21 @@ device), and the setup decision of cuBLAS or the Triton GEMV (and its epilogue) 
 The timings behind the decisions are in `spec_kernels/tuning.py`, their files in `spec_kernels/tuning_file.py`.
 """
 
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
 from spec_kernels import tuning as T
-from spec_kernels.tuning_file import load_tuning_file
+from spec_kernels import tuning_file as TF
 from spec_runtime.attention import torch_attention
 from spec_runtime.gpu.fast_ops import HeadTopk, Linear, _pow2
 from spec_runtime.gpu.ops import dense_attention
-from spec_runtime.options import FastOptions
+from spec_runtime.options import FastOptions, quiet, tuning_cache_dir
 
 __all__ = ["FastBackend"]
 
@@ -40,6 +43,24 @@ def _kernels_usable(device: torch.device) -> bool:
         return kernels.kernels_available()
     except ImportError:
         return False
+
+
+@contextmanager
+def _progress(linears: Sequence[Linear], rows: Sequence[int], cache: Optional[Path]) -> Iterator[Any]:
+    """A progress bar (tqdm, on stderr when it is a terminal) over the weight shapes and row buckets
+    `choose_linears` has no decision for yet; None when there are none, off a terminal, without tqdm, or
+    after `options.set_quiet()` (the CLI's `--no-progress`)."""
+    todo = {T._decision_key(lin, m) for lin in linears for m in rows} - T._GEMV_DECISIONS.keys()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if not todo or tqdm is None or quiet() or not sys.stderr.isatty():
+        yield None
+        return
+    where = f"; kept in {cache}" if cache is not None else ""
+    with tqdm(total=len(todo), desc=f"timing the linears (once per GPU{where})", unit="shape", leave=False) as bar:
+        yield bar
 
 
 class FastBackend:
@@ -113,7 +134,8 @@ class FastBackend:
 
     def choose_linears(self, linears: Sequence[Linear], log: Optional[list] = None) -> None:
         """Pick cuBLAS or the Triton GEMV per weight shape and row bucket (timed on CUDA, after
-        loading `FastOptions.tuning_file`).
+        loading the tuning cache and `FastOptions.tuning_file`; the cache is written again when
+        something was timed).
 
         Raises:
             ValueError: a `FastOptions.gemv_rows` entry outside 1..`spec_kernels.gemv.MAX_M`.
@@ -126,7 +148,11 @@ class FastBackend:
         bad = [m for m in rows if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_M]
         if bad:
             raise ValueError(f"FastOptions.gemv_rows: {bad} not row counts the GEMV takes (1 to {MAX_M})")
-        load_tuning_file(self.options.tuning_file)
+        cache = TF.cache_file(tuning_cache_dir()) if self.linear == "auto" and self.options.tuning_cache else None
+        if cache is not None:
+            TF.load_cache(cache)
+        TF.load_tuning_file(self.options.tuning_file)
+        held = TF.decision_count()
         for lin in linears:
             lin.tune = self.options.gemv_tune
 
@@ -136,17 +162,23 @@ class FastBackend:
                 lin.fused_buckets = frozenset(m for m in lin.gemv_buckets if self._decide(lin, m, log, forced=True)[1])
             return
         decided: dict[tuple, tuple[frozenset, frozenset]] = {}
-        for lin in linears:
-            key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None, lin.epilogue, lin.heads)
-            if key not in decided:
-                gemv, fused = set(), set()
-                for m in rows:
-                    g, f = self._decide(lin, m, log)
-                    gemv |= {m} if g else set()
-                    fused |= {m} if g and f else set()
-                decided[key] = (frozenset(gemv), frozenset(fused))
-            lin.gemv_buckets, lin.fused_buckets = decided[key]
-            lin.gemv_upto = max(lin.gemv_buckets, default=0)
+        with _progress(linears, rows, cache) as bar:
+            for lin in linears:
+                key = (tuple(lin.weight.shape), lin.weight.dtype, lin.bias is not None, lin.epilogue, lin.heads)
+                if key not in decided:
+                    gemv, fused = set(), set()
+                    for m in rows:
+                        new = T._decision_key(lin, m) not in T._GEMV_DECISIONS
+                        g, f = self._decide(lin, m, log)
+                        gemv |= {m} if g else set()
+                        fused |= {m} if g and f else set()
+                        if bar is not None and new:
+                            bar.update()
+                    decided[key] = (frozenset(gemv), frozenset(fused))
+                lin.gemv_buckets, lin.fused_buckets = decided[key]
+                lin.gemv_upto = max(lin.gemv_buckets, default=0)
+        if cache is not None and TF.decision_count() > held:
+            TF.save_cache(cache)
 
     def _epilogue_on(self, lin: Linear) -> bool:
         """Whether `lin` has an epilogue this backend may run (`FastOptions.epilogues`)."""
