@@ -39,6 +39,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -267,6 +268,7 @@ def summary(rounds: list[dict], names: list[str]) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    os.environ.setdefault("SPEC_TUNING_CACHE", "0")  # every variant's decisions: its own or --tuning-file's
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--variants", required=True, help="'name:JSON;name:JSON' (see the module docstring)")

@@ -21,6 +21,7 @@ linears' kernels, timed at setup) to tuning.json: runs in two processes can diff
 on the GPU the shipped file was tuned on (`bench/tuning/h200_smollm2.json`) a run loads its decisions
 unless told otherwise (`--tuning-file auto`, the default: `$SPEC_TUNING_FILE` when set, else the shipped
 file on its kind of GPU, else none; `none`: time them in this process; or a file `--save-tuning` wrote).
+The runtime's own tuning cache stays off (`SPEC_TUNING_CACHE=0` unless the environment says otherwise).
 
 `--profile` (CUDA) adds, per row, what one decode iteration costs in steady state, counted by
 torch.profiler over `--profile-iters` iterations after the timed run (`real_profile.py`): kernels,

@@ -16,6 +16,7 @@ base file's. The base file must come from the same kind of GPU (`bench_e2e.py --
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ def current(data: dict, shape: list) -> dict:
 
 
 def main() -> int:
+    os.environ.setdefault("SPEC_TUNING_CACHE", "0")  # the decisions are --base's and this run's
     from ab import plain_step_ms, variant_file
     from e2e_models import build_target, llama_config
 
