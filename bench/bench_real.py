@@ -30,7 +30,8 @@ ahead kept before / after verify's read, GPU busy time, the device's idle time b
 split by what it waited for (the host, or nothing: launch latency inside graphs; per kernel in the
 sites), and of the timed (unprofiled) runs the wall time per iteration, the median engine step and
 what the slow steps (requests finishing) add per iteration; the eager launches' and copies' call
-sites go to profile_sites.json. `--report RUN.json ...` merges runs of one or more source trees
+sites go to profile_sites.json (`--trace`: each row's window as a Chrome trace, OUT/traces/ROW.json,
+for ui.perfetto.dev). `--report RUN.json ...` merges runs of one or more source trees
 (each run's `--label`) into medians, a table and a plot, without running anything.
 """
 
@@ -94,9 +95,9 @@ def target_dir(gguf: Optional[str]) -> Path:
 
 
 def plain_decode(target: Any, prompts: list[list[int]], steps: int, device: str,
-                 profile: bool = False) -> tuple[list[list[int]], float, Optional[dict]]:
+                 profile: bool = False, trace: Optional[Path] = None) -> tuple[list[list[int]], float, Optional[dict]]:
     """Greedy target-only decode of `prompts` together: (tokens per request, decode seconds, and with
-    `profile` the profiler's counts per step instead of a timed run)."""
+    `profile` the profiler's counts per step instead of a timed run; `trace`: its Chrome trace there)."""
     from spec_runtime.attention import AttnBatch
     from spec_runtime.executors.decode import DecodeRunner
     from spec_runtime.kv_cache import KVCache
@@ -123,7 +124,7 @@ def plain_decode(target: Any, prompts: list[list[int]], steps: int, device: str,
         from real_profile import profile_iterations
 
         out: list = []
-        counts, sites = profile_iterations(lambda: out.append(runner.generate(rows, first, lens, steps - 1)), 1)
+        counts, sites = profile_iterations(lambda: out.append(runner.generate(rows, first, lens, steps - 1)), 1, trace)
         return out[0][:, :steps].tolist(), 0.0, per_step(counts, steps - 1, sites)
     start = time.perf_counter()
     tokens = runner.generate(rows, first, lens, steps - 1)
@@ -183,10 +184,11 @@ class SpecRun:
         return ([r.output[:self.steps] for r in reqs], seconds, sum(lengths) / max(1, len(lengths)),
                 max(len(r.accept_lengths) for r in reqs))
 
-    def profile(self, iters: int) -> dict:
-        """The profiler's counts per iteration over `iters` steady-state iterations of another run."""
+    def profile(self, iters: int, trace: Optional[Path] = None) -> dict:
+        """The profiler's counts per iteration over `iters` steady-state iterations of another run
+        (`trace`: their Chrome trace there)."""
         self._admit()
-        prof = profile_spec(self.engine, iters)
+        prof = profile_spec(self.engine, iters, trace)
         while self.engine.has_work:
             self.engine.step()
         self.engine.requests.clear()
@@ -210,16 +212,25 @@ PROFILE_WARM = 3
 """Iterations run before the profiled window (the first after an admission differ)."""
 
 
-def profile_spec(engine: Any, iters: int) -> dict:
+def trace_path(args: argparse.Namespace, row: str) -> Optional[Path]:
+    """Where `--trace` writes a row's Chrome trace (None without it)."""
+    if not getattr(args, "trace", False):
+        return None
+    folder = Path(args.out) / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{row}.json"
+
+
+def profile_spec(engine: Any, iters: int, trace: Optional[Path] = None) -> dict:
     """Profile `iters` steady-state iterations of `engine` (after PROFILE_WARM; `check_args` made sure
-    that no request can finish inside the window)."""
+    that no request can finish inside the window); `trace`: their Chrome trace there."""
     from real_profile import profile_iterations
 
     for _ in range(PROFILE_WARM):
         engine.step()
     stats = getattr(engine.rt.runner, "ahead_stats", collections.Counter())
     before = dict(stats)
-    counts, sites = profile_iterations(engine.step, iters)
+    counts, sites = profile_iterations(engine.step, iters, trace)
     # launches ahead kept by verify's read, queued before it or after it (`executors.ahead`)
     ahead = {f"ahead_{k}": (stats[k] - before.get(k, 0)) / iters for k in ("before_read", "after_read")}
     return {**counts, **ahead, "sites": {k: v / iters for k, v in sites.items()}}
@@ -294,7 +305,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base_each = [bs * (args.new_tokens - 1) / seconds for _, seconds in plain_runs]
         prof = None
         if args.profile:
-            prof = plain_decode(target, prompts, args.new_tokens, device, profile=True)[2]
+            prof = plain_decode(target, prompts, args.new_tokens, device, profile=True,
+                                trace=trace_path(args, f"plain_bs{bs}"))[2]
             seconds = statistics.median(seconds for _, seconds in plain_runs)
             prof.update(wall_ms=1e3 * seconds / (args.new_tokens - 1), iterations=args.new_tokens - 1)
         rows.append({"config": "plain decode", "bs": bs, "tok_s": statistics.median(base_each), "accept_len": 1.0,
@@ -306,7 +318,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tokens, _, accept, iterations = each[-1]
             prof = None
             if args.profile:
-                prof = runs[s].profile(args.profile_iters)
+                prof = runs[s].profile(args.profile_iters,
+                                       trace_path(args, f"{s.algorithm}_{s.num_steps}_{s.topk}_{s.num_draft_tokens}_bs{bs}"))
                 prof.update(wall_ms=1e3 * statistics.median(x[1] for x in each) / iterations, iterations=iterations,
                             **step_times(runs[s].step_seconds, iterations))
             d = dirs[s.algorithm]
@@ -396,6 +409,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help='the spec rows\' FastOptions fields, e.g. \'{"launch_before_read": 4}\' (default: the defaults)')
     p.add_argument("--profile", action="store_true", help="count each row's per-iteration device work (CUDA)")
     p.add_argument("--profile-iters", type=int, default=12, help="steady-state iterations profiled per row")
+    p.add_argument("--trace", action="store_true",
+                   help="with --profile: each row's profiled window as a Chrome trace, OUT/traces/ROW.json")
     p.add_argument("--tuning-file", default="auto", metavar="FILE|auto|none",
                    help="load the linears' setup decisions from FILE ('auto': $SPEC_TUNING_FILE when set, else "
                         "bench/tuning/h200_smollm2.json on the GPU it was tuned on; 'none': time them here)")
@@ -463,6 +478,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--new-tokens {args.new_tokens}: at least 2")
     if any(bs < 1 for bs in args.bs):
         p.error(f"--bs {args.bs}: batch sizes are at least 1")
+    if args.trace and not args.profile:
+        p.error("--trace writes the --profile window's trace: add --profile")
     if args.profile and not torch.cuda.is_available():
         p.error("--profile counts CUDA work: no CUDA device here")
     most = max(s.num_steps + 1 for s in spec_setups(args))  # tokens one iteration may emit

@@ -22,7 +22,7 @@ import collections
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -84,8 +84,10 @@ def _idle(device: list[Any], issued: list[float]) -> tuple[float, float, collect
     return host, queued, by_kernel
 
 
-def profile_iterations(step: Callable[[], None], iterations: int) -> tuple[dict[str, float], dict[str, int]]:
-    """Run `step` `iterations` times under torch.profiler: (counts per iteration, eager call sites).
+def profile_iterations(step: Callable[[], None], iterations: int, trace: Optional[Path] = None
+                       ) -> tuple[dict[str, float], dict[str, int]]:
+    """Run `step` `iterations` times under torch.profiler: (counts per iteration, eager call sites);
+    `trace`: also write the window as a Chrome trace there (chrome://tracing, ui.perfetto.dev).
 
     The sites map "api @ file(line): function" to how often the window issued it (eager launches and
     host copies), and each device kernel's name to how often it ran ("kernel NAME") and its device
@@ -97,6 +99,8 @@ def profile_iterations(step: Callable[[], None], iterations: int) -> tuple[dict[
         for _ in range(iterations):
             step()
         torch.cuda.synchronize()
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
     events = prof.events()
     device = [e for e in events if _is_device(e)]
     host = [e for e in events if not _is_device(e)]

@@ -82,6 +82,24 @@ def test_bench_real_missing_gguf_fails_in_one_line(monkeypatch, capsys, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def test_bench_real_trace_needs_profile(monkeypatch, capsys, tmp_path) -> None:
+    """--trace writes the --profile window's Chrome trace: alone it is a one-line error before any work;
+    with --profile each row's trace goes to OUT/traces/ROW.json (`trace_path`)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import argparse
+
+    import bench_real
+
+    err = _refused(bench_real, capsys, ["--trace", "--out", str(tmp_path / "out")])
+    assert err == "bench_real.py: error: --trace writes the --profile window's trace: add --profile", err
+    assert not (tmp_path / "out").exists()
+    args = argparse.Namespace(out=str(tmp_path / "out"), trace=True)
+    assert bench_real.trace_path(args, "EAGLE3_5_4_8_bs1") == tmp_path / "out" / "traces" / "EAGLE3_5_4_8_bs1.json"
+    assert (tmp_path / "out" / "traces").is_dir()
+    assert bench_real.trace_path(argparse.Namespace(out=str(tmp_path / "other"), trace=False), "x") is None
+
+
 def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
     """Each bad --trees entry stops the run before the model loads, with a line naming it."""
     monkeypatch.syspath_prepend(str(REPO / "bench"))
