@@ -152,6 +152,24 @@ def test_a_step_makes_no_host_sync(train_root, toy_target, toy_prompts_file, mon
     assert [h["step"] for h in result.history] == [1, 2, 3] and result.seconds_per_step > 0
 
 
+def test_training_attention_never_takes_cudnn(train_root, toy_target, toy_prompts_file, monkeypatch) -> None:
+    """Every SDPA call of a run (the target's, while generating the data and in each step, and the
+    head's) runs with cuDNN's backend off (`trainer._attention_backends`: its per-shape host set-up
+    dominated a step on the H200), and the setting is restored when the run returns."""
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recorded(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorded)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    train_draft(toy_config("EAGLE3", toy_target, toy_prompts_file, train_root / "no_cudnn", steps=2))
+    assert len(seen) > 2 and not any(seen), seen
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_profile_steps_writes_table_and_trace(train_root, toy_target, toy_prompts_file) -> None:
     out = train_root / "profiled"
     train_draft(toy_config("EAGLE", toy_target, toy_prompts_file, out, steps=3, profile_steps=2))
