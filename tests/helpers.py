@@ -13,6 +13,13 @@ KERNEL_LOOP = {"frontier": "triton", "fuse": False, "attention": "dense", "eleme
 and Triton layers); `{**KERNEL_LOOP, "topk": "triton"}` adds the Triton top-k."""
 
 
+UNTIMED = {"linear": "gemv", "epilogues": "fused"}
+"""`FastOptions` fields for GPU tests in float32: the Triton GEMV on every linear with every epilogue fused,
+nothing timed at setup. No tuning file holds float32 decisions, and timing them from a cold Triton cache
+compiles every candidate configuration of every shape and row bucket: on the H200 the real model's
+float32 test spent all of a 420 s run there, before its first token."""
+
+
 def load_script(name: str) -> types.ModuleType:
     """The module of `scripts/<name>.py` (scripts are files, not an importable package)."""
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")

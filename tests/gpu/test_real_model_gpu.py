@@ -17,6 +17,7 @@ from spec_runtime.baseline import target_only_generate
 from spec_runtime.engine import SpecEngine
 from spec_runtime.runtime import Runtime
 from tests.gpu.test_graphs import _rescore
+from tests.helpers import UNTIMED
 
 pytestmark = pytest.mark.gpu
 
@@ -37,13 +38,6 @@ def real():
     except real_model.MissingPackageError as err:
         pytest.skip(f"no real model: {err}")
     return tdir, chat_prompts(tdir), draft_dirs(DRAFTS)
-
-
-FLOAT32_FAST = {"linear": "gemv", "epilogues": "fused"}
-"""float32's fast path: the Triton GEMV on every linear, every epilogue fused, nothing timed at setup.
-No tuning file holds float32 decisions, and timing them from a cold Triton cache took the whole of a
-420 s run (every candidate configuration compiled for every weight shape and row count) before the
-first token; these are the kernels a bf16 run takes on the H200 for these shapes."""
 
 
 def _engine(target, draft_dir, setup, executor: str, bs: int, fast=None) -> SpecEngine:
@@ -78,8 +72,8 @@ def test_real_model_float32_lossless(real, bs: int) -> None:
         target = load_target(tdir, torch.float32, "cuda")
         plain = target_only_generate(target, prompts, NEW_TOKENS)
         for setup in SETUPS:
-            graph = _run(_engine(target, dirs[setup.algorithm], setup, "cuda_graph", bs, FLOAT32_FAST), prompts)
-            eager = _run(_engine(target, dirs[setup.algorithm], setup, "eager", bs, FLOAT32_FAST), prompts)
+            graph = _run(_engine(target, dirs[setup.algorithm], setup, "cuda_graph", bs, UNTIMED), prompts)
+            eager = _run(_engine(target, dirs[setup.algorithm], setup, "eager", bs, UNTIMED), prompts)
             assert [o for o, _ in graph] == plain, setup.algorithm
             assert [a for _, a in graph] == [a for _, a in eager], setup.algorithm
             print(setup.algorithm, bs, "accept", [sum(a) / len(a) for _, a in graph])
