@@ -145,14 +145,19 @@ def load_cache(path: Path) -> int:
 
 def save_cache(path: Path) -> int:
     """Write this process's decisions to the tuning cache at `path` (through a temporary file and a
-    rename: a reader never sees half a file). Returns the entries written."""
+    rename: a reader never sees half a file). Returns the entries written; a cache that cannot be
+    written (a read-only or full disk) costs one warning and 0, never the run."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         count = save_decisions(tmp)
         if count:
             os.replace(tmp, path)
         return count
+    except OSError as err:
+        warnings.warn(f"tuning cache {path} not written ({err.strerror or err}): the next run times again",
+                      stacklevel=2)
+        return 0
     finally:
         tmp.unlink(missing_ok=True)

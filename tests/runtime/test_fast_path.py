@@ -388,6 +388,12 @@ def test_tuning_cache_keeps_decisions_between_processes(tmp_path, monkeypatch) -
     with pytest.warns(UserWarning, match="is not a file save_decisions wrote.*timing again and replacing the tuning cache"):
         setup(a)
     assert len(timed) == len(rows) and len(json.loads(path.read_text())["decisions"]) == len(rows)
+    # a cache that cannot be written: one warning, the run goes on with its decisions
+    real_replace = TF.os.replace
+    monkeypatch.setattr(TF.os, "replace", lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    with pytest.warns(UserWarning, match="not written \\(Permission denied\\): the next run times again"):
+        assert setup(torch.zeros(24, 32)) == [[1, 2, 4]]  # a new shape: timed, then the save fails
+    monkeypatch.setattr(TF.os, "replace", real_replace)
     # the environment's default; anything but 0 or 1 is refused by name
     for value, on in (("0", False), ("1", True)):
         monkeypatch.setenv("SPEC_TUNING_CACHE", value)
