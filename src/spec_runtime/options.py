@@ -177,10 +177,9 @@ class FastOptions:
                 continue
             if value not in allowed:
                 raise ValueError(f"FastOptions.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-        if not isinstance(self.tuning_cache, bool):
-            raise ValueError(f"FastOptions.tuning_cache must be True or False, got {self.tuning_cache!r}")
-        if not isinstance(self.launch_ahead, bool):
-            raise ValueError(f"FastOptions.launch_ahead must be True or False, got {self.launch_ahead!r}")
+        for name in ("launch_ahead", "tuning_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FastOptions.{name} must be True or False, got {getattr(self, name)!r}")
         if self.head_topk is not None and not isinstance(self.head_topk, bool):
             raise ValueError(f"FastOptions.head_topk must be None, True or False, got {self.head_topk!r}")
         if self.head_topk and self.topk == "torch":

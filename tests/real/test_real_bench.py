@@ -8,6 +8,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -48,6 +50,16 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     assert "EAGLE3 5/4/8" in (tmp_path / "merged" / "bench_real.md").read_text()
 
 
+@pytest.fixture
+def bench_real(monkeypatch):
+    """bench/bench_real.py as a module, with a bare argv (its main() parses the argv it is given)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
+    import bench_real
+
+    return bench_real
+
+
 def _refused(bench_real, capsys, argv: list[str]) -> str:
     """Runs bench_real with `argv`, which must stop with exit 2; returns its last stderr line."""
     try:
@@ -59,37 +71,25 @@ def _refused(bench_real, capsys, argv: list[str]) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_bench_real_missing_drafts_fail_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+def test_bench_real_missing_drafts_fail_in_one_line(bench_real, capsys, tmp_path) -> None:
     """A --drafts folder without the drafts stops the run before the model loads, naming the flag."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
-    import bench_real
-
     err = _refused(bench_real, capsys, ["--drafts", str(tmp_path), "--out", str(tmp_path / "out")])
     assert err.startswith(f"bench_real.py: error: --drafts {tmp_path}: no EAGLE3 draft in"), err
     assert not (tmp_path / "out").exists()
 
 
-def test_bench_real_missing_gguf_fails_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+def test_bench_real_missing_gguf_fails_in_one_line(bench_real, capsys, tmp_path) -> None:
     """A --gguf that is not a file stops the run before the model loads, even with a converted copy cached."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
-    import bench_real
-
     missing = tmp_path / "missing.gguf"
     err = _refused(bench_real, capsys, ["--gguf", str(missing), "--out", str(tmp_path / "out")])
     assert err == f"bench_real.py: error: --gguf {missing}: file not found", err
     assert not (tmp_path / "out").exists()
 
 
-def test_bench_real_trace_needs_profile(monkeypatch, capsys, tmp_path) -> None:
+def test_bench_real_trace_needs_profile(bench_real, capsys, tmp_path) -> None:
     """--trace writes the --profile window's Chrome trace: alone it is a one-line error before any work;
     with --profile each row's trace goes to OUT/traces/ROW.json (`trace_path`)."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
     import argparse
-
-    import bench_real
 
     err = _refused(bench_real, capsys, ["--trace", "--out", str(tmp_path / "out")])
     assert err == "bench_real.py: error: --trace writes the --profile window's trace: add --profile", err
@@ -100,12 +100,8 @@ def test_bench_real_trace_needs_profile(monkeypatch, capsys, tmp_path) -> None:
     assert bench_real.trace_path(argparse.Namespace(out=str(tmp_path / "other"), trace=False), "x") is None
 
 
-def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
+def test_bench_real_bad_trees_fail_in_one_line(bench_real, capsys) -> None:
     """Each bad --trees entry stops the run before the model loads, with a line naming it."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
-    import bench_real
-
     for tree, why in [("EAGLE3=5/4", "expected ALGORITHM=STEPS/TOPK/TOKENS"), ("MEDUSA=5/4/8", "'MEDUSA' is not one of"),
                       ("EAGLE3=5/4/99", "exceeds the largest tree"), ("STANDALONE=4/1/6", "topk 1 means a chain"),
                       ("EAGLE3=0/4/8", "at least 1")]:
@@ -113,13 +109,9 @@ def test_bench_real_bad_trees_fail_in_one_line(monkeypatch, capsys) -> None:
         assert err.startswith(f"bench_real.py: error: --trees {tree}: ") and why in err, err
 
 
-def test_bench_real_tuning_file_choice(monkeypatch, capsys, tmp_path) -> None:
+def test_bench_real_tuning_file_choice(bench_real, capsys, tmp_path) -> None:
     """`--tuning-file auto` loads $SPEC_TUNING_FILE, else the shipped file only on the GPU it was tuned on;
     a file tuned elsewhere, missing or not a tuning file is a one-line error before the model loads."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    monkeypatch.setattr(sys, "argv", ["bench_real.py"])
-    import bench_real
-
     shipped = bench_real.SHIPPED_TUNING
     tuned_on = json.loads(shipped.read_text())["meta"]["device_name"]
     choose = bench_real.tuning_choice
