@@ -67,3 +67,30 @@ def test_parallel_child_failure_names_its_log(script, monkeypatch, capsys, tmp_p
         assert log[alg]["log"] == str(path)
         assert log[alg]["error"].startswith("exit 2: ") and f"--target {target}: no config.json" in log[alg]["error"]
         assert f"{alg} failed (exit 2: " in err
+
+
+def test_parallel_frees_the_data_generations_gpu_memory_first(script, monkeypatch, tmp_path: Path) -> None:
+    """`--parallel`: the parent hands its allocator's cached GPU memory back after generating the
+    shared data and before the first child starts (else an EAGLE-3 child's `--cache-target` check saw
+    24.3 of 143 GiB free on an H200 and refused)."""
+    events: list[str] = []
+
+    class Child:
+        returncode = 1
+
+        def __init__(self, cmd, **kwargs) -> None:
+            events.append("child")
+
+        def wait(self) -> int:
+            return 1
+
+    monkeypatch.setattr(script, "prepare_data", lambda target, args: events.append("data"))
+    monkeypatch.setattr(script.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(script.torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    monkeypatch.setattr(script.subprocess, "Popen", Child)
+    monkeypatch.setattr(sys, "argv", ["train_real_drafts.py", "--target", str(tmp_path), "--parallel"])
+    log: dict = {}
+    script.run_parallel(tmp_path, argparse.Namespace(algorithms=["EAGLE3", "STANDALONE"], out=tmp_path / "out",
+                                                     pack=False), log)
+    assert events == ["data", "empty_cache", "child", "child"]
+    assert log["EAGLE3"]["error"] == "exit 1"
