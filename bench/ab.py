@@ -1,7 +1,7 @@
 """A/B harness: fast-path variants side by side in one process on one GPU, bs=1.
 
     python3 bench/ab.py --out OUT --variants 'gemv:{};cublas:{"linear":"torch"}' \\
-        [--algorithms plain,EAGLE3,STANDALONE] [--rounds 2] [--tuning-file bench/tuning/h200.json] [--tiny]
+        [--algorithms plain,EAGLE3,STANDALONE] [--rounds 2] [--tuning-file src/spec_kernels/tuned/nvidia-h200.json] [--tiny]
 
 Two runs of bench_e2e.py a few minutes apart, or on two machines of the same kind, differ by 1-2 %;
 a change worth less than that shows only when both sides run in one process, alternating. Each

@@ -18,7 +18,7 @@ each algorithm's tokens equal to plain decode's at the same place (bf16 near-tie
 re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md and bench_real.png
 (tokens/s per configuration and batch size) to --out, and on CUDA the process's setup decisions (the
 linears' kernels, timed at setup) to tuning.json: runs in two processes can differ by those choices, so
-on the GPU the shipped file was tuned on (`bench/tuning/h200_smollm2.json`) a run loads its decisions
+on the GPU the shipped file was tuned on (`src/spec_kernels/tuned/nvidia-h200.json`) a run loads its decisions
 unless told otherwise (`--tuning-file auto`, the default: `$SPEC_TUNING_FILE` when set, else the shipped
 file on its kind of GPU, else none; `none`: time them in this process; or a file `--save-tuning` wrote).
 The runtime's own tuning cache stays off (`SPEC_TUNING_CACHE=0` unless the environment says otherwise).
@@ -50,8 +50,9 @@ from typing import Any, Optional
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_TUNING = ROOT / "bench" / "tuning" / "h200_smollm2.json"
-"""The linears' decisions the README's table ran with (`--save-tuning` of an H200 run)."""
+SHIPPED_TUNING = ROOT / "src" / "spec_kernels" / "tuned" / "nvidia-h200.json"
+"""The linears' decisions the README's table ran with (`--save-tuning` of an H200 run; shipped with the
+package, where the runtime's tuning cache starts from them)."""
 
 
 def tuning_choice(arg: str, env: Optional[str], device_name: Optional[str]) -> Optional[Path]:
@@ -413,7 +414,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="with --profile: each row's profiled window as a Chrome trace, OUT/traces/ROW.json")
     p.add_argument("--tuning-file", default="auto", metavar="FILE|auto|none",
                    help="load the linears' setup decisions from FILE ('auto': $SPEC_TUNING_FILE when set, else "
-                        "bench/tuning/h200_smollm2.json on the GPU it was tuned on; 'none': time them here)")
+                        "src/spec_kernels/tuned/nvidia-h200.json on the GPU it was tuned on; 'none': time them here)")
     p.add_argument("--save-tuning", type=Path, default=None, metavar="FILE",
                    help="write the linears' setup decisions here (default: tuning.json in --out, on CUDA; "
                         "SPEC_TUNING_FILE=FILE loads them in a later run)")

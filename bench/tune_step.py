@@ -1,6 +1,6 @@
 """Refine the plain bs=1 decode step's GEMV decisions in the real step (8B target), from a tuning file.
 
-    python3 bench/tune_step.py --out OUT --base bench/tuning/h200.json
+    python3 bench/tune_step.py --out OUT --base src/spec_kernels/tuned/nvidia-h200.json
 
 The setup's tuner (`gpu.models`) times each projection alone or in short CUDA-graph chains; the
 real decode step disagrees with those chains on a few one-row shapes (the chains miss how a

@@ -2,7 +2,8 @@
 `spec_kernels.gemv`'s tuned configurations) saved as JSON and loaded into another, which then times
 nothing they cover (`FastOptions.tuning_file`, the benchmark's `--save-tuning` / `--tuning-file`), and
 the per-GPU cache that keeps them between runs (`FastOptions.tuning_cache`: `cache_file`, `load_cache`,
-`save_cache`).
+`save_cache`), which starts from the decisions shipped for the kind of GPU (`spec_kernels/tuned/`,
+`shipped_file`, `load_shipped`).
 """
 
 import dataclasses
@@ -16,8 +17,8 @@ import torch
 
 from spec_kernels import tuning as T
 
-__all__ = ["cache_file", "decision_count", "load_cache", "load_decisions", "load_tuning_file", "save_cache",
-           "save_decisions"]
+__all__ = ["cache_file", "decision_count", "load_cache", "load_decisions", "load_shipped", "load_tuning_file",
+           "save_cache", "save_decisions", "shipped_file"]
 
 _TUNING_LOADED: set[str] = set()
 """Tuning files already loaded in this process (`load_tuning_file` loads each once)."""
@@ -114,18 +115,57 @@ def decision_count() -> int:
     return len(T._GEMV_DECISIONS) + len(G._TUNED) + len(T._EPILOGUE_DECISIONS)
 
 
-def cache_file(root: Any) -> Path:
-    """The tuning cache under `root` for this process's device and its torch and triton versions
-    (decisions timed under other versions are not reused: their kernels compile differently)."""
+SHIPPED_DIR = Path(__file__).with_name("tuned")
+"""Decisions shipped with the package, one file per kind of GPU (`shipped_file`)."""
+
+
+def _triton_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        triton_version = version("triton")
+        return version("triton")
     except PackageNotFoundError:
-        triton_version = "none"
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    key = f"{name}-torch{torch.__version__}-triton{triton_version}"
-    return Path(root) / (re.sub(r"[^a-z0-9.]+", "-", key.lower()).strip("-") + ".json")
+        return "none"
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def _slug(key: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", key.lower()).strip("-")
+
+
+def cache_file(root: Any) -> Path:
+    """The tuning cache under `root` for this process's device and its torch and triton versions
+    (decisions timed under other versions are not reused: their kernels compile differently)."""
+    return Path(root) / (_slug(f"{_device_name()}-torch{torch.__version__}-triton{_triton_version()}") + ".json")
+
+
+def shipped_file() -> Optional[Path]:
+    """The decisions shipped for this process's kind of GPU (`spec_kernels/tuned/<device>.json`, e.g.
+    `nvidia-h200.json`: the README's benchmarks' shapes), or None: no file for it, or one tuned under
+    another triton version (its configurations may not compile the same)."""
+    path = SHIPPED_DIR / (_slug(_device_name()) + ".json")
+    if not path.is_file():
+        return None
+    import json
+
+    try:
+        meta = json.loads(path.read_text())["meta"]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+    return path if meta.get("triton") == _triton_version() else None
+
+
+def load_shipped() -> int:
+    """`shipped_file`'s decisions, loaded once per process (0: none for this GPU, or loaded before).
+    The tuning cache loads after them: what this machine timed wins."""
+    path = shipped_file()
+    if path is None or str(path) in _TUNING_LOADED:
+        return 0
+    _TUNING_LOADED.add(str(path))
+    return load_decisions(path)
 
 
 def load_cache(path: Path) -> int:

@@ -403,3 +403,59 @@ def test_tuning_cache_keeps_decisions_between_processes(tmp_path, monkeypatch) -
         M.FastOptions()
     with pytest.raises(ValueError, match="FastOptions.tuning_cache must be True or False, got 'no'"):
         M.FastOptions(tuning_cache="no", tuning_file=None)
+
+
+def test_tuning_cache_starts_from_the_decisions_shipped_for_the_gpu(tmp_path, monkeypatch) -> None:
+    """On a kind of GPU the package ships decisions for (`spec_kernels/tuned/nvidia-h200.json`, under
+    the triton version it records), a setup with the tuning cache on loads them first, once per
+    process, and times nothing they cover; the cache then loads over them. Another GPU, another
+    triton, or the cache off: nothing shipped is loaded."""
+    import json
+
+    from spec_kernels import gemv as G
+    from spec_kernels import tuning as T
+    from spec_kernels import tuning_file as TF
+    from spec_runtime.gpu import models as M
+
+    shipped = TF.SHIPPED_DIR / "nvidia-h200.json"
+    meta = json.loads(shipped.read_text())["meta"]
+    assert meta["device_name"] == "NVIDIA H200"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device = {"name": "NVIDIA H200"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: device["name"])
+    triton = {"version": meta["triton"]}
+    monkeypatch.setattr(TF, "_triton_version", lambda: triton["version"])
+
+    def new_process() -> None:
+        for name in ("_GEMV_DECISIONS", "_EPILOGUE_DECISIONS"):
+            monkeypatch.setattr(T, name, {})
+        monkeypatch.setattr(G, "_TUNED", {})
+        monkeypatch.setattr(TF, "_TUNING_LOADED", set())
+
+    def setup(cache: bool = True) -> int:
+        be = M.FastBackend(M.FastOptions(elementwise="triton", tuning_file=None, tuning_cache=cache),
+                           torch.device("cpu"))
+        be.linear, be.epilogues = "auto", frozenset()  # as on CUDA
+        be.choose_linears([])
+        return TF.decision_count()
+
+    # SmolLM2-135M's fused QKV at one row, bf16, as the README's benchmark runs it
+    smollm2_qkv = ((960, 576), torch.bfloat16, False, 1, "cuda:0")
+    new_process()
+    assert TF.shipped_file() == shipped
+    assert setup() == 325 and smollm2_qkv in T._GEMV_DECISIONS
+    assert TF.load_shipped() == 0  # once per process
+    # what this machine timed (its cache) loads after the shipped decisions and wins
+    from spec_runtime.options import tuning_cache_dir
+
+    T._GEMV_DECISIONS[smollm2_qkv] = T.GemvDecision(None, 0.5, None)
+    assert TF.save_cache(TF.cache_file(tuning_cache_dir())) == 325
+    new_process()
+    assert setup() == 325 and T._GEMV_DECISIONS[smollm2_qkv] == T.GemvDecision(None, 0.5, None)
+    for name, version, cache in (("NVIDIA H200 NVL", meta["triton"], True), ("NVIDIA H200", "3.5.0", True),
+                                 ("NVIDIA H200", meta["triton"], False)):
+        device["name"], triton["version"] = name, version
+        new_process()
+        assert setup(cache) == 0 and smollm2_qkv not in T._GEMV_DECISIONS, (name, version, cache)
+    assert TF.shipped_file() == shipped  # H200, the recorded triton: found, only the cache was off

@@ -78,6 +78,8 @@ def test_each_wheel_is_built_from_its_sdist_and_holds_its_packages(built, name) 
         files = [f for f in z.namelist() if ".dist-info/" not in f]
     assert {f.split("/")[0] for f in files} == PACKAGES[name]
     assert all(f"{pkg}/py.typed" in files for pkg in PACKAGES[name])
+    if name == "spec_runtime":  # package data: the training prompts, the decisions shipped per GPU
+        assert {"spec_train/prompts_mix.jsonl", "spec_kernels/tuned/nvidia-h200.json"} <= set(files)
     with tarfile.open(sdist) as t:
         sources = {m.name.split("/", 1)[1] for m in t.getmembers() if m.isfile() and "/" in m.name}
     packages = {s.split("/")[1] for s in sources if s.startswith("src/") and ".egg-info/" not in s}

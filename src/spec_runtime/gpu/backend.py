@@ -134,8 +134,8 @@ class FastBackend:
 
     def choose_linears(self, linears: Sequence[Linear], log: Optional[list] = None) -> None:
         """Pick cuBLAS or the Triton GEMV per weight shape and row bucket (timed on CUDA, after
-        loading the tuning cache and `FastOptions.tuning_file`; the cache is written again when
-        something was timed).
+        loading the decisions shipped for this kind of GPU, the tuning cache and
+        `FastOptions.tuning_file`; the cache is written again when something was timed).
 
         Raises:
             ValueError: a `FastOptions.gemv_rows` entry outside 1..`spec_kernels.gemv.MAX_M`.
@@ -150,6 +150,7 @@ class FastBackend:
             raise ValueError(f"FastOptions.gemv_rows: {bad} not row counts the GEMV takes (1 to {MAX_M})")
         cache = TF.cache_file(tuning_cache_dir()) if self.linear == "auto" and self.options.tuning_cache else None
         if cache is not None:
+            TF.load_shipped()
             TF.load_cache(cache)
         TF.load_tuning_file(self.options.tuning_file)
         held = TF.decision_count()
