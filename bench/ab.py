@@ -1,7 +1,8 @@
 """A/B harness: fast-path variants side by side in one process on one GPU, bs=1.
 
     python3 bench/ab.py --out OUT --variants 'gemv:{};cublas:{"linear":"torch"}' \\
-        [--algorithms plain,EAGLE3,STANDALONE] [--rounds 2] [--tuning-file src/spec_kernels/tuned/nvidia-h200.json] [--tiny]
+        [--algorithms plain,EAGLE3,STANDALONE] [--rounds 2] [--tuning-file src/spec_kernels/tuned/nvidia-h200.json]
+        [--shape 8b|smollm2] [--tiny]
 
 Two runs of bench_e2e.py a few minutes apart, or on two machines of the same kind, differ by 1-2 %;
 a change worth less than that shows only when both sides run in one process, alternating. Each
@@ -12,7 +13,11 @@ verify passes with the accept count forced, with a CUDA event pair around every 
 Rounds alternate the variants' order, so that drift of the machine shows as a disagreement between
 rounds. The models are the benchmark's (`bench_e2e.py`): an 8B-shaped target with random bf16
 weights, the public 8B EAGLE heads' shapes, a 1B-shaped STANDALONE draft (`--tiny`: tiny shapes, a
-quick check of the harness itself).
+quick check of the harness itself). `--shape smollm2`: SmolLM2-135M-Instruct's shapes with its shipped
+drafts' (random weights; EAGLE-1's head without the hot-token map), each algorithm on its
+`demo_real.SETUPS` tree at the accept length the README's real-model table measured at bs=1 (EAGLE-3
+3.43, EAGLE 2.70, STANDALONE 2.27): at that size a step is some 250 kernels of a few µs each, so what
+a kernel choice costs there need not be what it costs at 8B.
 
 A variant is `name:JSON`, variants separated by ';'. The JSON object holds:
 
@@ -25,7 +30,10 @@ A variant is `name:JSON`, variants separated by ';'. The JSON object holds:
   step time against the full step's is what those launches cost in place, overlap included,
   which a profile under PDL (every kernel starting early and waiting) cannot say;
 - `"buckets": [1, 8, 32]`: the spec runtimes' captured batch sizes (default [1]);
-  `"steps_per_graph": K`: the plain decode's steps per graph (default 8).
+  `"steps_per_graph": K`: the plain decode's steps per graph (default 8);
+- `"attention": {"fused_merge_rows": [1, 2, 8], "early_kv_rows": 2, "skip_empty_min_rows": 1,
+  "tail_rows": [1], "merge_unroll": 8}`: `spec_kernels.attention`'s per-row-count choices
+  (`FUSED_MERGE_ROWS`, ...) for this variant's captures, restored after it.
 
 With `--tuning-file PATH` (a `bench_e2e.py --save-tuning` file of the same kind of GPU), every
 variant loads its decisions (with its own `gemv` overrides) before it is built: the setup times only
@@ -53,14 +61,19 @@ for _path in (ROOT / "src", ROOT / "bench"):
         sys.path.insert(0, str(_path))
 
 from e2e_measure import SPEC, random_prompts, run_spec_once  # noqa: E402  (after the path set-up)
-from e2e_models import build_draft, build_target, llama_config  # noqa: E402
+from e2e_models import build_draft, build_target, llama_config, smollm2_config  # noqa: E402
 
-SPECIAL_KEYS = ("gemv", "leave_out", "buckets", "steps_per_graph")
+SPECIAL_KEYS = ("gemv", "leave_out", "buckets", "steps_per_graph", "attention")
 """Variant keys that are not `FastOptions` fields."""
 LEAVE_OUT = ("norm", "attn", "lm_head")
 """What a variant's `leave_out` may name."""
 SIMULATED_ACCEPT = {"EAGLE3": 5.4, "STANDALONE": 3.6, "EAGLE": 3.6}
 """Accept length each algorithm's iterations are forced to (the README's headline rows)."""
+SMOLLM2_ACCEPT = {"EAGLE3": 3.43, "EAGLE": 2.70, "STANDALONE": 2.27}
+"""`--shape smollm2`: the accept lengths of the README's real-model table at bs=1."""
+ATTENTION_KNOBS = {"fused_merge_rows": "FUSED_MERGE_ROWS", "early_kv_rows": "EARLY_KV_ROWS",
+                   "skip_empty_min_rows": "SKIP_EMPTY_MIN_ROWS", "tail_rows": "TAIL_ROWS", "merge_unroll": "MERGE_UNROLL"}
+"""A variant's `attention` keys and the `spec_kernels.attention` names they set."""
 
 
 def parse_variants(text: str) -> list[tuple[str, dict]]:
@@ -90,6 +103,10 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         if unknown:
             raise ValueError(f"--variants: variant {name!r}: unknown keys {unknown} (FastOptions fields or "
                              f"{', '.join(SPECIAL_KEYS)})")
+        knobs = options.get("attention", {})
+        if not isinstance(knobs, dict) or set(knobs) - set(ATTENTION_KNOBS):
+            raise ValueError(f"--variants: variant {name!r}: attention takes an object of "
+                             f"{', '.join(ATTENTION_KNOBS)}, got {json.dumps(knobs)}")
         parts = set(options.get("leave_out", [])) - set(LEAVE_OUT)
         if parts:
             raise ValueError(f"--variants: variant {name!r}: leave_out {sorted(parts)} not in {list(LEAVE_OUT)}")
@@ -159,6 +176,21 @@ def left_out(parts: tuple[str, ...] | list[str]):
             setattr(owner, name, value)
 
 
+@contextlib.contextmanager
+def attention_knobs(knobs: dict):
+    """`spec_kernels.attention`'s choices set as `knobs` names them (lists become tuples), restored after."""
+    from spec_kernels import attention as A
+
+    saved = {name: getattr(A, name) for name in ATTENTION_KNOBS.values()}
+    try:
+        for key, value in knobs.items():
+            setattr(A, ATTENTION_KNOBS[key], tuple(value) if isinstance(value, list) else value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(A, name, value)
+
+
 def _graph_ms(graph: Any, reps: int = 100) -> float:
     """ms per replay of a captured CUDA graph, back to back (after 5 warm-up replays)."""
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -211,14 +243,15 @@ def plain_step_ms(target: Any, fast: dict, steps: int = 255, steps_per_graph: in
             "ms_per_step_runs": times[1:], "linear_log": list(runner.linear_log)}
 
 
-def spec_iter_ms(algorithm: str, target: Any, draft: Any, sim: float, fast: dict, buckets: tuple = (1,)) -> dict:
+def spec_iter_ms(algorithm: str, target: Any, draft: Any, sim: float, fast: dict, buckets: tuple = (1,),
+                 tree: Optional[tuple[int, int, int]] = None) -> dict:
     """bs=1 spec iterations (128-token prompt, 256 new tokens, accept length forced to `sim`) with
     a CUDA event pair around every graph replay: ms per iteration, tokens/s, ms per graph call."""
     import spec_runtime.executors.graphs as G
     from spec_runtime.engine import SpecEngine
     from spec_runtime.runtime import Runtime, SimulatedAccept
 
-    steps, topk, n = SPEC[algorithm]
+    steps, topk, n = tree or SPEC[algorithm]
     rt = Runtime.create(target, draft, algorithm, num_steps=steps, topk=topk, num_draft_tokens=n,
                         max_batch_size=max(buckets), max_context=128 + 256 + n + 8, executor="cuda_graph",
                         buckets=tuple(buckets), seed=0, fast=fast)
@@ -252,6 +285,15 @@ def spec_iter_ms(algorithm: str, target: Any, draft: Any, sim: float, fast: dict
     return res
 
 
+def shape_setups(smollm2: bool) -> tuple[dict[str, float], dict[str, tuple[int, int, int]]]:
+    """(accept length forced per algorithm, tree per algorithm; {}: `e2e_measure.SPEC`'s) for the shapes."""
+    if not smollm2:
+        return SIMULATED_ACCEPT, {}
+    from spec_runtime.demo_real import SETUPS
+
+    return SMOLLM2_ACCEPT, {s.algorithm: (s.num_steps, s.topk, s.num_draft_tokens) for s in SETUPS}
+
+
 def summary(rounds: list[dict], names: list[str]) -> dict:
     """Best (lowest) ms per variant and algorithm over the rounds, and its difference from the
     first variant's in % (negative: faster)."""
@@ -276,6 +318,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tuning-file", default=None, help="setup decisions every variant starts from")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (a quick check of the harness)")
+    p.add_argument("--shape", choices=("8b", "smollm2"), default="8b",
+                   help="the models' shapes: the 8B benchmark's, or SmolLM2-135M with its shipped drafts'")
     a = p.parse_args(argv)
     try:
         variants = parse_variants(a.variants)
@@ -300,10 +344,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = llama_config(a.tiny)
+    smollm2 = a.shape == "smollm2" and not a.tiny
+    cfg = smollm2_config() if smollm2 else llama_config(a.tiny)
+    accept, trees = shape_setups(smollm2)
     t0 = time.time()
     target = build_target(cfg, torch.bfloat16, "cuda", seed=0)
-    drafts = {x: build_draft(x, target, cfg, a.tiny, torch.bfloat16, "cuda") for x in algorithms if x != "plain"}
+    drafts = {x: build_draft(x, target, cfg, a.tiny, torch.bfloat16, "cuda", smollm2=smollm2)
+              for x in algorithms if x != "plain"}
     res: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
                  "variants": dict(variants), "rounds": []}
     for r in range(a.rounds):
@@ -314,13 +361,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             for model in (target, *drafts.values()):  # rebuilt per variant (one variant's weights at a time)
                 model.__dict__.pop("_spec_fast_models", None)
             row: dict = {"round": r, "variant": name}
-            with left_out(options.get("leave_out", [])):
+            with left_out(options.get("leave_out", [])), attention_knobs(options.get("attention", {})):
                 for alg in algorithms:
                     if alg == "plain":
                         row[alg] = plain_step_ms(target, fast, steps_per_graph=options.get("steps_per_graph", 8))
                     else:
-                        row[alg] = spec_iter_ms(alg, target, drafts[alg], SIMULATED_ACCEPT[alg], fast,
-                                                tuple(options.get("buckets", [1])))
+                        row[alg] = spec_iter_ms(alg, target, drafts[alg], accept[alg], fast,
+                                                tuple(options.get("buckets", [1])), trees.get(alg))
                     torch.cuda.empty_cache()
             res["rounds"].append(row)
             brief = {k: round(v.get("ms_per_step", v.get("ms_per_iter")), 4) for k, v in row.items() if isinstance(v, dict)}

@@ -1,5 +1,6 @@
-"""bench_e2e's models: Llama config dicts (the 8B target, the 1B STANDALONE draft, tiny shapes),
-the EAGLE-1 / EAGLE-3 head configs, and random-weight builders of the target and each draft."""
+"""bench_e2e's models: Llama config dicts (the 8B target, the 1B STANDALONE draft, tiny shapes; and
+SmolLM2-135M-Instruct with its shipped drafts' shapes for `ab.py --shape smollm2`), the EAGLE-1 /
+EAGLE-3 head configs, and random-weight builders of the target and each draft."""
 
 from typing import Any
 
@@ -29,14 +30,26 @@ def llama_config(tiny: bool, small_draft: bool = False) -> dict[str, Any]:
     }
 
 
+def smollm2_config(small_draft: bool = False) -> dict[str, Any]:
+    """SmolLM2-135M-Instruct's shapes (`small_draft`: the shipped STANDALONE draft's, hidden 192, 4 layers)."""
+    h, layers, heads, kv, inter = (192, 4, 3, 1, 512) if small_draft else (576, 30, 9, 3, 1536)
+    return {**llama_config(False), "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": 64, "vocab_size": 49152,
+            "rope_theta": 100000.0, "rope_scaling": None, "max_position_embeddings": 8192, "tie_word_embeddings": True}
+
+
+SMOLLM2_DRAFT_VOCAB = 8192
+"""The shipped EAGLE-3 head's draft vocabulary (`drafts/smollm2-135m/eagle3`)."""
+
+
 def eagle1_config(target_cfg: dict[str, Any]) -> dict[str, Any]:
     return {**target_cfg, "num_hidden_layers": 1, "bias": True, "tie_word_embeddings": False}
 
 
-def eagle3_config(target_cfg: dict[str, Any], tiny: bool) -> dict[str, Any]:
+def eagle3_config(target_cfg: dict[str, Any], tiny: bool, draft_vocab: int = 32000) -> dict[str, Any]:
     n = target_cfg["num_hidden_layers"]
     return {**target_cfg, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle3"],
-            "draft_vocab_size": 96 if tiny else 32000, "target_hidden_size": target_cfg["hidden_size"],
+            "draft_vocab_size": 96 if tiny else draft_vocab, "target_hidden_size": target_cfg["hidden_size"],
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, n // 2, n - 3], "use_aux_hidden_state": True},
             "tie_word_embeddings": False}
 
@@ -62,20 +75,24 @@ def build_target(cfg: dict[str, Any], dtype: torch.dtype, device: str, seed: int
     return model.eval()
 
 
-def build_draft(algorithm: str, target, target_cfg: dict[str, Any], tiny: bool, dtype: torch.dtype, device: str):
+def build_draft(algorithm: str, target, target_cfg: dict[str, Any], tiny: bool, dtype: torch.dtype, device: str,
+                smollm2: bool = False):
+    """A random-weight draft for `target`: the 8B benchmark's (or tiny) shapes, or with `smollm2` those of
+    SmolLM2-135M's shipped drafts (STANDALONE hidden 192, EAGLE-3 draft vocabulary 8192)."""
     from spec_runtime.models.eagle import Eagle1Head
     from spec_runtime.models.eagle3 import Eagle3Head, Eagle3Settings
     from spec_runtime.models.llama import LlamaArch, StandaloneDraft
 
     if algorithm == "STANDALONE":
-        return StandaloneDraft(build_target(llama_config(tiny, small_draft=True), dtype, device, seed=11))
+        cfg = smollm2_config(small_draft=True) if smollm2 else llama_config(tiny, small_draft=True)
+        return StandaloneDraft(build_target(cfg, dtype, device, seed=11))
     if algorithm == "EAGLE":
         cfg = eagle1_config(target_cfg)
         head = Eagle1Head(LlamaArch.from_hf_config(cfg), target, bias=True, dtype=dtype, device=device)
         _init_(head, seed=12)
         head.hf_config = cfg
         return head.eval()
-    cfg = eagle3_config(target_cfg, tiny)
+    cfg = eagle3_config(target_cfg, tiny, SMOLLM2_DRAFT_VOCAB if smollm2 else 32000)
     settings = Eagle3Settings.from_config(cfg, target)
     head = Eagle3Head(LlamaArch.from_hf_config(cfg), settings, target, dtype=dtype, device=device)
     _init_(head, seed=13)

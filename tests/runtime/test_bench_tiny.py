@@ -152,3 +152,45 @@ def test_bench_fast_options_reach_the_spec_runtimes(tmp_path) -> None:
     data = json.loads((tmp_path / "out" / "bench_e2e.json").read_text())
     assert data["meta"]["fast"] == {"head_topk": True}, res.stderr[-2000:]
     assert any("head_topk needs the Triton top-k" in str(e) for e in data["errors"]), data["errors"]
+
+
+def test_ab_smollm2_shapes_and_attention_knobs() -> None:
+    """`bench/ab.py --shape smollm2`: the target's and STANDALONE draft's shapes are the shipped drafts'
+    (the EAGLE heads' configs carry the target's), each algorithm runs its `demo_real.SETUPS` tree; a
+    variant's `attention` choices are set on `spec_kernels.attention` for the variant and restored."""
+    import json
+
+    import pytest
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import ab as A
+        import e2e_models as E
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    from spec_kernels import attention as K
+    from spec_runtime.demo_real import SETUPS
+
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "tie_word_embeddings")
+    drafts = REPO / "drafts" / "smollm2-135m"
+    standalone = json.loads((drafts / "standalone" / "config.json").read_text())
+    assert {k: E.smollm2_config(small_draft=True)[k] for k in keys} == {k: standalone[k] for k in keys}
+    assert E.smollm2_config()["rope_theta"] == standalone["rope_parameters"]["rope_theta"]
+    head = json.loads((drafts / "eagle3" / "config.json").read_text())
+    cfg = E.eagle3_config(E.smollm2_config(), False, E.SMOLLM2_DRAFT_VOCAB)
+    for k in (*keys[:2], *keys[3:7], "rope_theta", "draft_vocab_size", "target_hidden_size", "eagle_config"):
+        assert cfg[k] == head[k], k
+    accept, trees = A.shape_setups(True)
+    assert trees == {s.algorithm: (s.num_steps, s.topk, s.num_draft_tokens) for s in SETUPS}
+    assert set(accept) == set(trees) and A.shape_setups(False) == (A.SIMULATED_ACCEPT, {})
+    got = A.parse_variants('base:{};fm:{"attention":{"fused_merge_rows":[1,2,8],"merge_unroll":4}}')
+    assert got[1] == ("fm", {"attention": {"fused_merge_rows": [1, 2, 8], "merge_unroll": 4}})
+    for bad in ('a:{"attention":{"fused_merge":[8]}}', 'a:{"attention":[8]}'):
+        with pytest.raises(ValueError, match="variant 'a': attention takes an object of fused_merge_rows"):
+            A.parse_variants(bad)
+    before = (K.FUSED_MERGE_ROWS, K.MERGE_UNROLL, K.EARLY_KV_ROWS)
+    with A.attention_knobs(got[1][1]["attention"]):
+        assert K.FUSED_MERGE_ROWS == (1, 2, 8) and K.merge_mode(8) == "fused" and K.MERGE_UNROLL == 4
+        assert K.EARLY_KV_ROWS == before[2]
+    assert (K.FUSED_MERGE_ROWS, K.MERGE_UNROLL, K.EARLY_KV_ROWS) == before and K.merge_mode(8) == "kernel"
