@@ -315,7 +315,7 @@ def _generate(args: argparse.Namespace) -> int:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         stops = _token_ids(args.stop_token_ids, "--stop-token-ids", negative_ok=False)
         prompts, tokenizer = _prompts(args)
-        engine = _load_engine(args)
+        engine = _load_engine(args, len(prompts))
         bad = [t for t in stops if t >= _vocab(engine)]
         if bad:
             raise ValueError(f"--stop-token-ids: token ids {bad[:5]} are outside the vocabulary [0, {_vocab(engine)})")
@@ -367,8 +367,14 @@ def _vocab(engine: Any) -> int:
     return engine.vocab if hasattr(engine, "vocab") else engine.rt.spec_config.vocab
 
 
-def _load_engine(args: argparse.Namespace) -> Any:
-    """`SpecEngine` with the draft; without `--draft`, the target alone (`plain.TargetOnlyEngine`)."""
+MAX_BATCH = 8
+"""`generate`'s largest batch: more prompts wait for a free row."""
+
+
+def _load_engine(args: argparse.Namespace, prompts: int) -> Any:
+    """`SpecEngine` with the draft, sized for `prompts` requests at once (at most `MAX_BATCH`: on CUDA
+    the graphs of one batch size are captured, not those of 1, 2, 4 and 8, so a one-prompt run sets
+    up about a quarter of the graphs); without `--draft`, the target alone (`plain.TargetOnlyEngine`)."""
     import torch
 
     from .engine import SpecEngine
@@ -381,7 +387,7 @@ def _load_engine(args: argparse.Namespace) -> Any:
     return SpecEngine.from_pretrained(
         args.target, args.draft, args.speculative_algorithm,
         num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
-        num_draft_tokens=args.speculative_num_draft_tokens, dtype=dtype,
+        num_draft_tokens=args.speculative_num_draft_tokens, dtype=dtype, max_batch_size=min(MAX_BATCH, prompts),
         device=args.device, max_context=args.max_context, seed=args.seed, executor=args.executor,
         token_map=_token_map_arg(args.speculative_token_map),
     )

@@ -105,3 +105,24 @@ def test_demo_prints_the_table_and_is_lossless(tmp_path, capsys) -> None:
     assert [r[0] for r in demo_table()] == [r[0] for r in printed] and demo_table()[0] == printed[0]
     assert "Expected size 4096 but got size 2048" in out  # the raw torch error of the historical bug
     assert "SpecContractError: DraftInput.hidden_states: axis hidden_draft (dim 1) expected 2048" in out
+
+
+@pytest.mark.parametrize("prompts,buckets", [(1, (1,)), (3, (1, 2, 3)), (11, (1, 2, 4, 8))])
+def test_generate_sizes_the_batch_for_its_prompts(dirs, capsys, monkeypatch, prompts, buckets) -> None:
+    """`generate` sizes the engine for its prompts (at most 8 at once, the rest wait): the graph path
+    captures those batch sizes only (here its CPU mirror, `--executor static`), and every prompt
+    still decodes as target-only greedy."""
+    from spec_runtime.engine import SpecEngine
+
+    engines = []
+    load = SpecEngine.from_pretrained.__func__
+    monkeypatch.setattr(SpecEngine, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: engines.append(load(cls, *a, **k)) or engines[-1]))
+    ids = [[1 + i, 2, 3 + i] for i in range(prompts)]
+    flags = [f for p in ids for f in ("--prompt-ids", ",".join(map(str, p)))]
+    code, out = _generate(capsys, "--target", str(dirs["target"]), "--draft", str(dirs["eagle3"]),
+                          "--executor", "static", "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
+                          "--speculative-num-draft-tokens", "4", *flags, "--max-new-tokens", "5", "--json")
+    assert code == 0 and engines[0].rt.runner.buckets == buckets
+    expected = target_only_generate(load_target(dirs["target"]), ids, 5)
+    assert [r["tokens"] for r in json.loads(out)["requests"]] == expected

@@ -186,7 +186,7 @@ def test_cli_token_map_flag(llama_dir: Path, mapped_dir: Path, tmp_path: Path, c
                            "dtype (int64)"), err
     engines = []
     load = cli._load_engine
-    monkeypatch.setattr(cli, "_load_engine", lambda args: engines.append(load(args)) or engines[-1])
+    monkeypatch.setattr(cli, "_load_engine", lambda args, n: engines.append(load(args, n)) or engines[-1])
     for flag, draft_vocab in (([], 40), (["--speculative-token-map", "none"], VOCAB)):
         assert cli.main([*base, *flag]) == 0
         assert json.loads(capsys.readouterr().out)["requests"][0]["tokens"] == reference_greedy(llama_dir, [5, 17, 3], 6)
