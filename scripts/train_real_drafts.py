@@ -76,7 +76,7 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         draft_vocab_size=args.draft_vocab_size, warmup_steps=args.warmup_steps, max_prompts=args.max_prompts,
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
         progress=args.progress, init_from=args.init_from.get(alg), keep_draft_vocab=args.keep_draft_vocab,
-        profile_steps=profile_steps, cache_target=args.cache_target and final,
+        profile_steps=profile_steps, cache_target=args.cache_target and final, seed=args.seed,
     )
 
 
@@ -257,6 +257,8 @@ def main() -> int:
     p.add_argument("--samples-per-prompt", type=int, default=2)
     p.add_argument("--ttt-steps", type=int, default=5)
     p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the sampled continuations' seeds (seed + 1 ...) and the batch order: another seed, fresh data")
     p.add_argument("--gen-batch-size", type=int, default=128)
     p.add_argument("--eval-prompts", type=int, default=40)
     p.add_argument("--eval-max-new-tokens", type=int, default=128)

@@ -94,3 +94,25 @@ def test_parallel_frees_the_data_generations_gpu_memory_first(script, monkeypatc
                                                      pack=False), log)
     assert events == ["data", "empty_cache", "child", "child"]
     assert log["EAGLE3"]["error"] == "exit 1"
+
+
+def test_seed_reaches_every_run(script, monkeypatch, tmp_path: Path) -> None:
+    """`--seed N`: each algorithm's run takes it (the data's sampled continuations use seeds N + 1 ...,
+    the batches their order); the default stays 0, the seed of the data caches made so far."""
+    from spec_runtime.tiny import build_tiny_target
+
+    target = build_tiny_target(tmp_path / "target", seed=1)
+    base = ["train_real_drafts.py", "--target", str(target), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+            "--algorithms", "EAGLE3"]
+    seen = []
+
+    def first_run(alg, target, work, args, log):
+        seen.append(script.config_for(alg, target, work, args, 1).seed)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(script, "train_one", first_run)
+    for extra in ([], ["--seed", "7"]):
+        monkeypatch.setattr(sys, "argv", [*base, *extra])
+        with pytest.raises(SystemExit):
+            script.main()
+    assert seen == [0, 7]
