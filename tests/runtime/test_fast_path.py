@@ -418,7 +418,8 @@ def test_tuning_cache_starts_from_the_decisions_shipped_for_the_gpu(tmp_path, mo
     from spec_runtime.gpu import models as M
 
     shipped = TF.SHIPPED_DIR / "nvidia-h200.json"
-    meta = json.loads(shipped.read_text())["meta"]
+    data = json.loads(shipped.read_text())
+    meta, entries = data["meta"], sum(len(data[k]) for k in ("decisions", "tuned", "epilogues"))
     assert meta["device_name"] == "NVIDIA H200"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -444,15 +445,15 @@ def test_tuning_cache_starts_from_the_decisions_shipped_for_the_gpu(tmp_path, mo
     smollm2_qkv = ((960, 576), torch.bfloat16, False, 1, "cuda:0")
     new_process()
     assert TF.shipped_file() == shipped
-    assert setup() == 325 and smollm2_qkv in T._GEMV_DECISIONS
+    assert setup() == entries and smollm2_qkv in T._GEMV_DECISIONS
     assert TF.load_shipped() == 0  # once per process
     # what this machine timed (its cache) loads after the shipped decisions and wins
     from spec_runtime.options import tuning_cache_dir
 
     T._GEMV_DECISIONS[smollm2_qkv] = T.GemvDecision(None, 0.5, None)
-    assert TF.save_cache(TF.cache_file(tuning_cache_dir())) == 325
+    assert TF.save_cache(TF.cache_file(tuning_cache_dir())) == entries
     new_process()
-    assert setup() == 325 and T._GEMV_DECISIONS[smollm2_qkv] == T.GemvDecision(None, 0.5, None)
+    assert setup() == entries and T._GEMV_DECISIONS[smollm2_qkv] == T.GemvDecision(None, 0.5, None)
     for name, version, cache in (("NVIDIA H200 NVL", meta["triton"], True), ("NVIDIA H200", "3.5.0", True),
                                  ("NVIDIA H200", meta["triton"], False)):
         device["name"], triton["version"] = name, version
