@@ -142,11 +142,16 @@ def cache_file(root: Any) -> Path:
     return Path(root) / (_slug(f"{_device_name()}-torch{torch.__version__}-triton{_triton_version()}") + ".json")
 
 
+def _shipped_path() -> Path:
+    """Where the decisions for this process's kind of GPU would be shipped (the file may not exist)."""
+    return SHIPPED_DIR / (_slug(_device_name()) + ".json")
+
+
 def shipped_file() -> Optional[Path]:
     """The decisions shipped for this process's kind of GPU (`spec_kernels/tuned/<device>.json`, e.g.
     `nvidia-h200.json`: the README's benchmarks' shapes), or None: no file for it, or one tuned under
     another triton version (its configurations may not compile the same)."""
-    path = SHIPPED_DIR / (_slug(_device_name()) + ".json")
+    path = _shipped_path()
     if not path.is_file():
         return None
     import json
@@ -161,8 +166,10 @@ def shipped_file() -> Optional[Path]:
 def load_shipped() -> int:
     """`shipped_file`'s decisions, loaded once per process (0: none for this GPU, or loaded before).
     The tuning cache loads after them: what this machine timed wins."""
+    if str(_shipped_path()) in _TUNING_LOADED:  # before reading the file: every setup asks again
+        return 0
     path = shipped_file()
-    if path is None or str(path) in _TUNING_LOADED:
+    if path is None:
         return 0
     _TUNING_LOADED.add(str(path))
     return load_decisions(path)
