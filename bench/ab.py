@@ -14,7 +14,7 @@ Rounds alternate the variants' order, so that drift of the machine shows as a di
 rounds. The models are the benchmark's (`bench_e2e.py`): an 8B-shaped target with random bf16
 weights, the public 8B EAGLE heads' shapes, a 1B-shaped STANDALONE draft (`--tiny`: tiny shapes, a
 quick check of the harness itself). `--shape smollm2`: SmolLM2-135M-Instruct's shapes with its shipped
-drafts' (random weights; EAGLE-1's head without the hot-token map), each algorithm on its
+drafts' (random weights; EAGLE-1 drafting over 8192 random hot tokens, the shipped map's size), each algorithm on its
 `demo_real.SETUPS` tree at the accept length the README's real-model table measured at bs=1 (EAGLE-3
 3.43, EAGLE 2.70, STANDALONE 2.27): at that size a step is some 250 kernels of a few µs each, so what
 a kernel choice costs there need not be what it costs at 8B.

@@ -40,6 +40,8 @@ def smollm2_config(small_draft: bool = False) -> dict[str, Any]:
 
 SMOLLM2_DRAFT_VOCAB = 8192
 """The shipped EAGLE-3 head's draft vocabulary (`drafts/smollm2-135m/eagle3`)."""
+SMOLLM2_HOT_TOKENS = 8192
+"""The shipped EAGLE-1 head's hot-token map size (`drafts/smollm2-135m/eagle1/token_map.pt`)."""
 
 
 def eagle1_config(target_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +80,8 @@ def build_target(cfg: dict[str, Any], dtype: torch.dtype, device: str, seed: int
 def build_draft(algorithm: str, target, target_cfg: dict[str, Any], tiny: bool, dtype: torch.dtype, device: str,
                 smollm2: bool = False):
     """A random-weight draft for `target`: the 8B benchmark's (or tiny) shapes, or with `smollm2` those of
-    SmolLM2-135M's shipped drafts (STANDALONE hidden 192, EAGLE-3 draft vocabulary 8192)."""
+    SmolLM2-135M's shipped drafts (STANDALONE hidden 192, EAGLE-3 draft vocabulary 8192, EAGLE-1 drafting
+    over a hot-token map of 8192 random ids)."""
     from spec_runtime.models.eagle import Eagle1Head
     from spec_runtime.models.eagle3 import Eagle3Head, Eagle3Settings
     from spec_runtime.models.llama import LlamaArch, StandaloneDraft
@@ -90,6 +93,9 @@ def build_draft(algorithm: str, target, target_cfg: dict[str, Any], tiny: bool, 
         cfg = eagle1_config(target_cfg)
         head = Eagle1Head(LlamaArch.from_hf_config(cfg), target, bias=True, dtype=dtype, device=device)
         _init_(head, seed=12)
+        if smollm2:
+            gen = torch.Generator().manual_seed(15)
+            head.set_token_map(torch.randperm(target_cfg["vocab_size"], generator=gen)[:SMOLLM2_HOT_TOKENS].sort().values)
         head.hf_config = cfg
         return head.eval()
     cfg = eagle3_config(target_cfg, tiny, SMOLLM2_DRAFT_VOCAB if smollm2 else 32000)

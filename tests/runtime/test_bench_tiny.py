@@ -194,3 +194,14 @@ def test_ab_smollm2_shapes_and_attention_knobs() -> None:
         assert K.FUSED_MERGE_ROWS == (1, 2, 8) and K.merge_mode(8) == "fused" and K.MERGE_UNROLL == 4
         assert K.EARLY_KV_ROWS == before[2]
     assert (K.FUSED_MERGE_ROWS, K.MERGE_UNROLL, K.EARLY_KV_ROWS) == before and K.merge_mode(8) == "kernel"
+    # EAGLE-1 drafts over a hot-token map of the shipped map's size, as the shipped head does
+    shipped_map = torch.load(drafts / "eagle1" / "token_map.pt")
+    one_layer = {**E.smollm2_config(), "num_hidden_layers": 1}
+    target = E.build_target(one_layer, torch.float32, "cpu", seed=1)
+    head = E.build_draft("EAGLE", target, one_layer, False, torch.float32, "cpu", smollm2=True)
+    ids = head.d2t + torch.arange(head.d2t.numel())
+    assert head.vocab_size == E.SMOLLM2_HOT_TOKENS == shipped_map.numel()
+    assert head.hot_lm_head.shape == (shipped_map.numel(), one_layer["hidden_size"])
+    assert bool((ids[1:] > ids[:-1]).all()) and int(ids.max()) < one_layer["vocab_size"]
+    plain = E.build_draft("EAGLE", target, one_layer, False, torch.float32, "cpu")
+    assert plain.d2t is None and plain.vocab_size == one_layer["vocab_size"]
