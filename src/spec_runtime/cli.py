@@ -325,8 +325,11 @@ def _generate(args: argparse.Namespace) -> int:
 
     stops += sorted(t for t in stop_token_ids(args.target, tokenizer) if t < _vocab(engine))
     start = time.perf_counter()
-    reqs = _run(engine, prompts, args.max_new_tokens, sampling, stops, progress=not (args.json or args.no_progress))
-    _report(reqs, tokenizer, time.perf_counter() - start, args.json)
+    from .cli_report import report, run_prompts
+
+    reqs, first = run_prompts(engine, prompts, args.max_new_tokens, sampling, stops,
+                              progress=not (args.json or args.no_progress))
+    report(reqs, tokenizer, time.perf_counter() - start, args.json, first)
     return 0 if all(r.error is None for r in reqs) else 1
 
 
@@ -435,50 +438,6 @@ def _prompts(args: argparse.Namespace) -> tuple[list[list[int]], Any]:
     if not prompts:
         raise ValueError("no prompt given: use --prompt TEXT (with a tokenizer) or --prompt-ids 1,2,3")
     return prompts, tokenizer
-
-
-def _run(engine: Any, prompts: list[list[int]], max_new: int, sampling: Any, stops: list[int], progress: bool):
-    """Queue and run the prompts; the bar counts tokens and shrinks by what a request leaves unused
-    when it stops early, so it ends full."""
-    from tqdm import tqdm
-
-    reqs = engine.queue(prompts, max_new, sampling, stops)
-    left = {r.rid: r.max_new_tokens for r in reqs if not r.finished}
-    with tqdm(total=sum(left.values()), disable=not (progress and left), unit="tok", file=sys.stderr) as bar:
-        def on_tokens(ev: Any) -> None:
-            left[ev.rid] -= len(ev.tokens)
-            bar.update(len(ev.tokens))
-            if ev.finished and left[ev.rid] > 0:
-                bar.total -= left[ev.rid]
-                left[ev.rid] = 0
-                bar.refresh()
-
-        engine.run(on_tokens)
-    return reqs
-
-
-def _report(reqs: list, tokenizer: Any, seconds: float, as_json: bool) -> None:
-    total = sum(len(r.output) for r in reqs)
-    rows = [{
-        "tokens": r.output,
-        "text": tokenizer.decode(r.output, skip_special_tokens=True) if tokenizer is not None and r.output else None,
-        "finish_reason": r.finish_reason,
-        "error": r.error,
-        "accept_lengths": r.accept_lengths,
-        "mean_accept_length": round(r.mean_accept_length, 3),
-        "iterations": r.iterations,
-    } for r in reqs]
-    if as_json:
-        print(json.dumps({"requests": rows, "seconds": round(seconds, 4),
-                          "tokens_per_second": round(total / seconds, 2) if seconds else None}, indent=2))
-        return
-    for i, row in enumerate(rows):
-        head = f"[{i}] {row['finish_reason']}"
-        if row["error"]:
-            print(f"{head}: {row['error']}")
-            continue
-        print(f"{head}, accept length {row['mean_accept_length']}: {row['text'] or row['tokens']}")
-    print(f"{total} tokens in {seconds:.2f} s ({total / max(seconds, 1e-9):.1f} tok/s)")
 
 
 if __name__ == "__main__":

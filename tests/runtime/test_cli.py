@@ -126,3 +126,38 @@ def test_generate_sizes_the_batch_for_its_prompts(dirs, capsys, monkeypatch, pro
     assert code == 0 and engines[0].rt.runner.buckets == buckets
     expected = target_only_generate(load_target(dirs["target"]), ids, 5)
     assert [r["tokens"] for r in json.loads(out)["requests"]] == expected
+
+
+def test_generate_reports_the_first_tokens_apart(capsys) -> None:
+    """`generate` reports when the first tokens were streamed and the rate of the tokens after them, so
+    what an engine sets up on first use (CUDA graphs, kernels) does not pass for decoding speed;
+    --json gives `first_token_seconds`."""
+    import time
+    from types import SimpleNamespace
+
+    from spec_runtime import cli_report
+    from spec_runtime.engine import TokenEvent
+
+    class SlowFirstStep:  # two requests; the first step takes 0.2 s
+        def __init__(self) -> None:
+            self.reqs = [SimpleNamespace(rid=i, max_new_tokens=4, finished=False) for i in (0, 1)]
+
+        def queue(self, *args):
+            return self.reqs
+
+        def run(self, on_tokens) -> None:
+            time.sleep(0.2)
+            for ev in (TokenEvent(0, [5, 4], False), TokenEvent(1, [6], False), TokenEvent(0, [7, 8], True),
+                       TokenEvent(1, [1, 2, 3], True)):
+                on_tokens(ev)
+
+    _, first = cli_report.run_prompts(SlowFirstStep(), [[1], [2]], 4, None, [], progress=False)
+    assert first[1] == 2 and 0.2 <= first[0] < 5
+    reqs = [SimpleNamespace(output=[5, 7, 8, 9], finish_reason="length", error=None, accept_lengths=[3],
+                            mean_accept_length=3.0, iterations=1) for _ in range(2)]
+    cli_report.report(reqs, None, 2.5, False, (0.5, 2))
+    assert capsys.readouterr().out.splitlines()[-1] == "8 tokens in 2.50 s (3.2 tok/s); the first 2 after 0.50 s, then 3.0 tok/s"
+    cli_report.report(reqs, None, 2.5, False, None)
+    assert capsys.readouterr().out.splitlines()[-1] == "8 tokens in 2.50 s (3.2 tok/s)"
+    cli_report.report(reqs, None, 2.5, True, (0.5, 2))
+    assert json.loads(capsys.readouterr().out)["first_token_seconds"] == 0.5
