@@ -13,8 +13,8 @@ drafts and, with `--pack`, the drafts as <= 15 MB tar chunks (the GPU machine re
 `--parallel` generates the shared data once, then trains the algorithms in one process each, side by
 side on the same GPU (each is launch-bound on a 135M target, so they overlap), and merges their
 `results.json`; each process's output goes to `OUT/<alg>.log`, and one that fails is reported with its
-exit code and its log's last line. Three drafts side by side with `--cache-target` did not all finish on
-one H200: run two at a time.
+exit code and its log's last line. With `--cache-target`, a child whose cache would take more than half
+the GPU memory the others leave free keeps it in pinned host memory (`spec_train.target_cache`).
 
 `--prompts FILE` trains on another prompts file (e.g. `src/spec_train/prompts_mix.jsonl`: chat, plain
 text and code); the measurement takes the first `--eval-prompts` held-out prompts of each kind and

@@ -50,7 +50,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "counting it on this run's data")
     p.add_argument("--cache-target", action="store_true",
                    help="run the target once over the training sequences and keep its hidden states on the device "
-                        "(tokens x (aux width + hidden) in its dtype) instead of running it every step")
+                        "(tokens x (aux width + hidden) in its dtype; in pinned host memory when that is more than "
+                        "half the device's free memory) instead of running it every step")
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars, and no warnings or bars of transformers")

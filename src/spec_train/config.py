@@ -34,7 +34,8 @@ class TrainConfig(BaseModel):
     `profile_steps` > 0 profiles that many steps after one warm-up step (`spec_train.profiling`:
     `output/profile.txt`, the top operators and host syncs per step, and a Chrome trace).
     `cache_target` runs the frozen target once over the training sequences and keeps its hidden states
-    on the device (`spec_train.target_cache`) instead of running it every step. `token_map_size` (EAGLE
+    on the device, or in pinned host memory when they would take more than half the device's free memory
+    (`spec_train.target_cache`), instead of running it every step. `token_map_size` (EAGLE
     only) also writes `token_map.pt` beside the draft: that many most frequent continuation tokens of the
     training data (`spec_train.token_map`), the hot-token map the runtime and sglang read.
     """

@@ -7,7 +7,12 @@ training sequences (sorted by length, so batches pad little) and keeps, per toke
 (`DraftBuilder.target_pass`: EAGLE-3 the aux layers' hidden states, EAGLE-1 the final one) and the final
 post-norm hidden state, from which a step recomputes the logits (`lm_head`, one matrix product) instead
 of storing the full-vocabulary distribution. Memory: tokens x (feature width + hidden) in the target's
-dtype on the training device (EAGLE-3 on SmolLM2-135M: 4.6 KB per token in bfloat16).
+dtype on the training device (EAGLE-3 on SmolLM2-135M: 4.6 KB per token in bfloat16). A cache that
+would take more than half a CUDA device's free memory goes to pinned host memory instead, when it fits
+there (`_placement`): each step then gathers its rows on the host and copies them over without
+blocking. Drafts trained side by side on one GPU (`train_real_drafts.py --parallel`) otherwise refused
+their caches: an EAGLE-3 head's 23.2 GiB on the whole mix at six samples found 29.3 GiB free beside two
+other drafts.
 
 The cached outputs are the target's own, computed in other batches: equal to the per-step ones up to
 the order of floating-point sums (on CPU in float32, bit for bit in the cases the tests run).
@@ -45,7 +50,7 @@ class TargetCache:
     def build(cls, builder: "DraftBuilder", seqs: Sequences, max_len: int, batch_size: int,
               device: torch.device, autocast: Any, progress: bool = False) -> "TargetCache":
         """Run the target once over `seqs` (each cut to `max_len`). Raises `TrainError` ("--cache-target")
-        when the cache would take more than half the free memory of a CUDA device, before any forward."""
+        before any forward when the cache fits neither on the device nor in host memory (`_placement`)."""
         from tqdm import tqdm
 
         lengths = torch.tensor([min(len(ids), max_len) for ids in seqs.ids], dtype=torch.int64)
@@ -59,6 +64,8 @@ class TargetCache:
                 ids = seqs.padded(idx, max_len).to(device)
                 with autocast:
                     feat, last, _ = builder.target_pass(ids, logits=False)
+                if final.device != last.device:  # a host store: one copy per batch, not one per row
+                    last, feat = last.to(final.device), None if feat is None else feat.to(final.device)
                 for row, i in enumerate(idx):
                     rows = slice(int(offsets[i]), int(offsets[i] + lengths[i]))
                     final[rows] = last[row, :int(lengths[i])]
@@ -73,27 +80,61 @@ class TargetCache:
         pos = torch.arange(length)[None]
         rows = self.offsets[idx][:, None] + pos
         rows = torch.where(pos < self.lengths[idx][:, None], rows, self.final.shape[0] - 1)
-        if device.type == "cuda":
+        host = self.final.device.type == "cpu" and device.type == "cuda"
+        if device.type == "cuda" and not host:
             rows = rows.pin_memory().to(device, non_blocking=True)
-        final = self.final[rows]
+
+        def take(store: torch.Tensor) -> torch.Tensor:  # a host store's rows go over from pinned memory
+            out = store[rows]
+            return out.pin_memory().to(device, non_blocking=True) if host else out
+
+        final = take(self.final)
         if self.feature_is_final:
             return final, final
-        return (None if self.feature is None else self.feature[rows]), final
+        return (None if self.feature is None else take(self.feature)), final
+
+
+def _placement(need: int, device: torch.device, device_free: int, host_free: int, tokens: int) -> str:
+    """Where a cache of `need` bytes goes: "device" (a CPU run, or at most half the CUDA device's free
+    memory), else "host" (pinned, at most half the host's available memory); `TrainError` when neither."""
+    if device.type != "cuda" or need <= device_free // 2:
+        return "device"
+    if need <= host_free // 2:
+        return "host"
+    gib = 2 ** 30
+    raise TrainError(f"--cache-target: the target's outputs for {tokens} tokens need {need / gib:.1f} GiB, more "
+                     f"than half the {device_free / gib:.1f} GiB free on {device} and half the {host_free / gib:.1f} "
+                     "GiB of host memory available; train without it")
+
+
+def _host_available() -> int:
+    """Bytes of host memory available (Linux's MemAvailable; else free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _allocate(builder: "DraftBuilder", tokens: int, device: torch.device
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The zero-filled stores (final hidden; the aux features for EAGLE-3, else None), in the target's
-    dtype, after checking they fit (a CUDA device: at most half its free memory)."""
+    dtype, on the device or in pinned host memory (`_placement`)."""
     hidden = builder.target_cfg["hidden_size"]
     aux = builder.traits.draft_reads_hidden and builder.traits.target_capture == "aux"
     width = builder._fc_in() if aux else 0
     dtype = next(builder.target.parameters()).dtype
     need = (tokens + 1) * (hidden + width) * dtype.itemsize
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        if need > free // 2:
-            raise TrainError(f"--cache-target: the target's outputs for {tokens} tokens need {need / 2**30:.1f} GiB, "
-                             f"more than half the {free / 2**30:.1f} GiB free on {device}; train without it")
-    final = torch.zeros(tokens + 1, hidden, dtype=dtype, device=device)
-    return final, (torch.zeros(tokens + 1, width, dtype=dtype, device=device) if aux else None)
+    device_free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+    where = _placement(need, device, device_free, _host_available() if device.type == "cuda" else 0, tokens)
+    if where == "host":
+        print(f"--cache-target: {need / 2**30:.1f} GiB for {tokens} tokens is more than half the "
+              f"{device_free / 2**30:.1f} GiB free on {device}: kept in pinned host memory", flush=True)
+    opts = {"device": device} if where == "device" else {"device": "cpu", "pin_memory": True}
+    final = torch.zeros(tokens + 1, hidden, dtype=dtype, **opts)
+    return final, (torch.zeros(tokens + 1, width, dtype=dtype, **opts) if aux else None)

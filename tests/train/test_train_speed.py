@@ -202,6 +202,47 @@ def test_cached_target_rows_are_the_targets_own(built, algorithm: str) -> None:
         torch.testing.assert_close(feat[real], want_feat[real], rtol=1e-5, atol=1e-6)
 
 
+def test_a_cache_too_big_for_the_device_goes_to_pinned_host_memory() -> None:
+    """`--cache-target` on CUDA: the device while the cache takes at most half its free memory, else
+    pinned host memory while it takes at most half the host's available memory, else one error naming
+    both; a CPU run keeps its cache where it trains."""
+    from spec_train.config import TrainError
+    from spec_train.target_cache import _placement
+
+    gib, cuda = 2 ** 30, torch.device("cuda")
+    assert _placement(10 * gib, cuda, device_free=20 * gib, host_free=0, tokens=1) == "device"
+    assert _placement(23 * gib, cuda, device_free=29 * gib, host_free=100 * gib, tokens=1) == "host"
+    with pytest.raises(TrainError, match=r"--cache-target: the target's outputs for 7 tokens need 23\.0 GiB, "
+                                         r"more than half the 29\.0 GiB free on cuda and half the 40\.0 GiB"):
+        _placement(23 * gib, cuda, device_free=29 * gib, host_free=40 * gib, tokens=7)
+    assert _placement(23 * gib, CPU, device_free=0, host_free=0, tokens=1) == "device"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_a_host_cache_gives_the_device_caches_rows(built, monkeypatch, algorithm: str) -> None:
+    """A cache kept in pinned host memory gathers the same rows, onto the GPU, as one on the GPU."""
+    import copy
+
+    from spec_train import target_cache as TC
+
+    shared, (ids, lens, _) = built(algorithm)
+    builder = copy.deepcopy(shared)  # the fixture's stays on the CPU for the other tests
+    builder.to("cuda")
+    builder.target.to("cuda")
+    seqs = Sequences([row[:int(n)] for row, n in zip(ids.tolist(), lens)], [1] * len(lens))
+    gpu = torch.device("cuda")
+    on_device = TC.TargetCache.build(builder, seqs, max_len=64, batch_size=2, device=gpu, autocast=tr._autocast(gpu))
+    monkeypatch.setattr(TC, "_placement", lambda *a: "host")
+    on_host = TC.TargetCache.build(builder, seqs, max_len=64, batch_size=2, device=gpu, autocast=tr._autocast(gpu))
+    assert on_host.final.device.type == "cpu" and on_host.final.is_pinned()
+    order = list(range(len(seqs)))[::-1]
+    for a, b in zip(on_device.gather(order, ids.shape[1], gpu), on_host.gather(order, ids.shape[1], gpu)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert b.device.type == "cuda" and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("algorithm", ["EAGLE3", "STANDALONE"])
 def test_cached_target_trains_the_same(train_root, toy_target, toy_prompts_file, algorithm: str) -> None:
     runs = [train_draft(toy_config(algorithm, toy_target, toy_prompts_file,
