@@ -9,12 +9,11 @@ from typing import Any, Optional
 __all__ = ["report", "run_prompts"]
 
 
-def run_prompts(engine: Any, prompts: list[list[int]], max_new: int, sampling: Any, stops: list[int], progress: bool
-         ) -> tuple[list, Optional[tuple[float, int]]]:
+def run_prompts(engine: Any, prompts: list[list[int]], max_new: int, sampling: Any, stops: list[int],
+                progress: bool) -> tuple[list, Optional[tuple[float, int]]]:
     """Queue and run the prompts; the bar counts tokens and shrinks by what a request leaves unused
     when it stops early, so it ends full. Returns the requests and, when any token came, the seconds
-    to the first streamed event and its token count (what the engine sets up on first use, e.g. CUDA
-    graphs, comes before it)."""
+    to the first streamed event (the prefill and the first step come before it) and its token count."""
     from tqdm import tqdm
 
     start = time.perf_counter()
@@ -37,7 +36,7 @@ def run_prompts(engine: Any, prompts: list[list[int]], max_new: int, sampling: A
 
 
 def report(reqs: list, tokenizer: Any, seconds: float, as_json: bool,
-            first: Optional[tuple[float, int]] = None) -> None:
+           first: Optional[tuple[float, int]] = None) -> None:
     """The answers, then the token count and rate; with `first` (seconds to the first streamed event,
     its token count) also when it came and the rate of the tokens after it."""
     total = sum(len(r.output) for r in reqs)

@@ -161,3 +161,22 @@ def test_generate_reports_the_first_tokens_apart(capsys) -> None:
     assert capsys.readouterr().out.splitlines()[-1] == "8 tokens in 2.50 s (3.2 tok/s)"
     cli_report.report(reqs, None, 2.5, True, (0.5, 2))
     assert json.loads(capsys.readouterr().out)["first_token_seconds"] == 0.5
+
+
+def test_generate_sets_the_graph_executor_up_before_its_clock(dirs, capsys, monkeypatch) -> None:
+    """The graph executor builds its fast models and captures its graphs (`GraphRunner.setup`) before
+    `generate` starts timing, not inside the first step, so the rate it prints is decoding's."""
+    from spec_runtime import cli_report
+    from spec_runtime.engine import SpecEngine
+
+    engines, seen = [], []
+    load = SpecEngine.from_pretrained.__func__
+    monkeypatch.setattr(SpecEngine, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: engines.append(load(cls, *a, **k)) or engines[-1]))
+    run = cli_report.run_prompts
+    monkeypatch.setattr(cli_report, "run_prompts",
+                        lambda engine, *a, **k: seen.append(engine.rt.runner.bufs is not None) or run(engine, *a, **k))
+    code, _ = _generate(capsys, "--target", str(dirs["target"]), "--draft", str(dirs["eagle3"]),
+                        "--executor", "static", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                        "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2,3", "--max-new-tokens", "4")
+    assert code == 0 and seen == [True]
