@@ -91,7 +91,8 @@ def _generate_flags(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     gen.add_argument("--stop-token-ids", default="",
                      help="comma-separated token ids that end a request, besides the model's EOS and end of turn")
-    gen.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' dtype")
+    gen.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
+                     help="weights' dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
     gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto",
                      help=f"with --draft: {EXECUTOR_HELP} (the target alone runs eagerly)")
@@ -373,6 +374,14 @@ def _vocab(engine: Any) -> int:
     return engine.vocab if hasattr(engine, "vocab") else engine.rt.spec_config.vocab
 
 
+def _dtype(name: str, device: str) -> str:
+    """`generate --dtype`: "auto" is bfloat16 on CUDA (the dtype the shipped H200 kernel decisions and the
+    engines' defaults use), float32 on the CPU."""
+    if name != "auto":
+        return name
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
 MAX_BATCH = 8
 """`generate`'s largest batch: more prompts wait for a free row."""
 
@@ -386,7 +395,7 @@ def _load_engine(args: argparse.Namespace, prompts: int) -> Any:
     from .engine import SpecEngine
     from .plain import TargetOnlyEngine
 
-    dtype = getattr(torch, args.dtype)
+    dtype = getattr(torch, _dtype(args.dtype, args.device))
     if args.draft is None:
         return TargetOnlyEngine.from_pretrained(args.target, dtype=dtype, device=args.device,
                                                 max_context=args.max_context, seed=args.seed)

@@ -180,3 +180,23 @@ def test_generate_sets_the_graph_executor_up_before_its_clock(dirs, capsys, monk
                         "--executor", "static", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
                         "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2,3", "--max-new-tokens", "4")
     assert code == 0 and seen == [True]
+
+
+def test_generate_dtype_follows_the_device(dirs, capsys, monkeypatch) -> None:
+    """`--dtype auto` (the default): bfloat16 on CUDA, where the shipped kernel decisions are bfloat16
+    ones, and float32 on the CPU; a named dtype is kept."""
+    import torch
+
+    from spec_runtime.engine import SpecEngine
+
+    assert cli._dtype("auto", "cuda") == cli._dtype("auto", "cuda:1") == "bfloat16"
+    assert cli._dtype("auto", "cpu") == "float32" and cli._dtype("float16", "cuda") == "float16"
+    seen = []
+    load = SpecEngine.from_pretrained.__func__
+    monkeypatch.setattr(SpecEngine, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: seen.append(k["dtype"]) or load(cls, *a, **k)))
+    base = ["--target", str(dirs["target"]), "--draft", str(dirs["eagle3"]), "--speculative-num-steps", "2",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2",
+            "--max-new-tokens", "2", "--json"]
+    assert _generate(capsys, *base)[0] == 0 and _generate(capsys, *base, "--dtype", "bfloat16")[0] == 0
+    assert seen == [torch.float32, torch.bfloat16]
