@@ -1,7 +1,7 @@
 """The linears' decisions shipped for the H200 (`spec_kernels/tuned/nvidia-h200.json`) cover every
 decision the README's benchmark setup asks there: SmolLM2-135M-Instruct and each shipped draft in
 bf16, fused as on CUDA, at every `FastOptions.gemv_rows` count. A decision the file lacks is timed on
-a user's first run (minutes for the GEMV candidates of one shape), so a gap fails here, by name.
+a user's first run (its GEMV candidates, seconds per shape and row count), so a gap fails here, by name.
 
 A dry run on the CPU: the backend is set up as on CUDA (the Triton GEMV and the fused epilogues
 timed), the shipped decisions are loaded with their device renamed to the CPU, and every timing the
