@@ -49,6 +49,12 @@ def _decision_key(lin: LinearSpec, rows: int) -> tuple:
     return (tuple(w.shape), w.dtype, lin.bias is not None, rows, str(w.device))
 
 
+def _epilogue_key(lin: LinearSpec, rows: int) -> tuple:
+    """`_EPILOGUE_DECISIONS`' key: weight shape and dtype, rows, epilogue, heads, device."""
+    w = lin.weight
+    return (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
+
+
 def _gemv_wins(lin: LinearSpec, rows: int, log: Optional[list], lead: Callable[[], Optional[_Lead]] = lambda: None
                ) -> bool:
     """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
@@ -217,7 +223,7 @@ def _epilogue_timing(lin: LinearSpec, rows: int, log: Optional[list],
     fused (`silu_cfg_nospacer.json`); one-launch timing (`do_bench`) cannot see launch overlap.
     Where `lead()` gives a lead, each call follows its predecessor's path (`backend.FastBackend._lead`)."""
     w = lin.weight
-    key = (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
+    key = _epilogue_key(lin, rows)
     if key in _EPILOGUE_DECISIONS:
         return _EPILOGUE_DECISIONS[key]
     decision = _GEMV_DECISIONS.get(_decision_key(lin, rows))

@@ -48,10 +48,10 @@ def test_shipped_h200_decisions_cover_the_benchmark_setup(real_dir: Path, monkey
     real_epilogue_timing = T._epilogue_timing
 
     def epilogue_timing(lin, rows, log, lead=lambda: None):
-        w = lin.weight
-        if (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device)) not in T._EPILOGUE_DECISIONS:
-            missing.append(("epilogue", tuple(w.shape), rows, lin.epilogue))
-            T._EPILOGUE_DECISIONS[(tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))] = None
+        key = T._epilogue_key(lin, rows)
+        if key not in T._EPILOGUE_DECISIONS:
+            missing.append(("epilogue", key[0], rows, lin.epilogue))
+            T._EPILOGUE_DECISIONS[key] = None
             return None
         return real_epilogue_timing(lin, rows, log, lead)
 
