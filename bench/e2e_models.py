@@ -94,23 +94,26 @@ def build_draft(algorithm: str, target, target_cfg: dict[str, Any], tiny: bool, 
         head = Eagle1Head(LlamaArch.from_hf_config(cfg), target, bias=True, dtype=dtype, device=device)
         _init_(head, seed=12)
         if smollm2:
-            gen = torch.Generator().manual_seed(15)
-            head.set_token_map(torch.randperm(target_cfg["vocab_size"], generator=gen)[:SMOLLM2_HOT_TOKENS].sort().values)
+            head.set_token_map(_random_ids(target_cfg["vocab_size"], SMOLLM2_HOT_TOKENS, seed=15))
         head.hf_config = cfg
         return head.eval()
     cfg = eagle3_config(target_cfg, tiny, SMOLLM2_DRAFT_VOCAB if smollm2 else 32000)
     settings = Eagle3Settings.from_config(cfg, target)
     head = Eagle3Head(LlamaArch.from_hf_config(cfg), settings, target, dtype=dtype, device=device)
     _init_(head, seed=13)
-    gen = torch.Generator().manual_seed(14)
-    vocab, dv = target_cfg["vocab_size"], cfg["draft_vocab_size"]
-    ids = torch.randperm(vocab, generator=gen)[:dv].sort().values
+    dv = cfg["draft_vocab_size"]
+    ids = _random_ids(target_cfg["vocab_size"], dv, seed=14)
     with torch.no_grad():
         head.d2t.copy_((ids - torch.arange(dv)).to(head.d2t.device))
         head.t2d.zero_()
         head.t2d[ids.to(head.t2d.device)] = True
     head.hf_config = cfg
     return head.eval()
+
+
+def _random_ids(vocab: int, n: int, seed: int) -> torch.Tensor:
+    """`n` distinct target ids drawn at random (seeded), sorted: a random draft vocabulary or hot-token map."""
+    return torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:n].sort().values
 
 
 def param_bytes(module: torch.nn.Module) -> int:
