@@ -196,6 +196,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from e2e_report import save_png
 
     keys = sorted({(r["bs"], r["label"]) for r in rows}, key=lambda k: (k[0], [r["label"] for r in rows].index(k[1])))
     configs = list(dict.fromkeys(r["config"] for r in rows))
@@ -215,5 +216,5 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)

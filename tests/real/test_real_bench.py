@@ -45,6 +45,11 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     except ImportError:
         plotted = False
     assert (out / "bench_real.png").is_file() == plotted
+    if plotted:  # a 256-colour palette PNG, a third of an RGBA one's bytes (bench/results stays small)
+        from PIL import Image
+
+        with Image.open(out / "bench_real.png") as im:
+            assert im.format == "PNG" and im.mode == "P"
     assert plotted or "[bench_real] no plot bench_real.png: matplotlib is not installed" in capsys.readouterr().out
     assert bench_real.main(["--report", str(out / "bench_real.json"), "--out", str(tmp_path / "merged")]) == 0
     assert "EAGLE3 5/4/8" in (tmp_path / "merged" / "bench_real.md").read_text()
