@@ -93,7 +93,8 @@ def _generate_flags(gen: argparse.ArgumentParser) -> None:
                      help="comma-separated token ids that end a request, besides the model's EOS and end of turn")
     gen.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                      help="weights' dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
-    gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    gen.add_argument("--device", default="auto", help="auto (cuda when a CUDA device is visible, else cpu), cpu, "
+                                                      "cuda or cuda:N")
     gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto",
                      help=f"with --draft: {EXECUTOR_HELP} (the target alone runs eagerly)")
     gen.add_argument("--max-context", type=int, default=1024, help="tokens per request, prompt included")
@@ -304,6 +305,7 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         _at_least(args.max_new_tokens, 0, "--max-new-tokens")
         _at_least(args.max_context, 1, "--max-context")
+        args.device = _device(args.device)
         check_device(args.device)
         resolve_executor(args.executor, args.device)
         for path, flag in ((args.target, "--target"), (args.draft, "--draft")):
@@ -333,7 +335,8 @@ def _generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     reqs, first = run_prompts(engine, prompts, args.max_new_tokens, sampling, stops,
                               progress=not (args.json or args.no_progress))
-    report(reqs, tokenizer, time.perf_counter() - start, args.json, first)
+    report(reqs, tokenizer, time.perf_counter() - start, args.json, first,
+           where=f"{args.device}, {_dtype(args.dtype, args.device)}")
     return 0 if all(r.error is None for r in reqs) else 1
 
 
@@ -372,6 +375,19 @@ def _context_fits(target: str, max_context: int) -> None:
 
 def _vocab(engine: Any) -> int:
     return engine.vocab if hasattr(engine, "vocab") else engine.rt.spec_config.vocab
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def _device(name: str) -> str:
+    """`generate --device`: "auto" is cuda when this process sees a CUDA device, else cpu."""
+    if name != "auto":
+        return name
+    return "cuda" if _cuda_visible() else "cpu"
 
 
 def _dtype(name: str, device: str) -> str:

@@ -36,9 +36,10 @@ def run_prompts(engine: Any, prompts: list[list[int]], max_new: int, sampling: A
 
 
 def report(reqs: list, tokenizer: Any, seconds: float, as_json: bool,
-           first: Optional[tuple[float, int]] = None) -> None:
+           first: Optional[tuple[float, int]] = None, where: Optional[str] = None) -> None:
     """The answers, then the token count and rate; with `first` (seconds to the first streamed event,
-    its token count) also when it came and the rate of the tokens after it."""
+    its token count) also when it came and the rate of the tokens after it; with `where` (the device and
+    dtype) where they ran."""
     total = sum(len(r.output) for r in reqs)
     rows = [{
         "tokens": r.output,
@@ -60,7 +61,8 @@ def report(reqs: list, tokenizer: Any, seconds: float, as_json: bool,
             print(f"{head}: {row['error']}")
             continue
         print(f"{head}, accept length {row['mean_accept_length']}: {row['text'] or row['tokens']}")
-    line = f"{total} tokens in {seconds:.2f} s ({total / max(seconds, 1e-9):.1f} tok/s)"
+    line = f"{total} tokens in {seconds:.2f} s" + (f" on {where}" if where else "")
+    line += f" ({total / max(seconds, 1e-9):.1f} tok/s)"
     if first is not None and total > first[1] and seconds > first[0]:
         rest = (total - first[1]) / (seconds - first[0])
         line += f"; the first {first[1]} after {first[0]:.2f} s, then {rest:.1f} tok/s"

@@ -159,6 +159,8 @@ def test_generate_reports_the_first_tokens_apart(capsys) -> None:
     assert capsys.readouterr().out.splitlines()[-1] == "8 tokens in 2.50 s (3.2 tok/s); the first 2 after 0.50 s, then 3.0 tok/s"
     cli_report.report(reqs, None, 2.5, False, None)
     assert capsys.readouterr().out.splitlines()[-1] == "8 tokens in 2.50 s (3.2 tok/s)"
+    cli_report.report(reqs, None, 2.5, False, None, where="cuda, bfloat16")
+    assert capsys.readouterr().out.splitlines()[-1] == "8 tokens in 2.50 s on cuda, bfloat16 (3.2 tok/s)"
     cli_report.report(reqs, None, 2.5, True, (0.5, 2))
     assert json.loads(capsys.readouterr().out)["first_token_seconds"] == 0.5
 
@@ -180,6 +182,27 @@ def test_generate_sets_the_graph_executor_up_before_its_clock(dirs, capsys, monk
                         "--executor", "static", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
                         "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2,3", "--max-new-tokens", "4")
     assert code == 0 and seen == [True]
+
+
+def test_generate_device_auto_takes_a_visible_gpu(dirs, capsys, monkeypatch) -> None:
+    """`--device auto` (the default) is cuda when the process sees a CUDA device, else cpu; a named device
+    is kept, and the summary line says where the tokens came from."""
+    from spec_runtime.engine import SpecEngine
+
+    for visible, expected in ((True, "cuda"), (False, "cpu")):
+        monkeypatch.setattr(cli, "_cuda_visible", lambda visible=visible: visible)
+        assert cli._device("auto") == expected
+        assert cli._device("cpu") == "cpu" and cli._device("cuda:1") == "cuda:1"
+    seen = []
+    load = SpecEngine.from_pretrained.__func__
+    monkeypatch.setattr(SpecEngine, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: seen.append(k["device"]) or load(cls, *a, **k)))
+    code, out = _generate(capsys, "--target", str(dirs["target"]), "--draft", str(dirs["eagle3"]),
+                          "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                          "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2", "--max-new-tokens", "2",
+                          "--no-progress")
+    assert code == 0 and seen == ["cpu"]
+    assert " tokens in " in out.splitlines()[-1] and " s on cpu, float32 (" in out.splitlines()[-1]
 
 
 def test_generate_dtype_follows_the_device(dirs, capsys, monkeypatch) -> None:

@@ -142,7 +142,8 @@ def test_no_progress_leaves_stderr_empty_also_when_the_reader_left(llama_dir, tm
     os.close(read)
     try:
         proc = subprocess.run([sys.executable, "-m", "spec_runtime.cli", "generate", "--target", str(target),
-                               "--prompt", "\u0107\u0108", "--max-new-tokens", "5", "--no-progress"],
+                               "--prompt", "\u0107\u0108", "--max-new-tokens", "5", "--no-progress",
+                               "--device", "cpu"],
                               stdout=write, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
     finally:
         os.close(write)
