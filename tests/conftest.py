@@ -13,13 +13,13 @@ os.environ["SPEC_TUNING_CACHE"] = "0"
 
 @pytest.fixture(autouse=True)
 def _generate_auto_is_the_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`generate --device auto` takes a visible GPU; the CLI tests outside tests/gpu compare with float32
-    references on the CPU, so there auto means the CPU on a GPU machine too (tests/runtime/test_cli.py
-    tests the rule itself)."""
+    """`generate` and `train` take a visible GPU by default (`--device auto`); the CLI tests outside
+    tests/gpu compare with float32 references on the CPU, so there auto means the CPU on a GPU machine
+    too (tests/runtime/test_cli.py tests the rule itself)."""
     if "gpu" in request.keywords:
         return
     try:
-        from spec_runtime import cli
+        from spec_runtime import defaults
     except ImportError:  # a suite without the runtime installed
         return
-    monkeypatch.setattr(cli, "_cuda_visible", lambda: False)
+    monkeypatch.setattr(defaults, "cuda_visible", lambda: False)

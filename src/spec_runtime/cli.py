@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .defaults import DEFAULT_TEMPERATURE
+from .defaults import DEFAULT_TEMPERATURE, resolve_device
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
 SMALL_CPU_COUNT = 4
@@ -305,7 +305,7 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         _at_least(args.max_new_tokens, 0, "--max-new-tokens")
         _at_least(args.max_context, 1, "--max-context")
-        args.device = _device(args.device)
+        args.device = resolve_device(args.device)
         check_device(args.device)
         resolve_executor(args.executor, args.device)
         for path, flag in ((args.target, "--target"), (args.draft, "--draft")):
@@ -375,19 +375,6 @@ def _context_fits(target: str, max_context: int) -> None:
 
 def _vocab(engine: Any) -> int:
     return engine.vocab if hasattr(engine, "vocab") else engine.rt.spec_config.vocab
-
-
-def _cuda_visible() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.device_count() > 0
-
-
-def _device(name: str) -> str:
-    """`generate --device`: "auto" is cuda when this process sees a CUDA device, else cpu."""
-    if name != "auto":
-        return name
-    return "cuda" if _cuda_visible() else "cpu"
 
 
 def _dtype(name: str, device: str) -> str:

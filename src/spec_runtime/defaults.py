@@ -3,3 +3,18 @@
 DEFAULT_TEMPERATURE = 0.0
 """`SamplingParams().temperature` and `spec-runtime generate --temperature`: 0 = greedy, so the API and
 the command decode the same way unless asked otherwise."""
+
+
+def cuda_visible() -> bool:
+    """Whether this process sees a CUDA device (torch imported only when asked)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def resolve_device(name: str) -> str:
+    """`generate --device` and `train --device`: "auto" (their default) is cuda when this process sees a
+    CUDA device, else cpu; any other name is kept (the device check names what is wrong with it)."""
+    if name != "auto":
+        return name
+    return "cuda" if cuda_visible() else "cpu"

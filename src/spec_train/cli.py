@@ -1,7 +1,7 @@
 """`spec-runtime train`: arguments and the command (`spec_runtime.cli` builds the `train` parser with
 `add_train_arguments` and calls `run_train`).
 
-    spec-runtime train --algorithm EAGLE3 --target DIR --output DIR [--steps N] [--device cuda]
+    spec-runtime train --algorithm EAGLE3 --target DIR --output DIR [--steps N] [--device cpu]
         [--eval-steps 5 --eval-topk 4 --eval-draft-tokens 8]
 
 Prompts default to the package's `prompts.jsonl` (`--prompts src/spec_train/prompts_mix.jsonl`: chat,
@@ -40,8 +40,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
     for name, kind in _FIELDS:
         field = TrainConfig.model_fields[name]
+        default = "auto" if name == "device" else field.default  # resolved by run_train, not TrainConfig
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                       help=f"{_HELP.get(name, field.description or '')} (default {field.default})".strip())
+                       help=f"{_HELP.get(name, field.description or '')} (default {default})".strip())
     p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3 aux layers, comma-separated (default 2,N/2,N-3)")
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None,
                    help=f"dtype of the saved draft (default {TrainConfig.model_fields['save_dtype'].default})")
@@ -71,6 +72,7 @@ _HELP = {
                  "lm_head rows moved to their tokens' new indices, new tokens' rows from the target's output "
                  "rows (--keep-draft-vocab keeps the saved one)",
     "draft_heads": "STANDALONE: attention heads (divide --draft-hidden-size)",
+    "device": "auto (cuda when a CUDA device is visible, else cpu), cpu, cuda or cuda:N",
     "token_map_size": "EAGLE: also write OUTPUT/token_map.pt, this many most frequent continuation tokens of the "
                       "training data (a hot-token map: the runtime's and sglang's --speculative-token-map)",
     "profile_steps": "profile this many training steps after one warm-up step (torch.profiler): OUTPUT/profile.txt "
@@ -88,11 +90,13 @@ def run_train(args: argparse.Namespace) -> int:
     `describe_error`, naming the flag or file) before any work."""
     from pydantic import ValidationError
 
+    from spec_runtime.defaults import resolve_device
     from spec_runtime.errors import describe_error
     from spec_runtime.runtime import SetupError
     from spec_train.config import TrainConfig, TrainError
 
     fields = {name: getattr(args, name) for name, _ in _FIELDS if getattr(args, name) is not None}
+    fields["device"] = resolve_device(fields.get("device", "auto"))
     if args.aux_layer_ids is not None:  # "" too: an empty list is no list of layers
         try:
             fields["aux_layer_ids"] = tuple(int(x) for x in args.aux_layer_ids.split(","))

@@ -187,12 +187,13 @@ def test_generate_sets_the_graph_executor_up_before_its_clock(dirs, capsys, monk
 def test_generate_device_auto_takes_a_visible_gpu(dirs, capsys, monkeypatch) -> None:
     """`--device auto` (the default) is cuda when the process sees a CUDA device, else cpu; a named device
     is kept, and the summary line says where the tokens came from."""
+    from spec_runtime import defaults
     from spec_runtime.engine import SpecEngine
 
     for visible, expected in ((True, "cuda"), (False, "cpu")):
-        monkeypatch.setattr(cli, "_cuda_visible", lambda visible=visible: visible)
-        assert cli._device("auto") == expected
-        assert cli._device("cpu") == "cpu" and cli._device("cuda:1") == "cuda:1"
+        monkeypatch.setattr(defaults, "cuda_visible", lambda visible=visible: visible)
+        assert defaults.resolve_device("auto") == expected
+        assert defaults.resolve_device("cpu") == "cpu" and defaults.resolve_device("cuda:1") == "cuda:1"
     seen = []
     load = SpecEngine.from_pretrained.__func__
     monkeypatch.setattr(SpecEngine, "from_pretrained",

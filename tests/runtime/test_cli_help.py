@@ -24,6 +24,8 @@ def _default(parser_name: str, action: argparse.Action):
     if action.default is None and parser_name == "train":
         from spec_train.config import TrainConfig
 
+        if action.dest == "device":  # the command's own default (TrainConfig's API default is cpu)
+            return "auto"
         field = TrainConfig.model_fields.get(action.dest)
         return None if field is None else field.default
     return action.default

@@ -173,6 +173,33 @@ def test_cli_trains_and_writes_a_loadable_draft(train_root: Path, toy_target: Pa
     assert load_eagle3(out, load_target(toy_target)).aux_layer_ids == (0, 3)
 
 
+def test_train_device_defaults_to_a_visible_gpu(train_root: Path, toy_target: Path, toy_prompts_file: Path,
+                                                monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """`spec-runtime train` without `--device` (or with `auto`) trains on CUDA when the process sees a CUDA
+    device and on the CPU otherwise; a named device is kept, and the help says what the default is."""
+    import spec_runtime.defaults as defaults
+    import spec_train.trainer as trainer
+
+    seen: list[str] = []
+
+    def stop(cfg):
+        seen.append(cfg.device)
+        raise trainer.TrainError("stopped before training")
+
+    monkeypatch.setattr(trainer, "train_draft", stop)
+    flags = ["train", "--algorithm", "EAGLE3", "--target", str(toy_target), "--output", str(train_root / "dev"),
+             "--prompts", str(toy_prompts_file), "--steps", "1", "--no-progress"]
+    for visible, extra in ((True, []), (False, []), (True, ["--device", "auto"]), (True, ["--device", "cpu"])):
+        monkeypatch.setattr(defaults, "cuda_visible", lambda visible=visible: visible)
+        assert main([*flags, *extra]) == 2
+    assert seen == ["cuda", "cpu", "cuda", "cpu"]
+    assert capsys.readouterr().err.count("stopped before training") == 4
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "auto (cuda when a CUDA device is visible, else cpu), cpu, cuda or cuda:N (default auto)" in " ".join(
+        capsys.readouterr().out.split())
+
+
 @pytest.mark.parametrize("case", ["not_llama", "draft_as_target", "no_config", "no_dir", "no_weights"])
 def test_bad_target_is_one_line_before_work(case: str, tmp_path: Path, trained_draft, toy_target: Path,
                                             toy_prompts_file: Path, capsys: pytest.CaptureFixture) -> None:
