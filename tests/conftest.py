@@ -12,7 +12,7 @@ os.environ["SPEC_TUNING_CACHE"] = "0"
 
 
 @pytest.fixture(autouse=True)
-def _generate_auto_is_the_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def _device_auto_is_the_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """`generate` and `train` take a visible GPU by default (`--device auto`); the CLI tests outside
     tests/gpu compare with float32 references on the CPU, so there auto means the CPU on a GPU machine
     too (tests/runtime/test_cli.py tests the rule itself)."""
