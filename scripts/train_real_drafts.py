@@ -23,6 +23,8 @@ reports each kind. `--profile-steps N` profiles N calibration steps of each algo
 its Chrome trace into `--out`. `--cache-target` runs the target once per training run instead of once
 per step (`spec_train.target_cache`). `--measure-drafts DIR` trains nothing: it measures the drafts already in
 `DIR/{eagle3,eagle1,standalone}` (the shipped layout) on the held-out prompts the same way.
+`--extra-data FILE...` adds the sequences of data caches that earlier runs made (their `WORK/data.pt`,
+same data options, other `--seed`s) to this run's.
 """
 
 import argparse
@@ -77,6 +79,7 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
         progress=args.progress, init_from=args.init_from.get(alg), keep_draft_vocab=args.keep_draft_vocab,
         profile_steps=profile_steps, cache_target=args.cache_target and final, seed=args.seed,
+        extra_data=tuple(args.extra_data),
     )
 
 
@@ -260,6 +263,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0,
                    help="the sampled continuations' seeds (seed + 1 ...) and the batch order: another seed, fresh data")
     p.add_argument("--gen-batch-size", type=int, default=128)
+    p.add_argument("--extra-data", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="data caches of earlier runs (other --seed) whose sequences join this run's")
     p.add_argument("--eval-prompts", type=int, default=40)
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=8, help="prompts measured together")

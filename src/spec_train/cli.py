@@ -11,6 +11,7 @@ A run resumes from `OUTPUT/trainer_state.pt` when present. After training, `--ev
 > 0 measures greedy acceptance on the held-out prompts with the runtime and writes
 `OUTPUT/acceptance.json`. `--cache-target` runs the target once per run instead of once per step;
 `--profile-steps N` writes `OUTPUT/profile.txt` (where a step's time goes) and its Chrome trace.
+`--extra-data FILE...` adds the sequences of data caches earlier runs made with other `--seed`s.
 """
 
 import argparse
@@ -46,6 +47,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3 aux layers, comma-separated (default 2,N/2,N-3)")
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None,
                    help=f"dtype of the saved draft (default {TrainConfig.model_fields['save_dtype'].default})")
+    p.add_argument("--extra-data", nargs="+", type=Path, default=None, metavar="FILE",
+                   help="data caches of earlier runs (same data options, other --seed): their sequences join "
+                        "this run's")
     p.add_argument("--keep-draft-vocab", action="store_true",
                    help="EAGLE-3 with --init-from: keep the saved head's draft vocabulary (d2t/t2d) instead of "
                         "counting it on this run's data")
@@ -106,6 +110,8 @@ def run_train(args: argparse.Namespace) -> int:
         fields["save_dtype"] = args.save_dtype
     if args.keep_draft_vocab:
         fields["keep_draft_vocab"] = True
+    if args.extra_data:
+        fields["extra_data"] = tuple(args.extra_data)
     if args.cache_target:
         fields["cache_target"] = True
     try:

@@ -24,6 +24,8 @@ class TrainConfig(BaseModel):
     Data: the target's own continuations (greedy when `temperature` is 0) of the training prompts,
     plus `samples_per_prompt - 1` continuations sampled at `sample_temperature`; cached in
     `data_cache` (default `output/train_data.pt`), which runs of other algorithms may share.
+    `extra_data`: data caches made by earlier runs with the same data options and other seeds, whose
+    sequences join this run's (fresh continuations without generating them again).
     Every `held_out_every`-th prompt (index 0, N, 2N, ...) is held out for evaluation and never
     trained on. EAGLE heads are unrolled `ttt_steps` steps (training-time test); STANDALONE drafts are
     distilled (KL to the target's distribution) over whole sequences. `init_from`: a draft directory
@@ -56,6 +58,7 @@ class TrainConfig(BaseModel):
     samples_per_prompt: int = Field(1, ge=1)
     sample_temperature: float = Field(0.7, gt=0.0)
     data_cache: Optional[Path] = None
+    extra_data: tuple[Path, ...] = ()
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(8, ge=1)
     lr: float = Field(3e-4, gt=0.0)
@@ -97,7 +100,10 @@ class TrainConfig(BaseModel):
         checkpoint cadence and the display)."""
         skip = {"steps", "save_every", "progress", "device", "data_cache", "profile_steps", "cache_target",
                 "token_map_size"}
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.model_dump().items() if k not in skip}
+        if not self.extra_data:  # a run without extra data keeps the fingerprint runs before it had
+            skip.add("extra_data")
+        return {k: (str(v) if isinstance(v, Path) else tuple(str(p) for p in v) if k == "extra_data" else v)
+                for k, v in self.model_dump().items() if k not in skip}
 
 
 def _read_json(path: Path, what: str) -> dict:

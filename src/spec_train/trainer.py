@@ -95,6 +95,7 @@ def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
     if cfg.output.resolve() == cfg.target.resolve():
         raise TrainError(f"--output {cfg.output} is the target directory")
     _check_output(cfg.output, "--output")
+    check_extra_data(cfg)
     if cfg.data_cache is not None:
         if cfg.data_cache.is_dir():
             raise TrainError(f"--data-cache {cfg.data_cache}: a directory, not a file")
@@ -128,8 +129,9 @@ def _check_resume(cfg: TrainConfig, state: Optional[dict[str, Any]]) -> None:
     """A saved run in `--output` must share the options, and not be past `--steps` already."""
     if state is None:
         return
-    if state["fingerprint"] != cfg.fingerprint():
-        diff = sorted(k for k, v in cfg.fingerprint().items() if state["fingerprint"].get(k) != v)
+    saved, now = state["fingerprint"], cfg.fingerprint()
+    if saved != now:
+        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
         raise TrainError(f"--output {cfg.output} holds a run with other options ({', '.join(diff)}); "
                          "use another --output or the same options")
     if state["step"] > cfg.steps:
@@ -160,14 +162,12 @@ def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train:
     max_prompt = max(1, cfg.max_seq_len - cfg.max_new_tokens)
     train_ids = encode_prompts(train, tokenizer, cfg.chat_template, vocab, max_prompt)
     held_ids = encode_prompts(held, tokenizer, cfg.chat_template, vocab, max_prompt)
-    key = {k: cfg.fingerprint()[k] for k in ("target", "prompts", "held_out_every", "max_prompts", "chat_template",
-                                            "max_new_tokens", "max_seq_len", "temperature", "samples_per_prompt",
-                                            "sample_temperature", "seed")}
+    key = _data_key(cfg)
     path = cfg.data_cache or cfg.output / ckpt.DATA_FILE
     if path.is_file():
         saved = torch.load(path, map_location="cpu", weights_only=False)
         if saved.get("key") == key:
-            return Sequences.from_dict(saved["data"]), held_ids
+            return _with_extra(cfg, Sequences.from_dict(saved["data"])), held_ids
     gen_cfg_path = cfg.target / "generation_config.json"
     gen_cfg = json.loads(gen_cfg_path.read_text()) if gen_cfg_path.is_file() else None
     eos = eos_token_ids(target_cfg, gen_cfg)
@@ -180,7 +180,54 @@ def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train:
         seqs.prompt_lens += more.prompt_lens
     ckpt.atomic_write(path, lambda p: torch.save({"key": key, "data": seqs.to_dict()}, p))
     _write_held_out(cfg.output / "held_out.jsonl", held_ids)
-    return seqs, held_ids
+    return _with_extra(cfg, seqs), held_ids
+
+
+DATA_KEYS = ("target", "prompts", "held_out_every", "max_prompts", "chat_template", "max_new_tokens", "max_seq_len",
+             "temperature", "samples_per_prompt", "sample_temperature", "seed")
+"""The options a data cache is made for (its `key`): a cache made for other ones is generated again."""
+
+
+def _data_key(cfg: TrainConfig) -> dict:
+    fingerprint = cfg.fingerprint()
+    return {k: fingerprint[k] for k in DATA_KEYS}
+
+
+def _read_extra(path: Path) -> dict:
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - any unreadable file: one line naming it
+        raise TrainError(f"--extra-data {path}: not a data cache torch can read ({type(err).__name__})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("key"), dict) or "data" not in saved:
+        raise TrainError(f"--extra-data {path}: not a training data cache (no key and data)")
+    return saved
+
+
+def check_extra_data(cfg: TrainConfig) -> None:
+    """Each `--extra-data` file is a data cache made for this run's data options with another seed
+    (its held-out prompts are this run's, so none of them was trained on), and no seed twice."""
+    own = _data_key(cfg)
+    seeds = {own["seed"]: "this run"}
+    for path in cfg.extra_data:
+        if not path.is_file():
+            raise TrainError(f"--extra-data {path}: " + ("a directory, not a file" if path.is_dir() else "not found"))
+        key = _read_extra(path)["key"]
+        diff = [k for k in DATA_KEYS if k != "seed" and key.get(k) != own[k]]
+        if diff:
+            k = diff[0]
+            raise TrainError(f"--extra-data {path}: made for other data options ({k} {key.get(k)!r}, this run "
+                             f"{own[k]!r})")
+        if key.get("seed") in seeds:
+            raise TrainError(f"--extra-data {path}: its sequences are {seeds[key['seed']]}'s (seed {key['seed']})")
+        seeds[key["seed"]] = str(path)
+
+
+def _with_extra(cfg: TrainConfig, seqs: Sequences) -> Sequences:
+    """This run's sequences followed by those of the `--extra-data` caches (checked by `prepare`)."""
+    for path in cfg.extra_data:
+        more = Sequences.from_dict(_read_extra(path)["data"])
+        seqs = Sequences(seqs.ids + more.ids, seqs.prompt_lens + more.prompt_lens)
+    return seqs
 
 
 def _write_held_out(path: Path, held_ids: list[list[int]]) -> None:

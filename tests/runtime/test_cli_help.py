@@ -37,7 +37,7 @@ def test_every_option_shows_its_default(name) -> None:
     missing = []
     for action in parser._actions:
         default = _default(name, action)
-        hidden = default is None or default is False or default in ("", [], argparse.SUPPRESS)
+        hidden = default is None or default is False or default in ("", [], (), argparse.SUPPRESS)
         if not action.option_strings or hidden or action.required:
             continue
         formatter = parser._get_formatter()  # this option's entry, as `--help` prints it

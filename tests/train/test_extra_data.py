@@ -1,0 +1,84 @@
+"""`spec-runtime train --extra-data FILE...`: the sequences of data caches made by earlier runs (same data
+options, other seeds) join the run's own, so a run trains on more fresh continuations without generating
+them again; a file that is not such a cache is one `spec-runtime train: error:` line naming it, before
+any work."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from tests.train.conftest import VOCAB, write_prompts
+
+from spec_runtime.cli import main
+from spec_runtime.tiny import build_tiny_target
+from spec_train import trainer
+from spec_train.data import Sequences
+from spec_train.toy import toy_prompts
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny target, a prompts file, and the data caches of two one-step runs (seeds 0 and 1)."""
+    root = tmp_path_factory.mktemp("extra_data")
+    files = {"root": root, "target": build_tiny_target(root / "target", num_layers=4, vocab_size=VOCAB),
+             "prompts": write_prompts(root / "prompts.jsonl", toy_prompts(30, VOCAB, seed=5))}
+    for seed in (0, 1):
+        files[f"data{seed}"] = root / f"data{seed}.pt"
+        assert _train(files, root / f"run{seed}", "--seed", str(seed), "--data-cache", str(files[f"data{seed}"])) == 0
+    return files
+
+
+def _train(files: dict[str, Path], out: Path, *more: str) -> int:
+    return main(["train", "--algorithm", "EAGLE3", "--target", str(files["target"]), "--output", str(out),
+                 "--prompts", str(files["prompts"]), "--steps", "1", "--max-new-tokens", "4",
+                 "--draft-vocab-size", "64", "--samples-per-prompt", "2", "--no-progress", *more])
+
+
+def _sequences(path: Path) -> Sequences:
+    return Sequences.from_dict(torch.load(path, weights_only=False)["data"])
+
+
+def test_extra_sequences_join_the_runs_own(made, monkeypatch, capsys) -> None:
+    own, extra = _sequences(made["data0"]), _sequences(made["data1"])
+    assert own.ids != extra.ids  # another seed, other sampled continuations
+    seen: list[int] = []
+    real = trainer._batch_indices
+    monkeypatch.setattr(trainer, "_batch_indices", lambda n, *a: seen.append(n) or real(n, *a))
+    assert _train(made, made["root"] / "joined", "--seed", "0", "--data-cache", str(made["data0"]),
+                  "--extra-data", str(made["data1"])) == 0, capsys.readouterr().err
+    assert seen and set(seen) == {len(own) + len(extra)}
+    assert _sequences(made["data0"]).ids == own.ids  # the run's own cache is not rewritten with them
+    # a resume must name the same extra data: without it the saved run has other options
+    assert _train(made, made["root"] / "joined", "--seed", "0", "--data-cache", str(made["data0"]),
+                  "--steps", "2") == 2
+    assert "holds a run with other options (extra_data)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "--extra-data {path}: not found"),
+    ("directory", "--extra-data {path}: a directory, not a file"),
+    ("garbage", "--extra-data {path}: not a data cache torch can read ("),  # (the error's type: torch's own)
+    ("not_a_cache", "--extra-data {path}: not a training data cache (no key and data)"),
+    ("other_options", "--extra-data {path}: made for other data options (max_new_tokens 8, this run 4)"),
+    ("same_seed", "--extra-data {path}: its sequences are this run's (seed 0)"),
+    ("twice", "--extra-data {path}: its sequences are {path}'s (seed 1)"),
+])
+def test_a_file_that_is_no_such_cache_is_one_line_before_any_work(made, tmp_path, capsys, case, expected) -> None:
+    path = {"same_seed": made["data0"], "twice": made["data1"]}.get(case, tmp_path / f"{case}.pt")
+    if case == "directory":
+        path.mkdir()
+    elif case == "garbage":
+        path.write_bytes(b"not a pickle at all")
+    elif case == "not_a_cache":
+        torch.save({"ids": [[1, 2]]}, path)
+    elif case == "other_options":
+        saved = torch.load(made["data1"], weights_only=False)
+        torch.save({**saved, "key": {**saved["key"], "max_new_tokens": 8}}, path)
+    paths = [str(made["data1"])] if case == "twice" else []
+    out = tmp_path / "out"
+    code = _train(made, out, "--seed", "0", "--data-cache", str(tmp_path / "own.pt"), "--extra-data", *paths, str(path))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.strip().startswith("spec-runtime train: error: " + expected.format(path=path)), err
+    assert case == "garbage" or err.strip() == "spec-runtime train: error: " + expected.format(path=path)
+    assert not out.exists() and not (tmp_path / "own.pt").exists()  # refused before any data was made
