@@ -20,7 +20,8 @@ re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md 
 linears' kernels, timed at setup) to tuning.json: runs in two processes can differ by those choices, so
 on the GPU the shipped file was tuned on (`src/spec_kernels/tuned/nvidia-h200.json`) a run loads its decisions
 unless told otherwise (`--tuning-file auto`, the default: `$SPEC_TUNING_FILE` when set, else the shipped
-file on its kind of GPU, else none; `none`: time them in this process; or a file `--save-tuning` wrote).
+file for this GPU under the triton it was tuned with, as the runtime picks it, else none; `none`: time
+them in this process; or a file `--save-tuning` wrote).
 The runtime's own tuning cache stays off (`SPEC_TUNING_CACHE=0` unless the environment says otherwise).
 
 `--profile` (CUDA) adds, per row, what one decode iteration costs in steady state, counted by
@@ -50,22 +51,19 @@ from typing import Any, Optional
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_TUNING = ROOT / "src" / "spec_kernels" / "tuned" / "nvidia-h200.json"
-"""The linears' decisions the README's table ran with (`--save-tuning` of an H200 run; shipped with the
-package, where the runtime's tuning cache starts from them)."""
-
 
 def tuning_choice(arg: str, env: Optional[str], device_name: Optional[str]) -> Optional[Path]:
     """The tuning file a run loads: `arg` a path, "none", or "auto" (`env`, i.e. `$SPEC_TUNING_FILE`,
-    when set, else `SHIPPED_TUNING` when it was tuned on `device_name`, the CUDA device's name).
+    when set, else the package's shipped file for `device_name`, the CUDA device's name, as the
+    runtime's own setup picks it: `spec_kernels.tuning_file.shipped_file`).
     Raises ValueError (naming the file) for a file that is missing, not a tuning file, or tuned on
     another kind of device than `device_name`."""
     if arg == "none":
         return None
     if arg == "auto" and not env:
-        if device_name is None or not SHIPPED_TUNING.is_file():
-            return None
-        return SHIPPED_TUNING if _tuned_on(SHIPPED_TUNING) == device_name else None
+        from spec_kernels.tuning_file import shipped_file
+
+        return None if device_name is None else shipped_file(device_name)
     path = Path(env if arg == "auto" else arg)
     tuned_on = _tuned_on(path)
     if device_name is not None and tuned_on != device_name:
@@ -414,7 +412,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="with --profile: each row's profiled window as a Chrome trace, OUT/traces/ROW.json")
     p.add_argument("--tuning-file", default="auto", metavar="FILE|auto|none",
                    help="load the linears' setup decisions from FILE ('auto': $SPEC_TUNING_FILE when set, else "
-                        "src/spec_kernels/tuned/nvidia-h200.json on the GPU it was tuned on; 'none': time them here)")
+                        "the package's file for this GPU and triton, e.g. src/spec_kernels/tuned/nvidia-h200.json; "
+                        "'none': time them here)")
     p.add_argument("--save-tuning", type=Path, default=None, metavar="FILE",
                    help="write the linears' setup decisions here (default: tuning.json in --out, on CUDA; "
                         "SPEC_TUNING_FILE=FILE loads them in a later run)")

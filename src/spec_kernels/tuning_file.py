@@ -142,16 +142,18 @@ def cache_file(root: Any) -> Path:
     return Path(root) / (_slug(f"{_device_name()}-torch{torch.__version__}-triton{_triton_version()}") + ".json")
 
 
-def _shipped_path() -> Path:
-    """Where the decisions for this process's kind of GPU would be shipped (the file may not exist)."""
-    return SHIPPED_DIR / (_slug(_device_name()) + ".json")
+def _shipped_path(device_name: Optional[str] = None) -> Path:
+    """Where the decisions for `device_name` (default: this process's kind of GPU) would be shipped
+    (the file may not exist)."""
+    return SHIPPED_DIR / (_slug(device_name or _device_name()) + ".json")
 
 
-def shipped_file() -> Optional[Path]:
-    """The decisions shipped for this process's kind of GPU (`spec_kernels/tuned/<device>.json`, e.g.
-    `nvidia-h200.json`: the README's benchmarks' shapes), or None: no file for it, or one tuned under
-    another triton version (its configurations may not compile the same)."""
-    path = _shipped_path()
+def shipped_file(device_name: Optional[str] = None) -> Optional[Path]:
+    """The decisions shipped for `device_name`, a CUDA device's name (default: this process's kind of
+    GPU): `spec_kernels/tuned/<device>.json`, e.g. `nvidia-h200.json` (the README's benchmarks'
+    shapes), or None: no file for it, or one tuned under another triton version (its configurations
+    may not compile the same)."""
+    path = _shipped_path(device_name)
     if not path.is_file():
         return None
     import json

@@ -114,14 +114,22 @@ def test_bench_real_bad_trees_fail_in_one_line(bench_real, capsys) -> None:
         assert err.startswith(f"bench_real.py: error: --trees {tree}: ") and why in err, err
 
 
-def test_bench_real_tuning_file_choice(bench_real, capsys, tmp_path) -> None:
-    """`--tuning-file auto` loads $SPEC_TUNING_FILE, else the shipped file only on the GPU it was tuned on;
-    a file tuned elsewhere, missing or not a tuning file is a one-line error before the model loads."""
-    shipped = bench_real.SHIPPED_TUNING
-    tuned_on = json.loads(shipped.read_text())["meta"]["device_name"]
+def test_bench_real_tuning_file_choice(bench_real, capsys, tmp_path, monkeypatch) -> None:
+    """`--tuning-file auto` loads $SPEC_TUNING_FILE, else the package's shipped file only on the GPU and
+    the triton version it was tuned with (the runtime's own rule); a file tuned elsewhere, missing or
+    not a tuning file is a one-line error before the model loads."""
+    from spec_kernels import tuning_file as TF
+
+    shipped = TF.SHIPPED_DIR / "nvidia-h200.json"
+    meta = json.loads(shipped.read_text())["meta"]
+    tuned_on = meta["device_name"]
     choose = bench_real.tuning_choice
-    assert choose("auto", None, tuned_on) == shipped
-    assert choose("auto", None, "another GPU") is None and choose("auto", None, None) is None
+    with monkeypatch.context() as m:
+        m.setattr(TF, "_triton_version", lambda: meta["triton"])
+        assert choose("auto", None, tuned_on) == shipped
+        assert choose("auto", None, "another GPU") is None and choose("auto", None, None) is None
+        m.setattr(TF, "_triton_version", lambda: "0.0.1")
+        assert choose("auto", None, tuned_on) is None  # its kernels may not compile the same
     assert choose("none", str(shipped), tuned_on) is None
     mine = tmp_path / "mine.json"
     mine.write_text(json.dumps({"meta": {"device_name": "GPU X"}, "decisions": [], "tuned": [], "epilogues": []}))
