@@ -96,7 +96,7 @@ def _generate_flags(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--device", default="auto", help="auto (cuda when a CUDA device is visible, else cpu), cpu, "
                                                       "cuda or cuda:N")
     gen.add_argument("--executor", choices=EXECUTOR_CHOICES, default="auto",
-                     help=f"with --draft: {EXECUTOR_HELP} (the target alone runs eagerly)")
+                     help=f"{EXECUTOR_HELP} (the target alone: greedy requests only; sampled ones run eagerly)")
     gen.add_argument("--max-context", type=int, default=1024, help="tokens per request, prompt included")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
@@ -329,8 +329,9 @@ def _generate(args: argparse.Namespace) -> int:
     stops += sorted(t for t in stop_token_ids(args.target, tokenizer) if t < _vocab(engine))
     from .cli_report import report, run_prompts
 
-    setup = getattr(getattr(getattr(engine, "rt", None), "runner", None), "setup", None)
-    if setup is not None:  # the graph executor's fast models and graphs, else built in the first step
+    setup = getattr(engine, "setup", None) or getattr(getattr(getattr(engine, "rt", None), "runner", None), "setup",
+                                                      None)
+    if setup is not None:  # the fast models and graphs, else built in the first step
         setup()
     start = time.perf_counter()
     reqs, first = run_prompts(engine, prompts, args.max_new_tokens, sampling, stops,
@@ -401,7 +402,8 @@ def _load_engine(args: argparse.Namespace, prompts: int) -> Any:
     dtype = getattr(torch, _dtype(args.dtype, args.device))
     if args.draft is None:
         return TargetOnlyEngine.from_pretrained(args.target, dtype=dtype, device=args.device,
-                                                max_context=args.max_context, seed=args.seed)
+                                                max_context=args.max_context, seed=args.seed, executor=args.executor,
+                                                max_batch_size=prompts)
     return SpecEngine.from_pretrained(
         args.target, args.draft, args.speculative_algorithm,
         num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,

@@ -6,6 +6,12 @@ live request (the forward of `baseline.target_only_generate`, the reference spec
 compared against) and takes the argmax, or samples when a request's temperature is above 0. A
 request stops at its own EOS or stop token, after `max_new_tokens`, or at the end of its context,
 and leaves the batch then.
+
+With `executor` "cuda_graph" (what "auto" means on CUDA) or "static", a batch whose requests are all
+greedy decodes on the fast path the benchmarks' plain decode runs (`executors.decode.DecodeRunner`:
+the fast target's prefill, then graphs of `steps_per_graph` steps replayed), reading the tokens back
+after each chunk of steps and ending each request where the eager path would (a request that stops
+inside a chunk drops the chunk's later tokens). Sampled requests take the eager path.
 """
 
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +29,7 @@ from .engine import (
     _token_ids,
     check_device,
     rejected_request,
+    resolve_executor,
 )
 from .kv_cache import KVCache
 from .sampling import SamplingParams, probs_from_logits, sample_from_probs
@@ -33,7 +40,10 @@ __all__ = ["TargetOnlyEngine"]
 class TargetOnlyEngine:
     """Batched decoding with the target only (one token per request per forward)."""
 
-    def __init__(self, target: Any, eos_token_ids: Iterable[int] = (), max_context: int = 1024, seed: int = 0) -> None:
+    def __init__(self, target: Any, eos_token_ids: Iterable[int] = (), max_context: int = 1024, seed: int = 0,
+                 executor: str = "eager", max_batch_size: int = 1, fast: Any = None) -> None:
+        from .options import FastOptions
+
         self.target = target
         self.eos = frozenset(eos_token_ids)
         self.max_context = max_context
@@ -42,17 +52,46 @@ class TargetOnlyEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.waiting: list[Request] = []
         self._next_id = 0
+        self.executor = resolve_executor(executor, self.device)
+        self.max_batch_size = max_batch_size
+        self.fast = FastOptions.of(fast)  # refused here, whatever the executor (as `Runtime.create`)
+        self._fast: Any = None  # the fast target, built once
+        self._ready: Any = None  # a (cache, runner) pair set up ahead of a run (`setup`)
 
     @classmethod
     def from_pretrained(cls, target: Any, *, dtype: torch.dtype = torch.float32, device: Any = "cpu",
-                        max_context: int = 1024, seed: int = 0) -> "TargetOnlyEngine":
-        """Load the target directory (or transformers model); EOS ids from its config.json."""
+                        max_context: int = 1024, seed: int = 0, executor: str = "eager",
+                        max_batch_size: int = 1, fast: Any = None) -> "TargetOnlyEngine":
+        """Load the target directory (or transformers model); EOS ids from its config.json. `fast`: the
+        fast path's `FastOptions` (or a dict of its fields), for the static and CUDA-graph executors."""
         from .models.loading import load_target
+        from .options import FastOptions
 
         check_device(device)
+        resolve_executor(executor, device)
+        FastOptions.of(fast)  # before the load
         t = load_target(target, dtype, device)
         eos = t.hf_config.get("eos_token_id")
-        return cls(t, [eos] if isinstance(eos, int) else (eos or []), max_context, seed)
+        return cls(t, [eos] if isinstance(eos, int) else (eos or []), max_context, seed, executor, max_batch_size,
+                   fast)
+
+    def setup(self) -> None:
+        """Build the fast target and capture the graphs of up to `max_batch_size` requests now, not
+        inside the first run (nothing on the eager executor)."""
+        if self.executor != "eager" and self._ready is None:
+            self._ready = self._decoder(self.max_batch_size)
+            self._ready[1].capture()
+
+    def _decoder(self, bs: int) -> tuple[KVCache, Any]:
+        """A KV cache for `bs` requests (and the padding row) and a `DecodeRunner` over it."""
+        from .executors.decode import DecodeRunner
+        from .gpu.models import fast_target
+
+        t, ctx = self.target, self.max_context
+        if self._fast is None:
+            self._fast = fast_target(t, self.fast, ctx + 1, [])
+        cache = KVCache(t.num_layers, t.num_kv_heads, t.head_dim, bs * ctx + 2, bs + 1, ctx, t.dtype, self.device)
+        return cache, DecodeRunner(t, cache, bs, executor=self.executor, fast_target=self._fast)
 
     def queue(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
               sampling: Optional[SamplingParams] = None, stop_token_ids: Iterable[int] = ()) -> list[Request]:
@@ -96,6 +135,8 @@ class TargetOnlyEngine:
         live, self.waiting = self.waiting, []
         if not live:
             return
+        if self.executor != "eager" and all(r.sampling.greedy for r in live):
+            return self._run_fast(live, on_tokens)
         t, ctx = self.target, self.max_context
         cache = KVCache(t.num_layers, t.num_kv_heads, t.head_dim, len(live) * ctx, len(live), ctx, t.dtype,
                         self.device)
@@ -107,6 +148,39 @@ class TargetOnlyEngine:
             picked = self._pick(logits, live)
             live = [r for r, tok in zip(live, picked) if not self._emit(r, tok, on_tokens)]
             ids = torch.tensor([r.output[-1] for r in live], dtype=torch.int64)
+
+    def _run_fast(self, live: list[Request], on_tokens: Optional[Callable[[TokenEvent], None]]) -> None:
+        """`run` on the fast path: the prefill's token, then chunks of greedy steps (see the module)."""
+        from .attention import AttnBatch
+
+        bs, dev = len(live), self.device
+        ready, self._ready = self._ready, None
+        cache, runner = ready if ready is not None and ready[1].max_bs >= bs else self._decoder(bs)
+        lens = [len(r.prompt) for r in live]
+        rows, lens_t = torch.arange(bs, device=dev), torch.tensor(lens, device=dev)
+        ids = torch.tensor([tok for r in live for tok in r.prompt], device=dev)
+        positions = torch.cat([torch.arange(n, device=dev) for n in lens])
+        slots = cache.alloc_slots(ids.shape[0])
+        hidden, _ = runner.fast.forward(ids, positions, AttnBatch.extend(rows, torch.zeros_like(lens_t), lens_t, slots),
+                                        cache)
+        cache.req_to_token[rows.repeat_interleave(lens_t), positions] = slots
+        first = runner.fast.compute_logits(hidden[torch.cumsum(lens_t, 0) - 1]).argmax(-1).tolist()
+        for row, (r, n, tok) in enumerate(zip(live, lens, first)):
+            r.row, r.seq_len = row, n
+            self._emit(r, tok, on_tokens)
+        live = [r for r in live if not r.finished]
+        while live:
+            chunk = min(runner.steps_per_graph, min(self.max_context - r.seq_len for r in live),
+                        max(r.max_new_tokens - len(r.output) for r in live))
+            tokens = runner.generate(torch.tensor([r.row for r in live], device=dev),
+                                     torch.tensor([r.output[-1] for r in live], device=dev),
+                                     torch.tensor([r.seq_len for r in live], device=dev), chunk).tolist()
+            for r, row in zip(live, tokens):
+                for tok in row[1:]:
+                    r.seq_len += 1
+                    if self._emit(r, tok, on_tokens):
+                        break
+            live = [r for r in live if not r.finished]
 
     def _forward(self, cache: KVCache, live: list[Request], ids: torch.Tensor) -> torch.Tensor:
         """The logits after each live request's new tokens (its whole prompt first, then one token)."""
