@@ -31,8 +31,8 @@ A variant is `name:JSON`, variants separated by ';'. The JSON object holds:
   which a profile under PDL (every kernel starting early and waiting) cannot say;
 - `"buckets": [1, 8, 32]`: the spec runtimes' captured batch sizes (default [1]);
   `"steps_per_graph": K`: the plain decode's steps per graph (default 8);
-- `"attention": {"fused_merge_rows": [1, 2, 8], "early_kv_rows": 2, "skip_empty_min_rows": 1,
-  "tail_rows": [1], "merge_unroll": 8}`: `spec_kernels.attention`'s per-row-count choices
+- `"attention": {"fused_merge_rows": [1, 2, 8], "early_kv_rows": 2, "early_kv_small_tile_rows": 8,
+  "skip_empty_min_rows": 1, "tail_rows": [1], "merge_unroll": 8}`: `spec_kernels.attention`'s per-row-count choices
   (`FUSED_MERGE_ROWS`, ...) for this variant's captures, restored after it.
 
 With `--tuning-file PATH` (a `bench_e2e.py --save-tuning` file of the same kind of GPU), every
@@ -72,6 +72,7 @@ SIMULATED_ACCEPT = {"EAGLE3": 5.4, "STANDALONE": 3.6, "EAGLE": 3.6}
 SMOLLM2_ACCEPT = {"EAGLE3": 3.43, "EAGLE": 2.70, "STANDALONE": 2.27}
 """`--shape smollm2`: the accept lengths of the README's real-model table at bs=1."""
 ATTENTION_KNOBS = {"fused_merge_rows": "FUSED_MERGE_ROWS", "early_kv_rows": "EARLY_KV_ROWS",
+                   "early_kv_small_tile_rows": "EARLY_KV_SMALL_TILE_ROWS",
                    "skip_empty_min_rows": "SKIP_EMPTY_MIN_ROWS", "tail_rows": "TAIL_ROWS", "merge_unroll": "MERGE_UNROLL"}
 """A variant's `attention` keys and the `spec_kernels.attention` names they set."""
 

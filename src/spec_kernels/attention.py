@@ -18,7 +18,8 @@ description (row ranges, prefixes, request rows, the first slot tile) before it 
 kernel before it, which writes only q and the new K/V: the fast path writes the batch description
 earlier in the forward, and every PDL kernel waits before it lets the next one start, so those
 writes are complete. Calls of at most two query rows (plain decode, a top-2 draft step) also load
-each program's first K/V tile of the committed prefix there (`EARLY_KV_ROWS`): new K/V only
+each program's first K/V tile of the committed prefix there (`EARLY_KV_ROWS`; up to eight rows for small
+K tiles, `EARLY_KV_SMALL_TILE_ROWS`): new K/V only
 ever go to extra slots (`AttnBatch.out_slots`), so the prefix's were written by an earlier forward.
 Those calls also skip pass 2: the last program of each (row block, KV head) to finish (an
 arrival counter, acquire-release, reset by that program) merges the block's partials itself. Both merges add the
@@ -84,6 +85,15 @@ every call used it, the 8-row tree verify graph 4.25 -> 4.29 ms
 EARLY_KV_TILE_BYTES = 32768
 """The early tile is skipped when one K tile is larger (float32 or head_dim 256 at 128 keys): held
 across the wait beside the pipelined loop's buffers, it overflowed the H200's shared memory."""
+EARLY_KV_SMALL_TILE_ROWS = 8
+EARLY_KV_SMALL_TILE_BYTES = 16384
+"""Calls of at most `EARLY_KV_SMALL_TILE_ROWS` rows whose K tile is at most this many bytes (head_dim
+64 in bf16: SmolLM2-135M; an 8B target's 32 KB tiles keep the two-row rule) load the early tile too.
+On the H200 with SmolLM2-135M and its drafts (`bench_real.py --bs 1 4 --rounds 3`, three processes
+each alternating with the two-row rule, medians): EAGLE-3 / EAGLE / STANDALONE at bs=1 +2.9 / +2.3 /
++2.3 % tok/s (1.78 / 1.46 / 1.08x -> 1.83 / 1.50 / 1.11x plain), at bs=4 +2.5 / +2.9 / +3.1 %, plain
+decode at bs=4 +3.0 % and at bs=1 unchanged. Up to 16 rows (bs=4's draft steps) ran spec decoding at
+bs=4 0.5-2 % slower."""
 
 MERGE_UNROLL = 8
 """Partials the merge (kernel or fused) adds per trip of its loop, unrolled so that their loads
@@ -197,10 +207,15 @@ def skip_empty_mode(rows: int) -> bool:
     return rows > SKIP_EMPTY_MIN_ROWS
 
 
-def early_kv_mode(rows: int) -> bool:
-    """Whether a call with `rows` query rows loads its first committed K/V tile before the PDL wait:
-    at most `EARLY_KV_ROWS` rows."""
-    return rows <= EARLY_KV_ROWS
+def early_kv_mode(rows: int, tile_bytes: int) -> bool:
+    """Whether a call with `rows` query rows and K tiles of `tile_bytes` bytes loads its first
+    committed K/V tile before the PDL wait: at most `EARLY_KV_ROWS` rows, or at most
+    `EARLY_KV_SMALL_TILE_ROWS` for tiles of at most `EARLY_KV_SMALL_TILE_BYTES`; never for tiles over
+    `EARLY_KV_TILE_BYTES`."""
+    if tile_bytes > EARLY_KV_TILE_BYTES:
+        return False
+    small = tile_bytes <= EARLY_KV_SMALL_TILE_BYTES
+    return rows <= EARLY_KV_ROWS or (small and rows <= EARLY_KV_SMALL_TILE_ROWS)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -255,7 +270,7 @@ def triton_attention(
     dot_f32 = interpreting() or q.dtype == torch.float32 or q.dtype != cache.k.dtype
     fused = merge_mode(t) == "fused"
     counts = _counters(q.device, plan["blocks"] * hkv) if fused else mid_m
-    early_kv = early_kv_mode(t) and plan["BLOCK_N"] * d * k.element_size() <= EARLY_KV_TILE_BYTES
+    early_kv = early_kv_mode(t, plan["BLOCK_N"] * d * k.element_size())
     skip = skip_empty_mode(t) and not fused  # the fused merge counts every program's arrival
     unroll = min(next_pow2(ns), MERGE_UNROLL)
     pf_progs, pf_args = tail_prefetch_plan(next_weight, t, fused, plan["blocks"], hkv, 32 * _GPU["num_warps"])

@@ -164,7 +164,7 @@ def test_switches_reach_the_launch(monkeypatch):
     t = q.shape[0]
     for fused, skip_min, early, unroll in (((), 0, t, 2), ((), t, 0, 1), ((t,), 0, t, 2)):
         for name, value in (("FUSED_MERGE_ROWS", fused), ("SKIP_EMPTY_MIN_ROWS", skip_min),
-                            ("EARLY_KV_ROWS", early), ("MERGE_UNROLL", unroll)):
+                            ("EARLY_KV_ROWS", early), ("EARLY_KV_SMALL_TILE_ROWS", early), ("MERGE_UNROLL", unroll)):
             monkeypatch.setattr(A, name, value)
         _attend(q, cache, attn, splits)
     assert launches == [(False, True, True, 2), (False, False, False, 1), (True, False, True, 2)]  # fused: no skip
@@ -204,12 +204,18 @@ def test_early_kv_tile_is_the_late_one(monkeypatch):
 
     q, cache, attn, splits = _decode_case(DEVICE)
     monkeypatch.setattr(A, "EARLY_KV_ROWS", 0)
+    monkeypatch.setattr(A, "EARLY_KV_SMALL_TILE_ROWS", 0)
+    assert not A.early_kv_mode(q.shape[0], 0)
     want = _check(q, cache, attn, num_splits=splits)
     monkeypatch.setattr(A, "EARLY_KV_ROWS", q.shape[0])
-    assert A.early_kv_mode(q.shape[0])
+    assert A.early_kv_mode(q.shape[0], 0)
     assert torch.equal(_attend(q, cache, attn, splits), want)
     monkeypatch.undo()
-    assert [A.early_kv_mode(t) for t in (1, A.EARLY_KV_ROWS, A.EARLY_KV_ROWS + 1)] == [True, True, False]
+    big, small = A.EARLY_KV_TILE_BYTES, A.EARLY_KV_SMALL_TILE_BYTES
+    rows, small_rows = A.EARLY_KV_ROWS, A.EARLY_KV_SMALL_TILE_ROWS
+    assert [A.early_kv_mode(t, big) for t in (1, rows, rows + 1)] == [True, True, False]
+    assert [A.early_kv_mode(t, small) for t in (1, rows + 1, small_rows, small_rows + 1)] == [True] * 3 + [False]
+    assert not A.early_kv_mode(1, big + 1)
 
 
 def test_branches_with_padding():
@@ -339,6 +345,7 @@ def test_gpu_extend_long(dtype, early_kv, monkeypatch):
     from spec_kernels import attention as A
 
     monkeypatch.setattr(A, "EARLY_KV_ROWS", 377 if early_kv else 0)
+    monkeypatch.setattr(A, "EARLY_KV_SMALL_TILE_ROWS", 0)
     prefix, ext = [700, 0], [300, 77]
     cache = _llama_cache(prefix, dtype=dtype)
     attn = AttnBatch.extend(torch.arange(2, device="cuda"), torch.tensor(prefix, device="cuda"),
