@@ -23,8 +23,8 @@ reports each kind. `--profile-steps N` profiles N calibration steps of each algo
 its Chrome trace into `--out`. `--cache-target` runs the target once per training run instead of once
 per step (`spec_train.target_cache`). `--measure-drafts DIR` trains nothing: it measures the drafts already in
 `DIR/{eagle3,eagle1,standalone}` (the shipped layout) on the held-out prompts the same way.
-`--extra-data FILE...` adds the sequences of data caches that earlier runs made (their `WORK/data.pt`,
-same data options, other `--seed`s) to this run's.
+`--extra-data FILE...` adds the sequences of data caches that earlier runs made (their `WORK/data.pt`:
+other `--seed`s, samples or prompts files, none trained on a prompt this run holds out) to this run's.
 """
 
 import argparse
@@ -264,7 +264,7 @@ def main() -> int:
                    help="the sampled continuations' seeds (seed + 1 ...) and the batch order: another seed, fresh data")
     p.add_argument("--gen-batch-size", type=int, default=128)
     p.add_argument("--extra-data", nargs="+", type=Path, default=[], metavar="FILE",
-                   help="data caches of earlier runs (other --seed) whose sequences join this run's")
+                   help="data caches of earlier runs (other --seed, samples or prompts) whose sequences join this run's")
     p.add_argument("--eval-prompts", type=int, default=40)
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=8, help="prompts measured together")

@@ -11,7 +11,8 @@ A run resumes from `OUTPUT/trainer_state.pt` when present. After training, `--ev
 > 0 measures greedy acceptance on the held-out prompts with the runtime and writes
 `OUTPUT/acceptance.json`. `--cache-target` runs the target once per run instead of once per step;
 `--profile-steps N` writes `OUTPUT/profile.txt` (where a step's time goes) and its Chrome trace.
-`--extra-data FILE...` adds the sequences of data caches earlier runs made with other `--seed`s.
+`--extra-data FILE...` adds the sequences of data caches earlier runs made (the same target, template and
+lengths; other seeds, samples or prompts, but none trained on a prompt this run holds out).
 """
 
 import argparse
@@ -48,8 +49,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default=None,
                    help=f"dtype of the saved draft (default {TrainConfig.model_fields['save_dtype'].default})")
     p.add_argument("--extra-data", nargs="+", type=Path, default=None, metavar="FILE",
-                   help="data caches of earlier runs (same data options, other --seed): their sequences join "
-                        "this run's")
+                   help="data caches of earlier runs (same target, template and lengths; other --seed, samples or "
+                        "prompts, none trained on this run's held-out prompts): their sequences join this run's")
     p.add_argument("--keep-draft-vocab", action="store_true",
                    help="EAGLE-3 with --init-from: keep the saved head's draft vocabulary (d2t/t2d) instead of "
                         "counting it on this run's data")

@@ -24,8 +24,9 @@ class TrainConfig(BaseModel):
     Data: the target's own continuations (greedy when `temperature` is 0) of the training prompts,
     plus `samples_per_prompt - 1` continuations sampled at `sample_temperature`; cached in
     `data_cache` (default `output/train_data.pt`), which runs of other algorithms may share.
-    `extra_data`: data caches made by earlier runs with the same data options and other seeds, whose
-    sequences join this run's (fresh continuations without generating them again).
+    `extra_data`: data caches made by earlier runs for the same target, chat template and lengths (other
+    seeds, samples or prompts; none trained on a prompt this run holds out), whose sequences join this
+    run's (fresh continuations without generating them again).
     Every `held_out_every`-th prompt (index 0, N, 2N, ...) is held out for evaluation and never
     trained on. EAGLE heads are unrolled `ttt_steps` steps (training-time test); STANDALONE drafts are
     distilled (KL to the target's distribution) over whole sequences. `init_from`: a draft directory

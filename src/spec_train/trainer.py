@@ -95,7 +95,7 @@ def prepare(cfg: TrainConfig) -> tuple[dict[str, Any], list, list]:
     if cfg.output.resolve() == cfg.target.resolve():
         raise TrainError(f"--output {cfg.output} is the target directory")
     _check_output(cfg.output, "--output")
-    check_extra_data(cfg)
+    check_extra_data(cfg, target_cfg, held)
     if cfg.data_cache is not None:
         if cfg.data_cache.is_dir():
             raise TrainError(f"--data-cache {cfg.data_cache}: a directory, not a file")
@@ -140,7 +140,7 @@ def _check_resume(cfg: TrainConfig, state: Optional[dict[str, Any]]) -> None:
 
 
 def _load_target(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
@@ -149,10 +149,16 @@ def _load_target(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
         first = (str(err).strip().splitlines() or [""])[0]
         raise TrainError(f"--target {cfg.target}: transformers cannot load it: {type(err).__name__}: {first}") from None
     model.to(device).eval().requires_grad_(False)
-    tokenizer = None
+    return model, _load_tokenizer(cfg)
+
+
+def _load_tokenizer(cfg: TrainConfig) -> Any:
+    """The target directory's tokenizer, or None where it has none (token-id prompts)."""
+    from transformers import AutoTokenizer
+
     if (cfg.target / "tokenizer_config.json").is_file() or (cfg.target / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
-    return model, tokenizer
+        return AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
+    return None
 
 
 def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train: list, held: list
@@ -203,23 +209,45 @@ def _read_extra(path: Path) -> dict:
     return saved
 
 
-def check_extra_data(cfg: TrainConfig) -> None:
-    """Each `--extra-data` file is a data cache made for this run's data options with another seed
-    (its held-out prompts are this run's, so none of them was trained on), and no seed twice."""
+SHARED_DATA_KEYS = ("target", "chat_template", "max_new_tokens", "max_seq_len")
+"""The data options an `--extra-data` cache must share with the run: the same target's continuations of
+prompts encoded alike. Its other options (prompts file, split, samples, temperatures, seed) may differ."""
+PROMPT_KEYS = ("prompts", "held_out_every", "max_prompts")
+
+
+def check_extra_data(cfg: TrainConfig, target_cfg: dict, held: list) -> None:
+    """Each `--extra-data` file is a data cache made for this run's `SHARED_DATA_KEYS`, no two of them (nor
+    the run's own) made for the same options, and none trained on a prompt this run holds out: a cache
+    of this run's prompts and split holds out the same prompts; one of other prompts is refused when the
+    prompt of any of its sequences is, token for token, one of this run's held-out prompts."""
     own = _data_key(cfg)
-    seeds = {own["seed"]: "this run"}
+    seen = {tuple(repr(own[k]) for k in DATA_KEYS): "this run"}
+    held_ids: Optional[set] = None
     for path in cfg.extra_data:
         if not path.is_file():
             raise TrainError(f"--extra-data {path}: " + ("a directory, not a file" if path.is_dir() else "not found"))
-        key = _read_extra(path)["key"]
-        diff = [k for k in DATA_KEYS if k != "seed" and key.get(k) != own[k]]
+        saved = _read_extra(path)
+        key = saved["key"]
+        diff = [k for k in SHARED_DATA_KEYS if key.get(k) != own[k]]
         if diff:
             k = diff[0]
             raise TrainError(f"--extra-data {path}: made for other data options ({k} {key.get(k)!r}, this run "
                              f"{own[k]!r})")
-        if key.get("seed") in seeds:
-            raise TrainError(f"--extra-data {path}: its sequences are {seeds[key['seed']]}'s (seed {key['seed']})")
-        seeds[key["seed"]] = str(path)
+        options = tuple(repr(key.get(k)) for k in DATA_KEYS)
+        if options in seen:
+            raise TrainError(f"--extra-data {path}: its sequences are {seen[options]}'s (seed {key.get('seed')})")
+        seen[options] = str(path)
+        if any(key.get(k) != own[k] for k in PROMPT_KEYS):
+            if held_ids is None:
+                max_prompt = max(1, cfg.max_seq_len - cfg.max_new_tokens)
+                held_ids = {tuple(ids) for ids in encode_prompts(held, _load_tokenizer(cfg), cfg.chat_template,
+                                                                 target_cfg["vocab_size"], max_prompt)}
+            seqs = Sequences.from_dict(saved["data"])
+            hit = next((i for i, (ids, n) in enumerate(zip(seqs.ids, seqs.prompt_lens)) if tuple(ids[:n]) in held_ids),
+                       None)
+            if hit is not None:
+                raise TrainError(f"--extra-data {path}: made from other prompts ({key.get('prompts')}); the prompt of its "
+                                 f"sequence {hit} is one this run holds out")
 
 
 def _with_extra(cfg: TrainConfig, seqs: Sequences) -> Sequences:

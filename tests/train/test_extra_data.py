@@ -1,7 +1,7 @@
-"""`spec-runtime train --extra-data FILE...`: the sequences of data caches made by earlier runs (same data
-options, other seeds) join the run's own, so a run trains on more fresh continuations without generating
-them again; a file that is not such a cache is one `spec-runtime train: error:` line naming it, before
-any work."""
+"""`spec-runtime train --extra-data FILE...`: the sequences of data caches made by earlier runs (the same
+target, encoding and lengths; other seeds, samples or prompts) join the run's own, so a run trains on more
+fresh continuations without generating them again; a file that is not such a cache, or one trained on a
+prompt this run holds out, is one `spec-runtime train: error:` line naming it, before any work."""
 
 from pathlib import Path
 
@@ -82,3 +82,45 @@ def test_a_file_that_is_no_such_cache_is_one_line_before_any_work(made, tmp_path
     assert err.strip().startswith("spec-runtime train: error: " + expected.format(path=path)), err
     assert case == "garbage" or err.strip() == "spec-runtime train: error: " + expected.format(path=path)
     assert not out.exists() and not (tmp_path / "own.pt").exists()  # refused before any data was made
+
+
+def _other_prompts(made: dict[str, Path], name: str, first: list[int]) -> Path:
+    """The data cache of a run on another prompts file: `first`, then 24 prompts of another seed, all but
+    every 10th trained on (so `first`, at index 0, is held out there and the second row is trained)."""
+    rows = toy_prompts(24, VOCAB, seed=9)
+    prompts = write_prompts(made["root"] / f"{name}.jsonl", [rows[0], first, *rows[1:]])
+    cache = made["root"] / f"{name}.pt"
+    if not cache.is_file():
+        assert _train(made, made["root"] / f"run_{name}", "--prompts", str(prompts), "--seed", "0",
+                      "--data-cache", str(cache)) == 0
+    return cache
+
+
+def test_a_cache_of_other_prompts_or_samples_joins(made, monkeypatch, capsys) -> None:
+    """Other prompts whose training rows miss this run's held-out ones, and this run's prompts with fewer
+    samples per prompt (the same seed: other options, other sequences), join the run's own."""
+    train_prompt = toy_prompts(30, VOCAB, seed=5)[1]  # a training prompt of this run's (index 1)
+    other = _other_prompts(made, "other", train_prompt)
+    fewer = made["root"] / "fewer.pt"
+    assert _train(made, made["root"] / "run_fewer", "--seed", "0", "--samples-per-prompt", "1",
+                  "--data-cache", str(fewer)) == 0
+    seen: list[int] = []
+    real = trainer._batch_indices
+    monkeypatch.setattr(trainer, "_batch_indices", lambda n, *a: seen.append(n) or real(n, *a))
+    assert _train(made, made["root"] / "joined_other", "--seed", "0", "--data-cache", str(made["data0"]),
+                  "--extra-data", str(other), str(fewer)) == 0, capsys.readouterr().err
+    assert seen and set(seen) == {len(_sequences(made["data0"])) + len(_sequences(other)) + len(_sequences(fewer))}
+
+
+def test_a_cache_trained_on_a_held_out_prompt_is_refused(made, tmp_path, capsys) -> None:
+    held_prompt = toy_prompts(30, VOCAB, seed=5)[10]  # this run holds out every 10th prompt
+    other = _other_prompts(made, "leaky", held_prompt)
+    out = tmp_path / "out"
+    code = _train(made, out, "--seed", "0", "--data-cache", str(tmp_path / "own.pt"), "--extra-data", str(other))
+    err = capsys.readouterr().err
+    seqs = _sequences(other)
+    hit = next(i for i, (ids, n) in enumerate(zip(seqs.ids, seqs.prompt_lens)) if ids[:n] == held_prompt)
+    assert code == 2 and err.strip() == (f"spec-runtime train: error: --extra-data {other}: made from other prompts "
+                                         f"({made['root'] / 'leaky.jsonl'}); the prompt of its sequence {hit} is one "
+                                         "this run holds out"), err
+    assert not out.exists() and not (tmp_path / "own.pt").exists()
