@@ -18,7 +18,7 @@ import torch
 
 from spec_train.config import TrainError
 
-__all__ = ["Prompt", "PromptRow", "Sequences", "encode_prompts", "first_per_kind", "generate_continuations",
+__all__ = ["Prompt", "PromptRow", "Sequences", "encode_prompts", "first_per_kind", "generate_continuations", "sample_seed",
            "load_prompts", "split_prompts"]
 
 Prompt = Union[str, list[int]]
@@ -167,6 +167,13 @@ def encode_prompts(prompts: Sequence[Union[PromptRow, Prompt]], tokenizer: Any, 
             raise TrainError(f"prompt token ids {bad[:5]} are outside the target vocabulary [0, {vocab_size})")
         out.append([int(t) for t in ids][-max_len:])
     return out
+
+
+def sample_seed(seed: int, k: int) -> int:
+    """The generator seed of a run's `k`-th continuation of each prompt: distinct for every (`seed`, `k`)
+    with `k` below 2**20. (`seed + k` gave runs with nearby seeds the same samples: the third of seed 11
+    was the first of seed 13.)"""
+    return seed * 2**20 + k
 
 
 @torch.inference_mode()

@@ -27,6 +27,7 @@ from spec_train.data import (
     eos_token_ids,
     generate_continuations,
     load_prompts,
+    sample_seed,
     split_prompts,
 )
 from spec_train.drafts import DraftBuilder
@@ -181,7 +182,7 @@ def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train:
     for k in range(cfg.samples_per_prompt):
         temperature = cfg.temperature if k == 0 else cfg.sample_temperature
         more = generate_continuations(model, train_ids, cfg.max_new_tokens, temperature, cfg.gen_batch_size,
-                                      eos, cfg.seed + k, cfg.progress)
+                                      eos, sample_seed(cfg.seed, k), cfg.progress)
         seqs.ids += more.ids
         seqs.prompt_lens += more.prompt_lens
     ckpt.atomic_write(path, lambda p: torch.save({"key": key, "data": seqs.to_dict()}, p))
@@ -251,10 +252,18 @@ def check_extra_data(cfg: TrainConfig, target_cfg: dict, held: list) -> None:
 
 
 def _with_extra(cfg: TrainConfig, seqs: Sequences) -> Sequences:
-    """This run's sequences followed by those of the `--extra-data` caches (checked by `prepare`)."""
+    """This run's sequences followed by those of the `--extra-data` caches (checked by `prepare`) that
+    are not among them already: every cache of the same prompts holds the same greedy continuations, and
+    caches made before `sample_seed` share samples too (seeds 11 and 13: 14,091 of 21,264)."""
+    seen = {tuple(ids) for ids in seqs.ids}
     for path in cfg.extra_data:
         more = Sequences.from_dict(_read_extra(path)["data"])
-        seqs = Sequences(seqs.ids + more.ids, seqs.prompt_lens + more.prompt_lens)
+        keep = []
+        for i, ids in enumerate(more.ids):
+            if tuple(ids) not in seen:
+                seen.add(tuple(ids))
+                keep.append(i)
+        seqs = Sequences(seqs.ids + [more.ids[i] for i in keep], seqs.prompt_lens + [more.prompt_lens[i] for i in keep])
     return seqs
 
 

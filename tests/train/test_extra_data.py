@@ -38,6 +38,26 @@ def _sequences(path: Path) -> Sequences:
     return Sequences.from_dict(torch.load(path, weights_only=False)["data"])
 
 
+def _joined(own: Sequences, *extra: Sequences) -> int:
+    """How many sequences a run trains on: its own, then each extra one not among those before it."""
+    seen = {tuple(ids) for ids in own.ids}
+    new = [ids for more in extra for ids in more.ids if tuple(ids) not in seen and not seen.add(tuple(ids))]
+    return len(own) + len(new)
+
+
+def test_nearby_seeds_sample_apart(made, tmp_path, monkeypatch) -> None:
+    """Each continuation of a run is drawn with its own seed (`sample_seed`), and runs with nearby seeds share
+    none: with `seed + k`, seed 0's second and third samples were seed 1's first and second."""
+    drawn: dict[int, list[int]] = {}
+    real = trainer.generate_continuations
+    for seed in (0, 1):
+        monkeypatch.setattr(trainer, "generate_continuations",
+                            lambda *a, run=seed, **k: drawn.setdefault(run, []).append(a[6]) or real(*a, **k))
+        assert _train(made, tmp_path / f"run{seed}", "--seed", str(seed), "--samples-per-prompt", "3",
+                      "--data-cache", str(tmp_path / f"data{seed}.pt")) == 0
+    assert len(set(drawn[0])) == len(set(drawn[1])) == 3 and not set(drawn[0]) & set(drawn[1])
+
+
 def test_extra_sequences_join_the_runs_own(made, monkeypatch, capsys) -> None:
     own, extra = _sequences(made["data0"]), _sequences(made["data1"])
     assert own.ids != extra.ids  # another seed, other sampled continuations
@@ -46,7 +66,8 @@ def test_extra_sequences_join_the_runs_own(made, monkeypatch, capsys) -> None:
     monkeypatch.setattr(trainer, "_batch_indices", lambda n, *a: seen.append(n) or real(n, *a))
     assert _train(made, made["root"] / "joined", "--seed", "0", "--data-cache", str(made["data0"]),
                   "--extra-data", str(made["data1"])) == 0, capsys.readouterr().err
-    assert seen and set(seen) == {len(own) + len(extra)}
+    assert seen and set(seen) == {_joined(own, extra)}
+    assert _joined(own, extra) < len(own) + len(extra)  # the greedy continuations are in both, joined once
     assert _sequences(made["data0"]).ids == own.ids  # the run's own cache is not rewritten with them
     # a resume must name the same extra data: without it the saved run has other options
     assert _train(made, made["root"] / "joined", "--seed", "0", "--data-cache", str(made["data0"]),
@@ -109,7 +130,9 @@ def test_a_cache_of_other_prompts_or_samples_joins(made, monkeypatch, capsys) ->
     monkeypatch.setattr(trainer, "_batch_indices", lambda n, *a: seen.append(n) or real(n, *a))
     assert _train(made, made["root"] / "joined_other", "--seed", "0", "--data-cache", str(made["data0"]),
                   "--extra-data", str(other), str(fewer)) == 0, capsys.readouterr().err
-    assert seen and set(seen) == {len(_sequences(made["data0"])) + len(_sequences(other)) + len(_sequences(fewer))}
+    own = _sequences(made["data0"])
+    assert seen and set(seen) == {_joined(own, _sequences(other), _sequences(fewer))}
+    assert _joined(own, _sequences(other)) > len(own)  # the other prompts' sequences are new
 
 
 def test_a_cache_trained_on_a_held_out_prompt_is_refused(made, tmp_path, capsys) -> None:
