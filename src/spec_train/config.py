@@ -81,7 +81,7 @@ class TrainConfig(BaseModel):
     draft_intermediate_size: int = Field(512, ge=1)
     save_every: int = Field(200, ge=1)
     gen_batch_size: int = Field(32, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**43)
     device: str = "cpu"
     save_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     progress: bool = True

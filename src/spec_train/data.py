@@ -170,10 +170,10 @@ def encode_prompts(prompts: Sequence[Union[PromptRow, Prompt]], tokenizer: Any, 
 
 
 def sample_seed(seed: int, k: int) -> int:
-    """The generator seed of a run's `k`-th continuation of each prompt: distinct for every (`seed`, `k`)
-    with `k` below 2**20. (`seed + k` gave runs with nearby seeds the same samples: the third of seed 11
-    was the first of seed 13.)"""
-    return seed * 2**20 + k
+    """The generator seed of a run's `k`-th continuation of each prompt, in [0, 2**63) for any `seed`:
+    distinct for every (`seed`, `k`) with `k` below 2**20 and 0 <= `seed` < 2**43. (`seed + k` gave runs
+    with nearby seeds the same samples: the third of seed 11 was the first of seed 13.)"""
+    return (seed * 2**20 + k) % 2**63
 
 
 @torch.inference_mode()

@@ -12,7 +12,7 @@ from tests.train.conftest import VOCAB, write_prompts
 from spec_runtime.cli import main
 from spec_runtime.tiny import build_tiny_target
 from spec_train import trainer
-from spec_train.data import Sequences
+from spec_train.data import Sequences, sample_seed
 from spec_train.toy import toy_prompts
 
 
@@ -56,6 +56,8 @@ def test_nearby_seeds_sample_apart(made, tmp_path, monkeypatch) -> None:
         assert _train(made, tmp_path / f"run{seed}", "--seed", str(seed), "--samples-per-prompt", "3",
                       "--data-cache", str(tmp_path / f"data{seed}.pt")) == 0
     assert len(set(drawn[0])) == len(set(drawn[1])) == 3 and not set(drawn[0]) & set(drawn[1])
+    for seed in (-1, 2**43 - 1, 10**30):  # any seed a user types gives the generator a seed it takes
+        torch.Generator().manual_seed(sample_seed(seed, 2**20 - 1))
 
 
 def test_extra_sequences_join_the_runs_own(made, monkeypatch, capsys) -> None:

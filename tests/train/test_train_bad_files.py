@@ -146,11 +146,14 @@ def test_bad_eval_settings_are_refused_before_training(files, tmp_path, capsys, 
     (["--prompts", "{tmp}"], "--prompts {tmp}: a directory, not a file"),
     (["--aux-layer-ids", ""], "--aux-layer-ids '': expected comma-separated integers"),
     (["--eval-max-new-tokens", "-3"], "--eval-max-new-tokens: must be >= 0 (0: no measurement), got -3"),
-], ids=["data-cache-dir", "data-cache-below-file", "prompts-dir", "aux-empty", "eval-new-negative"])
+    (["--seed", "-1"], "--seed: input should be greater than or equal to 0, got -1"),
+    (["--seed", str(2**64)], f"--seed: input should be less than {2**43}, got {2**64}"),
+], ids=["data-cache-dir", "data-cache-below-file", "prompts-dir", "aux-empty", "eval-new-negative", "seed-negative",
+        "seed-huge"])
 def test_bad_paths_and_lists_are_one_line_before_any_work(files, tmp_path, capsys, flags, expected) -> None:
     """Before: a --data-cache directory or below a file was an OSError traceback after the data was
     generated; an empty --aux-layer-ids was the default layers; a negative --eval-max-new-tokens no
-    measurement, silently."""
+    measurement, silently; a --seed of 2**64 a torch traceback after --output was made."""
     a_file = tmp_path / "afile"
     a_file.write_text("x\n")
     names = {"tmp": tmp_path, "file": a_file}
