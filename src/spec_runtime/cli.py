@@ -329,10 +329,7 @@ def _generate(args: argparse.Namespace) -> int:
     stops += sorted(t for t in stop_token_ids(args.target, tokenizer) if t < _vocab(engine))
     from .cli_report import report, run_prompts
 
-    setup = getattr(engine, "setup", None) or getattr(getattr(getattr(engine, "rt", None), "runner", None), "setup",
-                                                      None)
-    if setup is not None:  # the fast models and graphs, else built in the first step
-        setup()
+    engine.setup()  # the fast models and graphs, else built in the first step
     start = time.perf_counter()
     reqs, first = run_prompts(engine, prompts, args.max_new_tokens, sampling, stops,
                               progress=not (args.json or args.no_progress))

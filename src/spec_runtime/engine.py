@@ -180,23 +180,10 @@ class SpecEngine:
         self._ids = itertools.count()
 
     @classmethod
-    def from_pretrained(
-        cls,
-        target: Any,
-        draft: Any,
-        algorithm: str,
-        *,
-        num_steps: int,
-        topk: int,
-        num_draft_tokens: int,
-        dtype: torch.dtype = torch.float32,
-        device: Any = "cpu",
-        max_batch_size: int = 8,
-        max_context: int = 1024,
-        seed: int = 0,
-        executor: str = "auto",
-        token_map: Any = "auto",
-    ) -> "SpecEngine":
+    def from_pretrained(cls, target: Any, draft: Any, algorithm: str, *, num_steps: int, topk: int,
+                        num_draft_tokens: int, dtype: torch.dtype = torch.float32, device: Any = "cpu",
+                        max_batch_size: int = 8, max_context: int = 1024, seed: int = 0, executor: str = "auto",
+                        token_map: Any = "auto") -> "SpecEngine":
         """Load a target (directory or transformers model) and a draft directory, and size the caches.
 
         `executor`: "auto" (the default) replays CUDA graphs on a CUDA device and runs eagerly
@@ -229,6 +216,13 @@ class SpecEngine:
             raise SettingError(setting_errors(err, INT_SETTINGS)) from None
         eos = t.hf_config.get("eos_token_id")
         return cls(rt, eos_token_ids=[eos] if isinstance(eos, int) else (eos or []))
+
+    def setup(self) -> None:
+        """Build the graph executor's fast models and capture its graphs now, not inside the first
+        step (nothing on the eager executor)."""
+        setup = getattr(self.rt.runner, "setup", None)
+        if setup is not None:  # the eager executor builds nothing ahead
+            setup()
 
     # ---- requests ---------------------------------------------------------------------------
 
