@@ -162,13 +162,16 @@ def _load_tokenizer(cfg: TrainConfig) -> Any:
     return None
 
 
+def _encode(cfg: TrainConfig, prompts: list, tokenizer: Any, vocab: int) -> list[list[int]]:
+    """The prompts' token ids as the run's data holds them: cut to leave room for the continuation."""
+    return encode_prompts(prompts, tokenizer, cfg.chat_template, vocab, max(1, cfg.max_seq_len - cfg.max_new_tokens))
+
+
 def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train: list, held: list
           ) -> tuple[Sequences, list[list[int]]]:
     """The training sequences (cached in the output directory per data options) and held-out ids."""
     vocab = target_cfg["vocab_size"]
-    max_prompt = max(1, cfg.max_seq_len - cfg.max_new_tokens)
-    train_ids = encode_prompts(train, tokenizer, cfg.chat_template, vocab, max_prompt)
-    held_ids = encode_prompts(held, tokenizer, cfg.chat_template, vocab, max_prompt)
+    train_ids, held_ids = _encode(cfg, train, tokenizer, vocab), _encode(cfg, held, tokenizer, vocab)
     key = _data_key(cfg)
     path = cfg.data_cache or cfg.output / ckpt.DATA_FILE
     if path.is_file():
@@ -240,9 +243,7 @@ def check_extra_data(cfg: TrainConfig, target_cfg: dict, held: list) -> None:
         seen[options] = str(path)
         if any(key.get(k) != own[k] for k in PROMPT_KEYS):
             if held_ids is None:
-                max_prompt = max(1, cfg.max_seq_len - cfg.max_new_tokens)
-                held_ids = {tuple(ids) for ids in encode_prompts(held, _load_tokenizer(cfg), cfg.chat_template,
-                                                                 target_cfg["vocab_size"], max_prompt)}
+                held_ids = {tuple(ids) for ids in _encode(cfg, held, _load_tokenizer(cfg), target_cfg["vocab_size"])}
             seqs = Sequences.from_dict(saved["data"])
             hit = next((i for i, (ids, n) in enumerate(zip(seqs.ids, seqs.prompt_lens)) if tuple(ids[:n]) in held_ids),
                        None)
@@ -255,16 +256,18 @@ def _with_extra(cfg: TrainConfig, seqs: Sequences) -> Sequences:
     """This run's sequences followed by those of the `--extra-data` caches (checked by `prepare`) that
     are not among them already: every cache of the same prompts holds the same greedy continuations, and
     caches made before `sample_seed` share samples too (seeds 11 and 13: 14,091 of 21,264)."""
-    seen = {tuple(ids) for ids in seqs.ids}
+    if not cfg.extra_data:
+        return seqs
+    ids, lens = list(seqs.ids), list(seqs.prompt_lens)
+    seen = {tuple(x) for x in ids}
     for path in cfg.extra_data:
         more = Sequences.from_dict(_read_extra(path)["data"])
-        keep = []
-        for i, ids in enumerate(more.ids):
-            if tuple(ids) not in seen:
-                seen.add(tuple(ids))
-                keep.append(i)
-        seqs = Sequences(seqs.ids + [more.ids[i] for i in keep], seqs.prompt_lens + [more.prompt_lens[i] for i in keep])
-    return seqs
+        for x, n in zip(more.ids, more.prompt_lens):
+            if tuple(x) not in seen:
+                seen.add(tuple(x))
+                ids.append(x)
+                lens.append(n)
+    return Sequences(ids, lens)
 
 
 def _write_held_out(path: Path, held_ids: list[list[int]]) -> None:
