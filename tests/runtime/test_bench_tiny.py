@@ -36,6 +36,9 @@ def test_bench_tiny_runs_and_hands_over_its_setup_decisions(tmp_path) -> None:
     data = json.loads((tmp_path / "out" / "bench_e2e.json").read_text())
     assert {(r["config"], r["bs"]) for r in data["rows"]} >= {("plain", 1), ("EAGLE3", 1), ("bound (0.5 TB/s)", 1)}
     assert data["meta"]["tuning_file"]["entries"] == 1 and not data["errors"]
+    # the bs=32 floor is checked only on a bs=32 run, never on the largest batch size run
+    assert data["checks"]["spec / plain throughput (bs=32)"] == {"wanted": 2.2, "measured": None, "met": None}
+    assert data["checks"]["EAGLE-3 simulated 5.4 tok/s (bs=1)"]["wanted"] == 990.0
     back = json.loads((tmp_path / "back.json").read_text())
     assert back["decisions"] == json.loads((tmp_path / "in.json").read_text())["decisions"]
 
