@@ -38,7 +38,7 @@ def smollm2_config(small_draft: bool = False) -> dict[str, Any]:
             "rope_theta": 100000.0, "rope_scaling": None, "max_position_embeddings": 8192, "tie_word_embeddings": True}
 
 
-SMOLLM2_DRAFT_VOCAB = 8192
+SMOLLM2_DRAFT_VOCAB = 12288
 """The shipped EAGLE-3 head's draft vocabulary (`drafts/smollm2-135m/eagle3`)."""
 SMOLLM2_HOT_TOKENS = 8192
 """The shipped EAGLE-1 head's hot-token map size (`drafts/smollm2-135m/eagle1/token_map.pt`)."""
@@ -80,7 +80,7 @@ def build_target(cfg: dict[str, Any], dtype: torch.dtype, device: str, seed: int
 def build_draft(algorithm: str, target, target_cfg: dict[str, Any], tiny: bool, dtype: torch.dtype, device: str,
                 smollm2: bool = False):
     """A random-weight draft for `target`: the 8B benchmark's (or tiny) shapes, or with `smollm2` those of
-    SmolLM2-135M's shipped drafts (STANDALONE hidden 192, EAGLE-3 draft vocabulary 8192, EAGLE-1 drafting
+    SmolLM2-135M's shipped drafts (STANDALONE hidden 192, EAGLE-3 draft vocabulary 12288, EAGLE-1 drafting
     over a hot-token map of 8192 random ids)."""
     from spec_runtime.models.eagle import Eagle1Head
     from spec_runtime.models.eagle3 import Eagle3Head, Eagle3Settings
