@@ -18,6 +18,8 @@ The cached outputs are the target's own, computed in other batches: equal to the
 the order of floating-point sums (on CPU in float32, bit for bit in the cases the tests run).
 """
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -32,6 +34,9 @@ __all__ = ["TargetCache"]
 
 _BUILD_BATCH_FACTOR = 4
 """The build's batch is this many training batches (sorted by length, it pads little)."""
+
+_KEPT: dict[tuple, "TargetCache"] = {}
+"""The last cache this process built, under the key it was built for (`TargetCache.kept`)."""
 
 
 class TargetCache:
@@ -72,6 +77,32 @@ class TargetCache:
                     if feature is not None:
                         feature[rows] = feat[row, :int(lengths[i])]
         return cls(feature, final, offsets, lengths, feature is None and builder.traits.draft_reads_hidden)
+
+    @classmethod
+    def kept(cls, key: tuple, build: Callable[[], "TargetCache"]) -> "TargetCache":
+        """The cache this process built for `key`, else `build()`'s, kept for the next call with that key.
+        One at a time: the one kept before is dropped first, so two never hold memory together.
+        `train_real_drafts.py` trains a draft in three runs of one process (two calibration runs, then the
+        budgeted one): they share one cache, so the calibration times the steps the budgeted run takes."""
+        if key not in _KEPT:
+            _KEPT.clear()
+            _KEPT[key] = build()
+        return _KEPT[key]
+
+    @staticmethod
+    def key(cfg: Any, data_key: str, device: torch.device, seqs: Sequences) -> tuple:
+        """What a run's cache is built from (`kept`'s key): the algorithm (what its draft reads), the target's
+        files (names, sizes, modification times), the data (`data_key`, the `--extra-data` files, the
+        sequences' count and tokens), their cut and the device."""
+        files = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(Path(cfg.target).iterdir())
+                      if f.is_file())
+        return (cfg.algorithm, str(cfg.target), files, data_key, tuple(map(str, cfg.extra_data)), cfg.max_seq_len,
+                str(device), len(seqs), sum(map(len, seqs.ids)))
+
+    @staticmethod
+    def release() -> None:
+        """Drop the cache `kept` holds (its memory goes back once nothing else refers to it)."""
+        _KEPT.clear()
 
     def gather(self, idx: list[int], length: int, device: torch.device
                ) -> tuple[Optional[torch.Tensor], torch.Tensor]:

@@ -353,7 +353,9 @@ def _train(cfg: TrainConfig, device: torch.device, state: Optional[dict[str, Any
     if cfg.cache_target:
         from spec_train.target_cache import TargetCache
 
-        cache = TargetCache.build(builder, seqs, cfg.max_seq_len, cfg.batch_size, device, _autocast(device), cfg.progress)
+        key = TargetCache.key(cfg, repr(_data_key(cfg)), device, seqs)  # a resumed run of the same data reuses it
+        cache = TargetCache.kept(key, lambda: TargetCache.build(builder, seqs, cfg.max_seq_len, cfg.batch_size, device,
+                                                                _autocast(device), cfg.progress))
     result.seconds_per_step = _loop(cfg, builder, opt, seqs, start, history, device, cache)
     result.steps_done = cfg.steps
     return result

@@ -116,3 +116,37 @@ def test_seed_reaches_every_run(script, monkeypatch, tmp_path: Path) -> None:
         with pytest.raises(SystemExit):
             script.main()
     assert seen == [0, 7]
+
+
+def test_calibration_reads_the_cache_the_budgeted_run_reads(script, monkeypatch, tmp_path: Path) -> None:
+    """`--cache-target`: the two calibration runs take the cache as the budgeted run does (one cache per
+    process, `TargetCache.kept`), so the step count comes from the steps the budgeted run takes; the cache
+    is dropped before the measurement; the shared data's generation (`--parallel`) builds none."""
+    from types import SimpleNamespace
+
+    from spec_runtime.tiny import build_tiny_target
+
+    target = build_tiny_target(tmp_path / "target", seed=1)
+    runs, released = [], []
+
+    def fake_train(cfg):
+        runs.append((cfg.steps, cfg.cache_target))
+        return SimpleNamespace(seconds_per_step=0.5, history=[{"step": cfg.steps, "loss": 1.0}], held_out=[[1]])
+
+    seen_args = []
+
+    def stop(args, *rest):
+        seen_args.append(args)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(script, "train_draft", fake_train)
+    monkeypatch.setattr(script.TargetCache, "release", staticmethod(lambda: released.append(len(runs))))
+    monkeypatch.setattr(script, "held_out_sample", stop)
+    monkeypatch.setattr(sys, "argv", ["train_real_drafts.py", "--target", str(target), "--work", str(tmp_path / "w"),
+                                      "--out", str(tmp_path / "o"), "--algorithms", "EAGLE3", "--cache-target",
+                                      "--budget-s", "100"])
+    with pytest.raises(SystemExit):
+        script.main()
+    assert runs == [(10, True), (60, True), (200, True)] and released == [3]
+    script.prepare_data(target, seen_args[0])
+    assert runs[-1] == (1, False)

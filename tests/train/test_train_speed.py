@@ -254,6 +254,32 @@ def test_cached_target_trains_the_same(train_root, toy_target, toy_prompts_file,
             assert cached[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), (key, plain, cached)
 
 
+def test_runs_of_one_process_share_the_target_cache(train_root, toy_target, toy_prompts_file, monkeypatch) -> None:
+    """A resumed run of the same data reads the cache the first run built (`TargetCache.kept`), so the
+    calibration runs of train_real_drafts.py time the steps the budgeted run takes; other data (another
+    draft's features) builds its own, and one cache is kept at a time; `release` drops it."""
+    from spec_train import target_cache as TC
+
+    built = []
+    build = TC.TargetCache.build.__func__
+
+    def counting(cls, *args, **kwargs):
+        built.append(args[0].cfg.algorithm)
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(TC.TargetCache, "build", classmethod(counting))
+    TC.TargetCache.release()
+    for steps in (2, 4):
+        run = train_draft(toy_config("EAGLE3", toy_target, toy_prompts_file, train_root / "kept_eagle3", steps=steps,
+                                     cache_target=True))
+    assert built == ["EAGLE3"] and len(run.history) == 4
+    train_draft(toy_config("STANDALONE", toy_target, toy_prompts_file, train_root / "kept_standalone", steps=2,
+                           cache_target=True))
+    assert built == ["EAGLE3", "STANDALONE"] and len(TC._KEPT) == 1
+    TC.TargetCache.release()
+    assert not TC._KEPT
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("cache_target", [False, True])
 def test_gpu_steps_never_synchronize(train_root, toy_target, toy_prompts_file, monkeypatch, cache_target: bool) -> None:
