@@ -15,7 +15,9 @@ in turn, N times over, and a row gives the median of its rounds (`rounds_tok_s` 
 the median of the rounds' ratios: side-by-side medians from one process, without N model loads and captures.
 tokens/s counts decoded tokens over decode time (prefill timed apart); `same tokens` is the share of
 each algorithm's tokens equal to plain decode's at the same place (bf16 near-ties may differ: the
-re-scoring tests in tests/gpu say which). Writes bench_real.json, bench_real.md and bench_real.png
+re-scoring tests in tests/gpu say which); a spec row's `iterations` in the JSON are each request's in the
+last round (a batch steps until its longest request ends, so the fewest accepted tokens set the time).
+Writes bench_real.json, bench_real.md and bench_real.png
 (tokens/s per configuration and batch size) to --out, and on CUDA the process's setup decisions (the
 linears' kernels, timed at setup) to tuning.json: runs in two processes can differ by those choices, so
 on the GPU the shipped file was tuned on (`src/spec_kernels/tuned/nvidia-h200.json`) a run loads its decisions
@@ -165,8 +167,9 @@ class SpecRun:
         with torch.inference_mode():
             self.engine._admit([])  # prefill + draft-extend, timed apart
 
-    def timed(self) -> tuple[list[list[int]], float, float, int]:
-        """One timed decode of every prompt: (tokens, decode seconds, accept length, iterations)."""
+    def timed(self) -> tuple[list[list[int]], float, float, list[int]]:
+        """One timed decode of every prompt: (tokens, decode seconds, accept length, each request's
+        iterations: the batch steps until the one with the most ends)."""
         self._admit()
         sync(self.device)
         start = time.perf_counter()
@@ -181,7 +184,7 @@ class SpecRun:
         self.engine.requests.clear()
         lengths = [a for r in reqs for a in r.accept_lengths]
         return ([r.output[:self.steps] for r in reqs], seconds, sum(lengths) / max(1, len(lengths)),
-                max(len(r.accept_lengths) for r in reqs))
+                [len(r.accept_lengths) for r in reqs])
 
     def profile(self, iters: int, trace: Optional[Path] = None) -> dict:
         """The profiler's counts per iteration over `iters` steady-state iterations of another run
@@ -314,7 +317,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for s in setups:
             each = spec_runs[s]
             tok_each = [sum(len(t) - 1 for t in tokens) / seconds for tokens, seconds, _, _ in each]
-            tokens, _, accept, iterations = each[-1]
+            tokens, _, accept, per_request = each[-1]
+            iterations = max(per_request)
             prof = None
             if args.profile:
                 prof = runs[s].profile(args.profile_iters,
@@ -327,7 +331,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "vs_plain": statistics.median(t / b for t, b in zip(tok_each, base_each)),
                          "same_tokens": same_share(tokens, plain),
                          "draft": str(d.relative_to(ROOT)) if d.is_relative_to(ROOT) else str(d), "profile": prof,
-                         "rounds_tok_s": tok_each})
+                         "rounds_tok_s": tok_each, "iterations": per_request})
             print(f"[bench_real] bs={bs} {rows[-1]['config']}: {rows[-1]['tok_s']:.1f} tok/s "
                   f"(rounds {_fmt(tok_each)}), {rows[-1]['vs_plain']:.2f}x plain, accept {accept:.2f}", flush=True)
         del runs

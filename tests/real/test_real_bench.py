@@ -38,6 +38,8 @@ def test_bench_real_rounds_are_medians(real_dir, tmp_path, monkeypatch, capsys) 
     assert eagle3["vs_plain"] == statistics.median(ratios)
     assert eagle3["same_tokens"] == chain["same_tokens"] == 1.0  # float32: the target's own greedy tokens
     assert chain["accept_len"] <= 3  # a chain of two steps emits at most three tokens an iteration
+    for row in (eagle3, chain):  # the request's iterations emit the 4 tokens after the prefill's, no more
+        assert len(row["iterations"]) == 1 and row["accept_len"] * row["iterations"][0] == pytest.approx(4)
     # the plot needs matplotlib (the `bench` extra); without it one line says so and the numbers stay
     try:
         import matplotlib  # noqa: F401
