@@ -21,8 +21,9 @@ text and code); the measurement takes the first `--eval-prompts` held-out prompt
 reports each kind. `--profile-steps N` profiles N calibration steps of each algorithm and writes
 `profile_<alg>.txt` (seconds per step, host syncs per step, top operators by GPU and host time) and
 its Chrome trace into `--out`. `--cache-target` runs the target once per algorithm instead of once
-per step (`spec_train.target_cache`), for the calibration and the budgeted run alike. `--measure-drafts DIR` trains nothing: it measures the drafts already in
-`DIR/{eagle3,eagle1,standalone}` (the shipped layout) on the held-out prompts the same way.
+per step (`spec_train.target_cache`), for the calibration and the budgeted run alike. `--measure-drafts DIR`
+trains nothing: it measures the drafts already in `DIR/{eagle3,eagle1,standalone}` (the shipped layout) on
+the held-out prompts the same way.
 `--extra-data FILE...` adds the sequences of data caches that earlier runs made (their `WORK/data.pt`:
 other `--seed`s, samples or prompts files, none trained on a prompt this run holds out) to this run's.
 """

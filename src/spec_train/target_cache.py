@@ -91,13 +91,14 @@ class TargetCache:
 
     @staticmethod
     def key(cfg: Any, data_key: str, device: torch.device, seqs: Sequences) -> tuple:
-        """What a run's cache is built from (`kept`'s key): the algorithm (what its draft reads), the target's
-        files (names, sizes, modification times), the data (`data_key`, the `--extra-data` files, the
-        sequences' count and tokens), their cut and the device."""
+        """What a run's cache is built from (`kept`'s key): the algorithm (what its draft reads), the data
+        (`data_key`: the target's path and the sequences' cut among the data options; the `--extra-data`
+        files; the sequences' count and tokens), the target's files (names, sizes, modification times) and
+        the device."""
         files = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(Path(cfg.target).iterdir())
                       if f.is_file())
-        return (cfg.algorithm, str(cfg.target), files, data_key, tuple(map(str, cfg.extra_data)), cfg.max_seq_len,
-                str(device), len(seqs), sum(map(len, seqs.ids)))
+        return (cfg.algorithm, data_key, tuple(map(str, cfg.extra_data)), len(seqs), sum(map(len, seqs.ids)), files,
+                str(device))
 
     @staticmethod
     def release() -> None:
