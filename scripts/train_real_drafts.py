@@ -13,8 +13,9 @@ drafts and, with `--pack`, the drafts as <= 15 MB tar chunks (the GPU machine re
 `--parallel` generates the shared data once, then trains the algorithms in one process each, side by
 side on the same GPU (each is launch-bound on a 135M target, so they overlap), and merges their
 `results.json`; each process's output goes to `OUT/<alg>.log`, and one that fails is reported with its
-exit code and its log's last line. With `--cache-target`, a child whose cache would take more than half
-the GPU memory the others leave free keeps it in pinned host memory (`spec_train.target_cache`).
+exit code and its log's last line. A parent stopped by SIGTERM (`timeout`, `kill`) or Ctrl-C stops its
+children first. With `--cache-target`, a child whose cache would take more than half the GPU memory the
+others leave free keeps it in pinned host memory (`spec_train.target_cache`).
 
 `--prompts FILE` trains on another prompts file (e.g. `src/spec_train/prompts_mix.jsonl`: chat, plain
 text and code); the measurement takes the first `--eval-prompts` held-out prompts of each kind and
@@ -29,8 +30,10 @@ other `--seed`s, samples or prompts files, none trained on a prompt this run hol
 """
 
 import argparse
+import contextlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -205,22 +208,52 @@ def run_parallel(target: Path, args: argparse.Namespace, log: dict) -> None:
     prepare_data(target, args)
     log["data_seconds"] = round(time.perf_counter() - t0, 1)
     release_gpu()
-    children = []
-    for alg in args.algorithms:
-        out = args.out / alg.lower()
-        out.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, __file__, *_without(sys.argv[1:], ("--algorithms", "--out", "--gguf", "--parallel")),
-               "--target", str(target), "--algorithms", alg, "--out", str(out)]
-        with open(args.out / f"{alg.lower()}.log", "w") as sink:  # the child keeps its own handle
-            children.append((alg, out, subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)))
-        print(f"{alg}: one process, its output in {args.out / f'{alg.lower()}.log'}", flush=True)
-    for alg, out, child in children:
-        child.wait()
-        res = out / "results.json"
-        log[alg] = json.loads(res.read_text()).get(alg) if res.is_file() else _failure(alg, child.returncode, args.out)
-        moved = sorted(out.glob("profile_*")) + (sorted(out.glob(f"{alg.lower()}.tar.*")) if args.pack else [])
-        for chunk in moved:
-            chunk.rename(args.out / chunk.name)
+    children: list = []
+    with _children_end_with_parent(children, args.out):
+        for alg in args.algorithms:
+            out = args.out / alg.lower()
+            out.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, __file__, *_without(sys.argv[1:], ("--algorithms", "--out", "--gguf", "--parallel")),
+                   "--target", str(target), "--algorithms", alg, "--out", str(out)]
+            with open(args.out / f"{alg.lower()}.log", "w") as sink:  # the child keeps its own handle
+                children.append((alg, out, subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)))
+            print(f"{alg}: one process, its output in {args.out / f'{alg.lower()}.log'}", flush=True)
+        for alg, out, child in children:
+            child.wait()
+            res = out / "results.json"
+            log[alg] = json.loads(res.read_text()).get(alg) if res.is_file() else _failure(alg, child.returncode, args.out)
+            moved = sorted(out.glob("profile_*")) + (sorted(out.glob(f"{alg.lower()}.tar.*")) if args.pack else [])
+            for chunk in moved:
+                chunk.rename(args.out / chunk.name)
+
+
+@contextlib.contextmanager
+def _children_end_with_parent(children: list, out: Path):
+    """`--parallel`'s children end with the parent: a SIGTERM (`timeout`, `kill`) becomes SystemExit
+    here, and on that or any other exit by exception (Ctrl-C) the children still running are
+    terminated and reaped, so none goes on training alone on the GPU. Their logs stay in `out`."""
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except BaseException:
+        running = [(alg, child) for alg, _, child in children if child.poll() is None]
+        for _, child in running:
+            child.terminate()
+        for _, child in running:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if running:
+            print(f"stopped {', '.join(alg for alg, _ in running)} with the parent; their output: "
+                  f"{out}/<algorithm>.log", file=sys.stderr, flush=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _failure(alg: str, code: int, out: Path) -> dict:

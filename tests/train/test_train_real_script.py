@@ -3,6 +3,7 @@ conversion and before it creates --out: a missing GGUF or target, a prompts file
 few training prompts, an --init-from folder without a draft, --measure-drafts with no --evals."""
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -94,6 +95,52 @@ def test_parallel_frees_the_data_generations_gpu_memory_first(script, monkeypatc
                                                      pack=False), log)
     assert events == ["data", "empty_cache", "child", "child"]
     assert log["EAGLE3"]["error"] == "exit 1"
+
+
+def test_a_stopped_parent_stops_its_children(script, monkeypatch, capsys, tmp_path: Path) -> None:
+    """`--parallel` under `timeout` or `kill`: the SIGTERM that reaches the parent while it waits is
+    raised as SystemExit(143), and the children still running are terminated and reaped before it
+    leaves (before, they went on training alone); one that had ended is left alone, and the parent's
+    SIGTERM handler is restored."""
+    events: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+
+    class Child:
+        count = 0
+
+        def __init__(self, cmd, **kwargs) -> None:
+            Child.count += 1
+            self.name, self.returncode = f"child{Child.count}", None
+            if Child.count == 1:
+                self.returncode = 0  # this one has ended
+
+        def poll(self):
+            return self.returncode
+
+        def terminate(self) -> None:
+            events.append(f"terminate {self.name}")
+
+        def wait(self, timeout=None) -> int:
+            if self.returncode is None and "signal" not in events:  # the signal arrives in this wait
+                events.append("signal")
+                handler = signal.getsignal(signal.SIGTERM)
+                assert callable(handler) and handler is not before
+                handler(signal.SIGTERM, None)
+            events.append(f"wait {self.name}")
+            self.returncode = -15 if self.returncode is None else self.returncode
+            return self.returncode
+
+    monkeypatch.setattr(script, "prepare_data", lambda target, args: None)
+    monkeypatch.setattr(script.subprocess, "Popen", Child)
+    monkeypatch.setattr(sys, "argv", ["train_real_drafts.py", "--target", str(tmp_path), "--parallel"])
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        script.run_parallel(tmp_path, argparse.Namespace(algorithms=["EAGLE3", "EAGLE", "STANDALONE"], out=out,
+                                                         pack=False), {})
+    assert exc.value.code == 143
+    assert events == ["wait child1", "signal", "terminate child2", "terminate child3", "wait child2", "wait child3"]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert f"stopped EAGLE, STANDALONE with the parent; their output: {out}/<algorithm>.log" in capsys.readouterr().err
 
 
 def test_seed_reaches_every_run(script, monkeypatch, tmp_path: Path) -> None:
