@@ -18,7 +18,8 @@ The cached outputs are the target's own, computed in other batches: equal to the
 the order of floating-point sums (on CPU in float32, bit for bit in the cases the tests run).
 """
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -36,7 +37,9 @@ _BUILD_BATCH_FACTOR = 4
 """The build's batch is this many training batches (sorted by length, it pads little)."""
 
 _KEPT: dict[tuple, "TargetCache"] = {}
-"""The last cache this process built, under the key it was built for (`TargetCache.kept`)."""
+"""The last cache built inside a `TargetCache.keeping()` scope, under its key (`TargetCache.kept`)."""
+_SCOPES = 0
+"""How many `TargetCache.keeping()` scopes are open (none: `kept` keeps nothing)."""
 
 
 class TargetCache:
@@ -80,14 +83,31 @@ class TargetCache:
 
     @classmethod
     def kept(cls, key: tuple, build: Callable[[], "TargetCache"]) -> "TargetCache":
-        """The cache this process built for `key`, else `build()`'s, kept for the next call with that key.
-        One at a time: the one kept before is dropped first, so two never hold memory together.
-        `train_real_drafts.py` trains a draft in three runs of one process (two calibration runs, then the
-        budgeted one): they share one cache, so the calibration times the steps the budgeted run takes."""
+        """Inside a `keeping()` scope: the cache built for `key`, else `build()`'s, kept for the next call
+        with that key; one at a time (the one kept before is dropped first, so two never hold memory
+        together). Outside one: `build()`'s, kept nowhere, so a run's cache goes with the run (`spec-runtime
+        train --cache-target` measures after training without it)."""
+        if not _SCOPES:
+            return build()
         if key not in _KEPT:
             _KEPT.clear()
             _KEPT[key] = build()
         return _KEPT[key]
+
+    @staticmethod
+    @contextlib.contextmanager
+    def keeping() -> Iterator[None]:
+        """The runs inside share their caches (`kept`), dropped when the scope closes.
+        `train_real_drafts.py` trains a draft in three runs of one process (two calibration runs, then the
+        budgeted one) in one scope, so the calibration times the steps the budgeted run takes."""
+        global _SCOPES
+        _SCOPES += 1
+        try:
+            yield
+        finally:
+            _SCOPES -= 1
+            if not _SCOPES:
+                TargetCache.release()
 
     @staticmethod
     def key(cfg: Any, data_key: str, device: torch.device, seqs: Sequences) -> tuple:

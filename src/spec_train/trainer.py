@@ -353,7 +353,8 @@ def _train(cfg: TrainConfig, device: torch.device, state: Optional[dict[str, Any
     if cfg.cache_target:
         from spec_train.target_cache import TargetCache
 
-        key = TargetCache.key(cfg, repr(_data_key(cfg)), device, seqs)  # a resumed run of the same data reuses it
+        # a resumed run of the same data inside a `TargetCache.keeping()` scope reuses it
+        key = TargetCache.key(cfg, repr(_data_key(cfg)), device, seqs)
         cache = TargetCache.kept(key, lambda: TargetCache.build(builder, seqs, cfg.max_seq_len, cfg.batch_size, device,
                                                                 _autocast(device), cfg.progress))
     result.seconds_per_step = _loop(cfg, builder, opt, seqs, start, history, device, cache)

@@ -257,7 +257,9 @@ def test_cached_target_trains_the_same(train_root, toy_target, toy_prompts_file,
 def test_runs_of_one_process_share_the_target_cache(train_root, toy_target, toy_prompts_file, monkeypatch) -> None:
     """A resumed run of the same data reads the cache the first run built (`TargetCache.kept`), so the
     calibration runs of train_real_drafts.py time the steps the budgeted run takes; other data (another
-    draft's features) builds its own, and one cache is kept at a time; `release` drops it."""
+    draft's features) builds its own, and one cache is kept at a time; `release` and the end of the
+    `keeping()` scope drop it, and outside a scope a run keeps none (`spec-runtime train --cache-target`
+    measures after training without it)."""
     from spec_train import target_cache as TC
 
     built = []
@@ -269,15 +271,23 @@ def test_runs_of_one_process_share_the_target_cache(train_root, toy_target, toy_
 
     monkeypatch.setattr(TC.TargetCache, "build", classmethod(counting))
     TC.TargetCache.release()
-    for steps in (2, 4):
-        run = train_draft(toy_config("EAGLE3", toy_target, toy_prompts_file, train_root / "kept_eagle3", steps=steps,
-                                     cache_target=True))
-    assert built == ["EAGLE3"] and len(run.history) == 4
-    train_draft(toy_config("STANDALONE", toy_target, toy_prompts_file, train_root / "kept_standalone", steps=2,
+    with TC.TargetCache.keeping():
+        for steps in (2, 4):
+            run = train_draft(toy_config("EAGLE3", toy_target, toy_prompts_file, train_root / "kept_eagle3",
+                                         steps=steps, cache_target=True))
+        assert built == ["EAGLE3"] and len(run.history) == 4
+        train_draft(toy_config("STANDALONE", toy_target, toy_prompts_file, train_root / "kept_standalone", steps=2,
+                               cache_target=True))
+        assert built == ["EAGLE3", "STANDALONE"] and len(TC._KEPT) == 1
+        TC.TargetCache.release()
+        assert not TC._KEPT
+        train_draft(toy_config("STANDALONE", toy_target, toy_prompts_file, train_root / "kept_standalone", steps=3,
+                               cache_target=True))
+        assert len(TC._KEPT) == 1
+    assert not TC._KEPT  # the scope's end drops it
+    train_draft(toy_config("STANDALONE", toy_target, toy_prompts_file, train_root / "kept_standalone", steps=4,
                            cache_target=True))
-    assert built == ["EAGLE3", "STANDALONE"] and len(TC._KEPT) == 1
-    TC.TargetCache.release()
-    assert not TC._KEPT
+    assert built == ["EAGLE3", "STANDALONE", "STANDALONE", "STANDALONE"] and not TC._KEPT  # outside: kept nowhere
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
