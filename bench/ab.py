@@ -16,7 +16,7 @@ weights, the public 8B EAGLE heads' shapes, a 1B-shaped STANDALONE draft (`--tin
 quick check of the harness itself). `--shape smollm2`: SmolLM2-135M-Instruct's shapes with its shipped
 drafts' (random weights; EAGLE-1 drafting over 8192 random hot tokens, the shipped map's size), each algorithm on its
 `demo_real.SETUPS` tree at the accept length the README's real-model table measured at bs=1 (EAGLE-3
-3.02, EAGLE 2.44, STANDALONE 3.10): at that size a step is some 250 kernels of a few µs each, so what
+3.34, EAGLE 2.54, STANDALONE 3.10): at that size a step is some 250 kernels of a few µs each, so what
 a kernel choice costs there need not be what it costs at 8B.
 
 A variant is `name:JSON`, variants separated by ';'. The JSON object holds:
@@ -69,7 +69,7 @@ LEAVE_OUT = ("norm", "attn", "lm_head")
 """What a variant's `leave_out` may name."""
 SIMULATED_ACCEPT = {"EAGLE3": 5.4, "STANDALONE": 3.6, "EAGLE": 3.6}
 """Accept length each algorithm's iterations are forced to (the README's headline rows)."""
-SMOLLM2_ACCEPT = {"EAGLE3": 3.02, "EAGLE": 2.44, "STANDALONE": 3.10}
+SMOLLM2_ACCEPT = {"EAGLE3": 3.34, "EAGLE": 2.54, "STANDALONE": 3.10}
 """`--shape smollm2`: the accept lengths of the README's real-model table at bs=1."""
 ATTENTION_KNOBS = {"fused_merge_rows": "FUSED_MERGE_ROWS", "early_kv_rows": "EARLY_KV_ROWS",
                    "early_kv_small_tile_rows": "EARLY_KV_SMALL_TILE_ROWS",
