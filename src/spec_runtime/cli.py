@@ -63,7 +63,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default="EAGLE3", help="with --draft: its kind")
+    p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default=None,
+                   help="with --draft: its kind (default: the kind its directory's config and weight shapes show; "
+                        "EAGLE3 when they do not tell)")
     p.add_argument("--speculative-num-steps", type=int, default=5, help="with --draft: draft depth")
     p.add_argument("--speculative-eagle-topk", type=int, default=4, help="with --draft: branching of the tree")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=8,
@@ -312,6 +314,7 @@ def _generate(args: argparse.Namespace) -> int:
             _model_dir(path, flag)
         _context_fits(args.target, args.max_context)
         _draft_flags_need_a_draft(args)
+        args.speculative_algorithm = _draft_algorithm(args.draft, args.speculative_algorithm)
         if not 0 <= args.seed < 2**63:
             raise ValueError(f"--seed: must be in [0, 2**63), got {args.seed}")
         _set_threads(args.threads, args.device)
@@ -334,7 +337,8 @@ def _generate(args: argparse.Namespace) -> int:
     reqs, first = run_prompts(engine, prompts, args.max_new_tokens, sampling, stops,
                               progress=not (args.json or args.no_progress))
     report(reqs, tokenizer, time.perf_counter() - start, args.json, first,
-           where=f"{args.device}, {_dtype(args.dtype, args.device)}")
+           where=f"{args.device}, {_dtype(args.dtype, args.device)}"
+           + (f", {args.speculative_algorithm} draft" if args.draft else ""))
     return 0 if all(r.error is None for r in reqs) else 1
 
 
@@ -347,6 +351,18 @@ def _model_dir(path: Optional[str], flag: str) -> None:
         raise ValueError(f"{flag}: {where} " + ("is not a directory" if where.exists() else "does not exist"))
     if not (where / "config.json").is_file():
         raise ValueError(f"{flag}: no config.json in {where}")
+
+
+def _draft_algorithm(draft: Optional[str], given: Optional[str]) -> Optional[str]:
+    """`--speculative-algorithm`, or for a `--draft` given without it the kind the directory looks like
+    (`models.loading.draft_kind`: an EAGLE-1 head, an EAGLE-3 head or a whole model), else EAGLE3, whose
+    loader then says what it found."""
+    if draft is None or given is not None:
+        return given
+    from .models.loading import draft_kind
+
+    kind = draft_kind(draft)
+    return "EAGLE3" if kind is None else kind[0].value
 
 
 def _draft_flags_need_a_draft(args: argparse.Namespace) -> None:

@@ -9,7 +9,7 @@ from tests.runtime._readme import demo_table, json_keys, key_shape, markdown_tab
 from spec_runtime import cli
 from spec_runtime.baseline import target_only_generate
 from spec_runtime.models.loading import load_target
-from spec_runtime.tiny import build_tiny_eagle3, build_tiny_standalone, build_tiny_target
+from spec_runtime.tiny import build_tiny_eagle1, build_tiny_eagle3, build_tiny_standalone, build_tiny_target
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -23,6 +23,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "target": target,
         "standalone": build_tiny_standalone(root / "standalone", target),
         "eagle3": build_tiny_eagle3(root / "eagle3", target),
+        "eagle1": build_tiny_eagle1(root / "eagle1", target),
     }
 
 
@@ -62,6 +63,21 @@ def test_generate_json_matches_target_only(dirs, capsys, algorithm, draft, flags
     for r in result["requests"]:
         assert r["finish_reason"] == "length" and r["error"] is None
         assert sum(r["accept_lengths"]) == len(r["tokens"]) - 1 and r["iterations"] == len(r["accept_lengths"])
+
+
+@pytest.mark.parametrize("draft,kind", [("eagle1", "EAGLE"), ("standalone", "STANDALONE"), ("eagle3", "EAGLE3")])
+def test_generate_reads_the_drafts_kind_without_the_flag(dirs, capsys, draft, kind) -> None:
+    """Without `--speculative-algorithm` a draft runs as the kind its directory shows (an EAGLE-1 head
+    given as EAGLE3, the old default, failed to load); the summary line names the kind."""
+    base = ["--target", str(dirs["target"]), "--draft", str(dirs[draft]), "--speculative-num-steps", "2",
+            "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4", "--prompt-ids", "3,1,4",
+            "--max-new-tokens", "6"]
+    code, out = _generate(capsys, *base, "--json")
+    assert code == 0, out
+    expected = target_only_generate(load_target(dirs["target"]), [[3, 1, 4]], 6)
+    assert [r["tokens"] for r in json.loads(out)["requests"]] == expected
+    code, out = _generate(capsys, *base, "--no-progress")
+    assert code == 0 and out.splitlines()[-1].split(" (")[0].endswith(f" on cpu, float32, {kind} draft"), out
 
 
 def test_generate_text_prompt_through_the_tokenizer(dirs, capsys) -> None:
@@ -203,7 +219,7 @@ def test_generate_device_auto_takes_a_visible_gpu(dirs, capsys, monkeypatch) -> 
                           "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2", "--max-new-tokens", "2",
                           "--no-progress")
     assert code == 0 and seen == ["cpu"]
-    assert " tokens in " in out.splitlines()[-1] and " s on cpu, float32 (" in out.splitlines()[-1]
+    assert " tokens in " in out.splitlines()[-1] and " s on cpu, float32, EAGLE3 draft (" in out.splitlines()[-1]
 
 
 def test_generate_dtype_follows_the_device(dirs, capsys, monkeypatch) -> None:
