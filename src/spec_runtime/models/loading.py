@@ -285,8 +285,9 @@ def draft_kind(directory: str | Path) -> tuple[SpecAlgorithm, str] | None:
     """Which algorithm's draft `directory` looks like, and by what: config.json's `architectures` naming
     EAGLE-3, else the safetensors header (no tensor read): `d2t` or `midlayer.*` (EAGLE-3), an `fc` of
     input width 2 x hidden (EAGLE-1) or 3 or more (EAGLE-3), no `fc` but a whole model's embedding, layers
-    and final norm (STANDALONE). None when it cannot tell (another weights format, an unreadable file). For a
-    load that failed: a hint, never a check."""
+    and final norm (STANDALONE). None when it cannot tell (another weights format, an unreadable file). A
+    default (`generate` without `--speculative-algorithm`) and a hint for a load that failed, never a check:
+    the loader still checks every shape."""
     try:
         arch = " ".join(map(str, read_config(directory).get("architectures") or []))
         if "eagle3" in arch.lower():
