@@ -15,9 +15,9 @@ rounds. The models are the benchmark's (`bench_e2e.py`): an 8B-shaped target wit
 weights, the public 8B EAGLE heads' shapes, a 1B-shaped STANDALONE draft (`--tiny`: tiny shapes, a
 quick check of the harness itself). `--shape smollm2`: SmolLM2-135M-Instruct's shapes with its shipped
 drafts' (random weights; EAGLE-1 drafting over 8192 random hot tokens, the shipped map's size), each algorithm on its
-`demo_real.SETUPS` tree at the accept length the README's real-model table measured at bs=1 (EAGLE-3
-3.34, EAGLE 2.54, STANDALONE 3.10): at that size a step is some 250 kernels of a few µs each, so what
-a kernel choice costs there need not be what it costs at 8B.
+`demo_real.SETUPS` tree at the accept length the README's real-model table measured at bs=1
+(`SMOLLM2_ACCEPT`): at that size a step is some 250 kernels of a few µs each, so what a kernel choice
+costs there need not be what it costs at 8B.
 
 A variant is `name:JSON`, variants separated by ';'. The JSON object holds:
 
