@@ -188,7 +188,8 @@ def test_draft_logits_in_model_dtype_propose_the_same(tmp_path, monkeypatch, ste
         monkeypatch.setattr(draft_module, "raw_logits", choose)  # the draft-extend's too (`draft.propose`)
         rt = Runtime.create(target, draft, "STANDALONE", num_steps=steps, topk=topk, num_draft_tokens=n,
                             max_batch_size=2, max_context=96, executor="static", buckets=(1, 2), seed=5,
-                            fast={"tree": "triton", "topk": "triton", "frontier": "triton", "bookkeeping": "triton"})
+                            fast={"tree": "triton", "topk": "triton", "frontier": "triton", "bookkeeping": "triton",
+                                  "head_topk": False})  # on CUDA its default fuses the head: no logits
         engine = SpecEngine(rt)
         rids = [engine.add_request(p, 16) for p in ([5, 17, 99, 3], [7, 1, 88, 120, 64])]
         engine.run()
