@@ -48,7 +48,28 @@ from spec_train.data import PromptRow, encode_prompts, first_per_kind, load_prom
 from spec_train.evaluate import measure_acceptance
 from spec_train.target_cache import TargetCache
 
-EVALS = {"tree_5_4_8": (5, 4, 8), "chain_3_1_4": (3, 1, 4), "chain_4_1_5": (4, 1, 5)}
+EVALS = ("tree_5_4_8", "chain_3_1_4", "chain_4_1_5")
+"""`--evals`' default: the held-out measurements drafts/README.md reports."""
+
+
+def eval_tree(name: str) -> tuple[int, int, int]:
+    """An `--evals` entry, `tree_STEPS_TOPK_TOKENS` or `chain_STEPS_1_TOKENS`, as (steps, topk, tokens);
+    a ValueError naming it when it is neither or the tree is one `SpecConfig` refuses."""
+    from spec_schema.config import check_tree_shape
+
+    kind, *parts = name.split("_")
+    if kind not in ("tree", "chain") or len(parts) != 3 or not all(x.isdigit() for x in parts):
+        raise ValueError(f"--evals {name}: expected tree_STEPS_TOPK_TOKENS or chain_STEPS_1_TOKENS, e.g. tree_5_4_8")
+    steps, topk, tokens = (int(x) for x in parts)
+    if (kind == "chain") != (topk == 1):
+        raise ValueError(f"--evals {name}: a chain has topk 1 and a tree more")
+    try:
+        check_tree_shape(steps, topk, tokens)
+    except ValueError as err:
+        raise ValueError(f"--evals {name}: {err}") from None
+    return steps, topk, tokens
+
+
 SHIPPED = {"EAGLE3": "eagle3", "EAGLE": "eagle1", "STANDALONE": "standalone"}
 """Each algorithm's directory under `drafts/smollm2-135m` (`--measure-drafts`)."""
 
@@ -159,7 +180,7 @@ def evaluate(alg: str, target: Path, draft: Path, args: argparse.Namespace, samp
     """Greedy acceptance of the draft on the held-out sample, in all and per kind."""
     prompts, kinds = sample
     for name in args.evals:
-        steps, topk, ndraft = EVALS[name]
+        steps, topk, ndraft = eval_tree(name)
         t0 = time.perf_counter()
         try:
             acc = measure_acceptance(target, draft, alg, prompts, num_steps=steps, topk=topk,
@@ -316,8 +337,9 @@ def main() -> int:
                    help="profile N calibration steps per algorithm (torch.profiler): OUT/profile_<alg>.txt "
                         "(seconds per step, host syncs, top operators) and OUT/profile_<alg>_trace.json.gz")
     p.add_argument("--pack", action="store_true")
-    p.add_argument("--evals", nargs="*", choices=sorted(EVALS), default=list(EVALS),
-                   help="held-out measurements after training (none given: train only; --measure-drafts later)")
+    p.add_argument("--evals", nargs="*", default=list(EVALS), metavar="tree_S_K_N|chain_S_1_N",
+                   help="held-out measurements after training, each a tree (steps, topk, draft tokens) or a chain "
+                        "(none given: train only; --measure-drafts later)")
     p.add_argument("--parallel", action="store_true", help="one process per algorithm after shared data")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="prompts file (JSON lines)")
     p.add_argument("--measure-drafts", type=Path, metavar="DIR",
@@ -342,6 +364,11 @@ def main() -> int:
         p.error(f"--prompts {args.prompts}: file not found")
     if args.measure_drafts and not args.evals:
         p.error("--evals: --measure-drafts needs at least one measurement")
+    for name in args.evals:
+        try:
+            eval_tree(name)
+        except ValueError as err:
+            p.error(str(err))
     missing = [SHIPPED[a] for a in args.algorithms if args.measure_drafts and not (args.measure_drafts / SHIPPED[a]).is_dir()]
     if missing:
         p.error(f"--measure-drafts {args.measure_drafts}: no {', '.join(missing)} directory")

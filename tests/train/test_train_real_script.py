@@ -1,6 +1,7 @@
 """scripts/train_real_drafts.py refuses bad input in one line naming the flag (exit 2), before the GGUF's
 conversion and before it creates --out: a missing GGUF or target, a prompts file whose split leaves too
-few training prompts, an --init-from folder without a draft, --measure-drafts with no --evals."""
+few training prompts, an --init-from folder without a draft, --measure-drafts with no --evals, an --evals
+entry that is not a tree or chain SpecConfig accepts."""
 
 import argparse
 import signal
@@ -42,7 +43,12 @@ def test_bad_input_is_one_line_before_any_work(script, monkeypatch, capsys, tmp_
         ([*base, "--gguf", str(gguf), "--profile-steps", "-1"], "error: --profile-steps: must be >= 0 (0: no profile), got -1"),
         ([*base, "--gguf", str(gguf), "--measure-drafts", str(REPO / "drafts" / "smollm2-135m"), "--evals"],
          "error: --evals: --measure-drafts needs at least one measurement"),
+        ([*base, "--gguf", str(gguf), "--evals", "tree_5_4"], "error: --evals tree_5_4: expected tree_STEPS_TOPK_TOKENS"),
+        ([*base, "--gguf", str(gguf), "--evals", "chain_4_2_5"], "error: --evals chain_4_2_5: a chain has topk 1"),
+        ([*base, "--gguf", str(gguf), "--evals", "tree_5_4_8", "tree_2_2_9"],
+         "error: --evals tree_2_2_9: num_draft_tokens 9 exceeds the largest tree"),
     ]
+    assert [script.eval_tree(n) for n in (*script.EVALS, "tree_6_4_10")] == [(5, 4, 8), (3, 1, 4), (4, 1, 5), (6, 4, 10)]
     for args, want in cases:
         err = _error(script, monkeypatch, capsys, *args)
         assert err.startswith("train_real_drafts.py: ") and want in err, (args, err)
