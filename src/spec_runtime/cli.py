@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .defaults import DEFAULT_TEMPERATURE, resolve_device
+from .cli_draft import draft_setup, draft_summary
+from .defaults import DEFAULT_TEMPERATURE, DRAFT_TREES, resolve_device
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
 SMALL_CPU_COUNT = 4
@@ -44,6 +45,8 @@ FLAGS = {
 }
 """The CLI flag of each setting a validation error may name."""
 DTYPES = ("float32", "bfloat16", "float16")
+TREES_HELP = ", ".join(f"{alg} {'/'.join(map(str, tree))}" for alg, tree in DRAFT_TREES.items())
+"""Each kind's default tree as steps/topk/draft tokens, for the help text."""
 EXECUTOR_CHOICES = ("auto", "eager", "static", "cuda_graph")
 EXECUTOR_HELP = "auto: CUDA graphs on a CUDA device, eager elsewhere"
 
@@ -66,10 +69,12 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default=None,
                    help="with --draft: its kind (default: the kind its directory's config and weight shapes show; "
                         "EAGLE3 when they do not tell)")
-    p.add_argument("--speculative-num-steps", type=int, default=5, help="with --draft: draft depth")
-    p.add_argument("--speculative-eagle-topk", type=int, default=4, help="with --draft: branching of the tree")
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=8,
-                   help="with --draft: tree size per request, the root included")
+    p.add_argument("--speculative-num-steps", type=int, default=None,
+                   help=f"with --draft: draft depth (default: the draft kind's tree, steps/topk/tokens {TREES_HELP})")
+    p.add_argument("--speculative-eagle-topk", type=int, default=None,
+                   help="with --draft: branching of the tree (default: its kind's)")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                   help="with --draft: tree size per request, the root included (default: its kind's)")
     p.add_argument("--speculative-token-map", default=None, metavar="FILE",
                    help="with an EAGLE --draft: hot-token map it drafts from (sglang's format; default: the "
                         "draft directory's token_map.pt when present; 'none': the whole vocabulary)")
@@ -314,7 +319,7 @@ def _generate(args: argparse.Namespace) -> int:
             _model_dir(path, flag)
         _context_fits(args.target, args.max_context)
         _draft_flags_need_a_draft(args)
-        args.speculative_algorithm = _draft_algorithm(args.draft, args.speculative_algorithm)
+        draft_setup(args)
         if not 0 <= args.seed < 2**63:
             raise ValueError(f"--seed: must be in [0, 2**63), got {args.seed}")
         _set_threads(args.threads, args.device)
@@ -337,8 +342,7 @@ def _generate(args: argparse.Namespace) -> int:
     reqs, first = run_prompts(engine, prompts, args.max_new_tokens, sampling, stops,
                               progress=not (args.json or args.no_progress))
     report(reqs, tokenizer, time.perf_counter() - start, args.json, first,
-           where=f"{args.device}, {_dtype(args.dtype, args.device)}"
-           + (f", {args.speculative_algorithm} draft" if args.draft else ""))
+           where=f"{args.device}, {_dtype(args.dtype, args.device)}" + draft_summary(engine, args))
     return 0 if all(r.error is None for r in reqs) else 1
 
 
@@ -351,18 +355,6 @@ def _model_dir(path: Optional[str], flag: str) -> None:
         raise ValueError(f"{flag}: {where} " + ("is not a directory" if where.exists() else "does not exist"))
     if not (where / "config.json").is_file():
         raise ValueError(f"{flag}: no config.json in {where}")
-
-
-def _draft_algorithm(draft: Optional[str], given: Optional[str]) -> Optional[str]:
-    """`--speculative-algorithm`, or for a `--draft` given without it the kind the directory looks like
-    (`models.loading.draft_kind`: an EAGLE-1 head, an EAGLE-3 head or a whole model), else EAGLE3, whose
-    loader then says what it found."""
-    if draft is None or given is not None:
-        return given
-    from .models.loading import draft_kind
-
-    kind = draft_kind(draft)
-    return "EAGLE3" if kind is None else kind[0].value
 
 
 def _draft_flags_need_a_draft(args: argparse.Namespace) -> None:

@@ -4,6 +4,11 @@ DEFAULT_TEMPERATURE = 0.0
 """`SamplingParams().temperature` and `spec-runtime generate --temperature`: 0 = greedy, so the API and
 the command decode the same way unless asked otherwise."""
 
+DRAFT_TREES = {"EAGLE3": (5, 4, 8), "EAGLE": (4, 4, 8), "STANDALONE": (4, 4, 8)}
+"""Each draft kind's tree (steps, topk, draft tokens): `spec-runtime generate`'s default for a `--draft` of
+that kind and the real-model demo's and benchmark's (`demo_real.SETUPS`). The fastest shapes measured on the
+H200 with SmolLM2-135M's drafts (`demo_real.SETUPS` says why)."""
+
 
 def cuda_visible() -> bool:
     """Whether this process sees a CUDA device (torch imported only when asked)."""

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from .defaults import DRAFT_TREES
 from .demo import mean_accept, print_table
 
 DRAFTS_ROOT = Path(__file__).resolve().parents[2] / "drafts" / "smollm2-135m"
@@ -36,15 +37,14 @@ class RealSetup:
     num_draft_tokens: int
 
 
-SETUPS = (
-    RealSetup("EAGLE3", "eagle3", 5, 4, 8),
-    RealSetup("EAGLE", "eagle1", 4, 4, 8),
-    RealSetup("STANDALONE", "standalone", 4, 4, 8),
-)
-"""Each algorithm's tree: the fastest shape measured on the H200 (bf16, `bench/results/real_smollm2_shapes/`).
-EAGLE-1 accepts as much in 4 steps as in 5 (float32: 3.53 against 3.43 on the first prompt) for one draft
-step less; STANDALONE's 4-wide tree accepts 3.26 where its chain of 4 accepted 2.82; EAGLE-3 loses
-acceptance at 4 steps (3.53 against 3.97)."""
+SETUPS = tuple(RealSetup(alg, folder, *DRAFT_TREES[alg])
+               for alg, folder in (("EAGLE3", "eagle3"), ("EAGLE", "eagle1"), ("STANDALONE", "standalone")))
+"""Each algorithm's draft folder and tree (`defaults.DRAFT_TREES`, `generate`'s defaults too): the fastest shapes
+measured on the H200 (bf16, `bench/results/real_smollm2_shapes/`). EAGLE-1 accepts as much in 4 steps as in 5
+(float32: 3.53 against 3.43 on the first prompt) for one draft step less; STANDALONE's 4-wide tree accepts 3.26
+where its chain of 4 accepted 2.82; EAGLE-3 loses acceptance at 4 steps (3.53 against 3.97), and its deeper, narrower
+or larger trees accept more held out for more GPU time per iteration (`bench/results/real_smollm2_trees8/`)."""
+
 
 PROMPTS = (
     "Write a Python function that checks whether a number is prime.",

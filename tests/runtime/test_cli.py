@@ -77,7 +77,26 @@ def test_generate_reads_the_drafts_kind_without_the_flag(dirs, capsys, draft, ki
     expected = target_only_generate(load_target(dirs["target"]), [[3, 1, 4]], 6)
     assert [r["tokens"] for r in json.loads(out)["requests"]] == expected
     code, out = _generate(capsys, *base, "--no-progress")
-    assert code == 0 and out.splitlines()[-1].split(" (")[0].endswith(f" on cpu, float32, {kind} draft"), out
+    assert code == 0 and out.splitlines()[-1].split(" (")[0].endswith(f" on cpu, float32, {kind} draft 2/2/4"), out
+
+
+@pytest.mark.parametrize("draft,kind", [("eagle1", "EAGLE"), ("standalone", "STANDALONE"), ("eagle3", "EAGLE3")])
+def test_generate_takes_the_kinds_tree_for_flags_not_given(dirs, capsys, draft, kind) -> None:
+    """A tree flag not given is the draft kind's (`defaults.DRAFT_TREES`), a given one is kept, and draft tokens
+    not given fit the steps and topk; the summary line reads the tree off the runtime's config."""
+    from spec_runtime.defaults import DRAFT_TREES
+
+    base = ["--target", str(dirs["target"]), "--draft", str(dirs[draft]), "--prompt-ids", "3,1,4",
+            "--max-new-tokens", "6", "--no-progress"]
+    expected = target_only_generate(load_target(dirs["target"]), [[3, 1, 4]], 6)[0]
+    steps, topk, tokens = DRAFT_TREES[kind]
+    for flags, tree in (([], (steps, topk, tokens)), (["--speculative-num-steps", "2"], (2, topk, tokens)),
+                        (["--speculative-eagle-topk", "1"], (steps, 1, steps + 1))):  # a chain holds steps + 1
+        code, out = _generate(capsys, *base, *flags)
+        assert code == 0, out
+        assert out.splitlines()[-1].split(" (")[0].endswith(f", {kind} draft {'/'.join(map(str, tree))}"), out
+        code, out = _generate(capsys, *base, *flags, "--json")
+        assert code == 0 and json.loads(out)["requests"][0]["tokens"] == expected
 
 
 def test_generate_text_prompt_through_the_tokenizer(dirs, capsys) -> None:
@@ -219,7 +238,7 @@ def test_generate_device_auto_takes_a_visible_gpu(dirs, capsys, monkeypatch) -> 
                           "--speculative-num-draft-tokens", "3", "--prompt-ids", "1,2", "--max-new-tokens", "2",
                           "--no-progress")
     assert code == 0 and seen == ["cpu"]
-    assert " tokens in " in out.splitlines()[-1] and " s on cpu, float32, EAGLE3 draft (" in out.splitlines()[-1]
+    assert " tokens in " in out.splitlines()[-1] and " s on cpu, float32, EAGLE3 draft 2/1/3 (" in out.splitlines()[-1]
 
 
 def test_generate_dtype_follows_the_device(dirs, capsys, monkeypatch) -> None:
