@@ -25,8 +25,9 @@ __all__ = ["FastBackend"]
 
 HEAD_TOPK_AUTO_BYTES = 32 << 20
 """The largest draft head `FastOptions.head_topk`'s default fuses into the top-k: the heads it was measured
-on (SmolLM2-135M's drafts: 9.4 MB, 18.9 MB; `bench/results/real_smollm2_hotmap/`); larger ones (an 8B
-target's, 262 MB and up) keep the head's tuned GEMV and the top-k's two launches until measured."""
+on (SmolLM2-135M's drafts: 9.4 MB, 18.9 MB; `bench/results/real_smollm2_hotmap/`). Larger ones keep the head's
+tuned GEMV and the top-k's two launches: on the 8B EAGLE-3 head (262 MB) fusing them measured +0.1 % per
+iteration on an H200 (`bench/results/e2e_floors/README.md`)."""
 
 
 def _is_cuda(device: torch.device) -> bool:
