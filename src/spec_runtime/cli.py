@@ -354,7 +354,12 @@ def _model_dir(path: Optional[str], flag: str) -> None:
     if not where.is_dir():
         raise ValueError(f"{flag}: {where} " + ("is not a directory" if where.exists() else "does not exist"))
     if not (where / "config.json").is_file():
-        raise ValueError(f"{flag}: no config.json in {where}")
+        try:
+            inside = sorted(d.name for d in where.iterdir() if (d / "config.json").is_file())
+        except OSError:  # unreadable: the error names the flag without the hint
+            inside = []
+        raise ValueError(f"{flag}: no config.json in {where}"
+                         + (f" (its {', '.join(n + '/' for n in inside)} have one)" if inside else ""))
 
 
 def _draft_flags_need_a_draft(args: argparse.Namespace) -> None:

@@ -6,7 +6,8 @@ Before: `demo --batch-size 0` (and negative) and `demo --cache-dir FILE` were tr
 --json` without --real printed the table; `real-model --cache-dir` on an unwritable place was a
 traceback; `--draft DIR` without config.json named no flag; an empty `--prompt-ids` was a rejected
 request (exit 1); `--system` was not there; `--max-context 100000000` died allocating 51 GB (a
-traceback), and `--seed 2**64` said only "Overflow when unpacking long long".
+traceback), and `--seed 2**64` said only "Overflow when unpacking long long". A `--draft` given the drafts'
+root (drafts/smollm2-135m) now names the drafts inside it.
 """
 
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from spec_runtime import cli, real_model
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -82,6 +84,7 @@ def test_real_model_cache_dir_where_mkdir_fails(capsys, tmp_path, monkeypatch) -
     (["--target", "{file}"], "--target: {file} is not a directory"),
     (["--draft", "{missing}"], "--draft: {missing} does not exist"),
     (["--draft", "{tmp}"], "--draft: no config.json in {tmp}"),
+    (["--draft", "{drafts}"], "--draft: no config.json in {drafts} (its eagle1/, eagle3/, standalone/ have one)"),
     (["--prompt-ids", ""], "--prompt-ids: no token ids (expected e.g. 1,2,3)"),
     (["--prompt", " "], "--prompt: empty text (give the question, or --prompt-ids)"),
     (["--prompt", "hi"], "--prompt needs a tokenizer in {target}; pass --prompt-ids instead"),
@@ -91,11 +94,13 @@ def test_real_model_cache_dir_where_mkdir_fails(capsys, tmp_path, monkeypatch) -
     (["--seed", str(2**64)], f"--seed: must be in [0, 2**63), got {2**64}"),
     (["--seed", "-1"], "--seed: must be in [0, 2**63), got -1"),
     (["--speculative-num-steps", "3"], "--speculative-num-steps: needs --draft (without it the target decodes alone)"),
-], ids=["target-missing", "target-file", "draft-missing", "draft-no-config", "prompt-ids-empty", "prompt-empty",
+], ids=["target-missing", "target-file", "draft-missing", "draft-no-config", "drafts-root", "prompt-ids-empty",
+        "prompt-empty",
         "prompt-no-tokenizer", "system-no-template", "cuda-graph-target-alone", "context-huge", "seed-huge",
         "seed-negative", "tree-without-draft"])
 def test_bad_generate_flags(capsys, llama_dir, a_file, tmp_path, flags, expected) -> None:
-    names = {"missing": tmp_path / "nope", "file": a_file, "tmp": tmp_path, "target": llama_dir}
+    names = {"missing": tmp_path / "nope", "file": a_file, "tmp": tmp_path, "target": llama_dir,
+             "drafts": REPO / "drafts" / "smollm2-135m"}  # a drafts root: the error names the drafts inside
     flags = [f.format(**names) for f in flags]
     base = ["generate", "--target", str(llama_dir), "--prompt-ids", "1,2"]
     _one_line(capsys, [*base, *flags], expected.format(**names))
