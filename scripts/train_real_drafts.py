@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from spec_runtime.demo_real import SETUPS
 from spec_train import TrainConfig, train_draft
 from spec_train.checkpoint import load_state
 from spec_train.config import DEFAULT_PROMPTS, TrainError, check_init_from
@@ -70,8 +71,8 @@ def eval_tree(name: str) -> tuple[int, int, int]:
     return steps, topk, tokens
 
 
-SHIPPED = {"EAGLE3": "eagle3", "EAGLE": "eagle1", "STANDALONE": "standalone"}
-"""Each algorithm's directory under `drafts/smollm2-135m` (`--measure-drafts`)."""
+SHIPPED = {s.algorithm: s.folder for s in SETUPS}
+"""Each algorithm's directory under `drafts/smollm2-135m` (`--measure-drafts`): the demo's."""
 
 
 def convert(gguf: Path, out: Path) -> Path:

@@ -39,7 +39,7 @@ def report(reqs: list, tokenizer: Any, seconds: float, as_json: bool,
            first: Optional[tuple[float, int]] = None, where: Optional[str] = None) -> None:
     """The answers, then the token count and rate; with `first` (seconds to the first streamed event,
     its token count) also when it came and the rate of the tokens after it; with `where` (the device, the
-    dtype and the draft's kind) where and how they ran."""
+    dtype, the draft's kind and tree) where and how they ran."""
     total = sum(len(r.output) for r in reqs)
     rows = [{
         "tokens": r.output,
