@@ -6,7 +6,7 @@ CUDA graph each tiny op still costs a few microseconds, so these fuse them:
 - `rmsnorm` / `add_rmsnorm` / `embed_rmsnorm`: (residual add or embedding gather +) RMSNorm,
   float32 statistics, `weight * normed.to(dtype)` (the rounding steps of `models.llama.RMSNorm`),
   one program per row; the added delta may be a GEMV's unreduced split-K partials
-  (`spec_kernels.gemv.SplitKParts`), summed here instead;
+  (`spec_kernels.gemv.SplitKParts`), summed here instead; `add`: the residual add alone, the same way;
 - `rope_store`: RoPE on q and k from a float32 cos/sin table indexed by position, k and v stored
   into the KV cache at their slots, one program per (row, head);
 - `silu_mul`: `silu(gate) * up` of a fused gate/up output.
@@ -24,6 +24,7 @@ from spec_kernels._common import pdl_options
 from spec_kernels.gemv import SplitKParts, reference_rope_store  # noqa: F401 (re-exported)
 
 __all__ = [
+    "add",
     "add_rmsnorm",
     "embed_rmsnorm",
     "reference_add_rmsnorm",
@@ -76,6 +77,7 @@ def _rmsnorm_kernel(
     V,  # the embedding table's rows (GATHER)
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, NPARTS: tl.constexpr = 0, PDL: tl.constexpr = False,
     GATHER: tl.constexpr = False, X_READY: tl.constexpr = False, TRIGGER_FIRST: tl.constexpr = False,
+    NORM: tl.constexpr = True,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -109,6 +111,8 @@ def _rmsnorm_kernel(
             d = tl.load(d_ptr + row * s_d + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + d.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # rounded like torch's add
         tl.store(sum_ptr + row * s_s + cols, x, mask=mask)
+    if not NORM:  # the add alone (`add`)
+        return
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
     normed = (xf * rstd).to(x_ptr.dtype.element_ty)
@@ -141,13 +145,17 @@ def _out(out: "torch.Tensor | None", t: int, h: int, dtype: torch.dtype, device:
     return out
 
 
-def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float, between_gemvs: bool = False,
+def _norm_launch(x: torch.Tensor, delta, weight: "torch.Tensor | None", eps: float, between_gemvs: bool = False,
                  out: "torch.Tensor | None" = None):
-    if x.dim() != 2 or weight.shape != (x.shape[1],):
-        raise ValueError(f"rmsnorm: x must be (T, H) and weight (H,), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    """`(x + delta, rmsnorm(x + delta))`; `weight` None: the add alone, `(x + delta, None)`."""
+    if x.dim() != 2 or (weight is not None and weight.shape != (x.shape[1],)):
+        raise ValueError(f"rmsnorm: x must be (T, H) and weight (H,), got {tuple(x.shape)} and "
+                         f"{None if weight is None else tuple(weight.shape)}")
     t, h = x.shape
     x = _rows(x)
-    out = _out(out, t, h, torch.promote_types(weight.dtype, x.dtype), x.device)
+    norm = weight is not None
+    out = _out(out, t, h, torch.promote_types(weight.dtype, x.dtype), x.device) if norm else x
+    weight = weight if norm else x
     nparts, s_part = 0, 0
     if isinstance(delta, SplitKParts):
         if delta.dtype != x.dtype or delta.parts.stride(-1) != 1:
@@ -166,15 +174,17 @@ def _norm_launch(x: torch.Tensor, delta, weight: torch.Tensor, eps: float, betwe
         total = torch.empty((t, h), dtype=torch.promote_types(x.dtype, delta.dtype), device=x.device)
     else:
         delta, total = x, x
+    if not norm and total is x:  # nothing to add
+        return x, None
     if t:
         block = _pow2(h)
         _rmsnorm_kernel[(t,)](
             x, delta, weight, total, out, h, x.stride(0), delta.stride(0), total.stride(0), out.stride(0), eps,
             s_part, x, 0, HAS_DELTA=total is not x, BLOCK=block, NPARTS=nparts, X_READY=between_gemvs,
-            TRIGGER_FIRST=between_gemvs and trigger_first(t),
+            TRIGGER_FIRST=between_gemvs and trigger_first(t), NORM=norm,
             num_warps=_norm_warps(block, total is not x), **pdl_options(x.device),
         )
-    return total, out
+    return total, out if norm else None
 
 
 def _norm_warps(block: int, adds: bool) -> int:
@@ -246,6 +256,13 @@ def add_rmsnorm(x: torch.Tensor, delta: "torch.Tensor | SplitKParts", weight: to
     before its wait: their first weight tiles stream while the GEMV ahead of this norm finishes.
     Same bits either way."""
     return _norm_launch(x, delta, weight, eps, between_gemvs)
+
+
+def add(x: torch.Tensor, delta: "torch.Tensor | SplitKParts") -> torch.Tensor:
+    """`x + delta` rounded as torch's add, one launch; `delta` may be a GEMV's unreduced `SplitKParts`
+    (summed in split order and rounded first, as the GEMV's reduce would): the residual add of a layer
+    with no norm after it (the EAGLE heads')."""
+    return _norm_launch(x, delta, None, 0.0)[0]
 
 
 # ---- SiLU and multiply ---------------------------------------------------------------------------

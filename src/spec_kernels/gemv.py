@@ -218,6 +218,13 @@ bytes), which the setup's timing weighs."""
 _OVER_SMEM_32 = frozenset({(64, 256, 4, True)})
 """`_TILES` that do not build for 17-32 rows on an H200: there the swapped 64x256 tile at 4 stages
 asks 240 KB of shared memory (227 KB per block), so the tuner would only compile it to drop it."""
+_TILES_SMALL_K = ((16, 128, 4, False), (32, 64, 4, False), (64, 64, 4, True))
+"""Tiles tried besides `_TILES` when K is under `SMALL_K`: narrow row tiles and short K tiles that,
+with the K splits `_candidates` adds there, give a 576- to 1728-wide projection 100-400 programs
+instead of 9-60."""
+SMALL_K = 2048
+"""K under which `_candidates` also tries `_TILES_SMALL_K` and the K splits `_SMALL_K_SPLITS`."""
+_SMALL_K_SPLITS = (2, 3, 4, 6)
 _MULRED_TILES = ((8, 512, 4), (16, 256, 4), (16, 512, 8), (8, 256, 4), (4, 1024, 4), (4, 2048, 4))
 """(block_n, block_k, num_warps) of the multiply-and-reduce configs tried for at most 2 rows (the
 first two for 3-4 rows): at one row they streamed the small 8B and 1B projections 10-50 % faster
@@ -229,10 +236,14 @@ and down projections at one row faster than any other tile in the real decode st
 
 def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvConfig]:
     """Tile shapes that stream `w` in 16-byte rows (`_TILES`, plus `_MULRED_TILES` for at most
-    `MULRED_MAX_M` rows and `_TILES_32` for more than 16), times K splits around the count that
-    fills the device (none, half, full, double): 25-45 configs on the 8B shapes on an H200
-    (6144 x 4096: 37, 29, 25, 31 at 1, 4, 16, 32 rows), 8-19 on the 135M ones (K 576 or 1536)."""
-    tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in _TILES + (_TILES_32 if m > 16 else ())
+    `MULRED_MAX_M` rows, `_TILES_32` for more than 16 and `_TILES_SMALL_K` for K under `SMALL_K`),
+    times K splits around the count that fills the device (none, half, full, double; for K under
+    `SMALL_K` also 2, 3, 4 and 6, which those rounded to powers of two skip: at K 576 they ask for
+    more splits than K has 128-wide tiles): 25-45 configs on the 8B shapes on an H200 (6144 x 4096:
+    37, 29, 25, 31 at 1, 4, 16, 32 rows)."""
+    small_k = k < SMALL_K
+    extra = (_TILES_32 if m > 16 else ()) + (_TILES_SMALL_K if small_k else ())
+    tiles = [(bn, bk, 4, stages, swap, False) for bn, bk, stages, swap in dict.fromkeys(_TILES + extra)
              if m <= 16 or (bn, bk, stages, swap) not in _OVER_SMEM_32]
     if m <= MULRED_MAX_M:
         mulred = _MULRED_TILES if m <= 2 else _MULRED_TILES[:2]
@@ -240,8 +251,8 @@ def _candidates(n: int, k: int, device: torch.device, m: int = 16) -> list[GemvC
     out = []
     for block_n, block_k, warps, stages, swap, mulred in tiles:
         fill = cdiv(2 * sm_count(device), cdiv(n, block_n))
-        for split in sorted({1, max(1, fill // 2), fill, 2 * fill}):
-            split = next_pow2(split)
+        pow2 = {next_pow2(s) for s in (1, max(1, fill // 2), fill, 2 * fill)}
+        for split in sorted(pow2 | (set(_SMALL_K_SPLITS) if small_k else set())):
             if split == 1 or k // split >= block_k:
                 out.append(GemvConfig(block_n, block_k, split, warps, stages, swap, mulred))
     return list(dict.fromkeys(out))

@@ -55,18 +55,19 @@ def _epilogue_key(lin: LinearSpec, rows: int) -> tuple:
     return (tuple(w.shape), w.dtype, rows, lin.epilogue, lin.heads, str(w.device))
 
 
-def _gemv_wins(lin: LinearSpec, rows: int, log: Optional[list], lead: Callable[[], Optional[_Lead]] = lambda: None
-               ) -> bool:
+def _gemv_wins(lin: LinearSpec, rows: int, log: Optional[list], lead: Callable[[], Optional[_Lead]] = lambda: None,
+               deferred: bool = False) -> bool:
     """Whether the Triton GEMV beats F.linear at `rows` rows (timed once per shape, process-wide).
     Registers the fastest GEMV configuration with
     `spec_kernels.gemv` every time (a process that clears `spec_kernels.gemv._TUNED` gets the decision's
-    configuration back)."""
+    configuration back). `deferred`: every call's partials go to an add that sums them (the "parts"
+    epilogue, `_time_gemv`)."""
     from spec_kernels import gemv as G
 
     w = lin.weight
     key = _decision_key(lin, rows)
     if key not in _GEMV_DECISIONS:
-        _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log, lead())
+        _GEMV_DECISIONS[key] = _time_gemv(lin, rows, log, lead(), deferred)
     decision = _GEMV_DECISIONS[key]
     if decision.config is not None:
         n, k = w.shape
@@ -74,7 +75,8 @@ def _gemv_wins(lin: LinearSpec, rows: int, log: Optional[list], lead: Callable[[
     return decision.wins()
 
 
-def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_Lead] = None) -> GemvDecision:
+def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_Lead] = None,
+               deferred: bool = False) -> GemvDecision:
     """Time F.linear against the Triton GEMV at `rows` rows (medians of CUDA-event timings, L2
     flushed by `do_bench`). The GEMV is timed at its heuristic configuration and at a short list of
     candidate launch configurations; the `_SHORTLIST` fastest are then re-timed in graph chains
@@ -96,7 +98,17 @@ def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_
     see what the predecessor does to a tile. On the H200, with the 8 one-launch fastest re-timed,
     one process's shortlist for the 1B down projection at 2 rows held no swapped tile with a K
     split, and the multiply-and-reduce tile it picked instead ran the draft graph at 2.83 against
-    2.71-2.76 ms (`explore-archive:bench/results/explore/chain_lead_ab.json`)."""
+    2.71-2.76 ms (`explore-archive:bench/results/explore/chain_lead_ab.json`).
+
+    K under `gemv.SMALL_K` (the 135M model's projections): every configuration is re-timed in chains
+    (one-launch times of a few µs are mostly the launch), and a `deferred` linear (the "parts"
+    epilogue: every call site adds its output through `add_rmsnorm` or `add`, which sum a K split's
+    partials) is timed as the GEMV without its reduce kernel followed by that add over its
+    partials, and cuBLAS followed by the same add (a reduce kernel those callers never run would
+    weigh against every split; without splits 9-60 programs stream each of these weights). On the
+    H200 this took EAGLE-3's SmolLM2 verify to 6 splits for o and down and 1.76x-1.78x -> 1.91x-1.97x
+    (bench/results/real_smollm2_splitk). K from `SMALL_K` up is timed as before (the shipped 8B
+    decisions were)."""
     import triton.testing
 
     from spec_kernels import gemv as G
@@ -110,24 +122,25 @@ def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_
     def bench(fn: Callable[[], Any]) -> float:
         return triton.testing.do_bench(fn, warmup=2, rep=6, return_mode="median")
 
+    gemv, cublas = _timed_paths(x, bias, out, deferred and k < G.SMALL_K)
     heuristic = G.heuristic_config(m, n, k, w.device)
     configs = [heuristic] + [c for c in G._candidates(n, k, w.device, m) if c != heuristic]
     timed: list[tuple[float, Any]] = []
     errors = []
     for cfg in configs:
         try:
-            timed.append((bench(lambda cfg=cfg: G._launch(x, w, bias, out, cfg)), cfg))
+            timed.append((bench(lambda cfg=cfg: gemv(w, cfg)), cfg))
         except Exception as err:  # noqa: BLE001 - a config the compiler rejects: skip it
             errors.append(str(err)[:120])
-    t_blas = bench(lambda: F.linear(x, w, bias))
+    t_blas = bench(lambda: cublas(w))
     if not timed:
         if log is not None:
             log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "error": errors[:1]})
         return GemvDecision(None, t_blas, None)
     ranked = sorted(timed, key=lambda tc: tc[0])
     t_gemv, best = ranked[0]
-    n_short = len(ranked) if lead is not None else _SHORTLIST
-    shortlist, chain_blas = _rerank_in_chains(x, w, bias, out, ranked[:n_short], lambda wc: F.linear(x, wc, bias), lead)
+    n_short = len(ranked) if lead is not None or k < G.SMALL_K else _SHORTLIST
+    shortlist, chain_blas = _rerank_in_chains(w, ranked[:n_short], gemv, cublas, lead)
     chain_gemv = None
     if shortlist:
         # The fastest in the chain; swapped tiles win near-ties (within _SWAP_PREFERENCE).
@@ -145,15 +158,35 @@ def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_
     if log is not None:
         log.append({"shape": list(w.shape), "rows": rows, "cublas_ms": t_blas, "gemv_ms": t_gemv,
                     "gemv_heuristic_ms": t_heur, "config": dataclasses.asdict(best), "configs_timed": len(timed),
-                    "gemv": wins, "margin": margin, "lead": lead is not None,
+                    "gemv": wins, "margin": margin, "lead": lead is not None, "deferred": deferred,
                     "shortlist": [[dataclasses.asdict(c), t, 1e3 * ch] for t, c, ch in shortlist],
                     "chain_us": None if chain_blas is None else {"gemv": 1e3 * chain_gemv, "cublas": 1e3 * chain_blas}})
     return decision
 
 
+def _timed_paths(x: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor, deferred: bool
+                 ) -> tuple[Callable[[torch.Tensor, Any], Any], Callable[[torch.Tensor], Any]]:
+    """`(gemv(w, cfg), cublas(w))`: one call of each as the runtime makes it. `deferred`: the GEMV's
+    partials (or its output, without a K split) and cuBLAS's output each go into the add + RMSNorm
+    that consumes them in a layer (`elementwise.add_rmsnorm`); else the GEMV with its reduce."""
+    from spec_kernels import elementwise as ew
+    from spec_kernels import gemv as G
+
+    if not deferred:
+        return (lambda wc, cfg: G._launch(x, wc, bias, out, cfg)), (lambda wc: F.linear(x, wc, bias))
+    residual = torch.randn_like(out)
+    norm_w = torch.ones(out.shape[1], dtype=out.dtype, device=out.device)
+
+    def gemv(wc: torch.Tensor, cfg: Any) -> Any:
+        parts = G._launch(x, wc, bias, out, cfg, reduce=False)
+        return ew.add_rmsnorm(residual, out if parts is None else G.SplitKParts(parts, out.dtype), norm_w, 1e-5)
+
+    return gemv, (lambda wc: ew.add_rmsnorm(residual, F.linear(x, wc, bias), norm_w, 1e-5))
+
+
 _SHORTLIST = 4
 """Configurations of the one-launch timing's fastest that `_time_gemv` re-times in graph chains
-(every configuration behind a lead). On the H200 the 8B verify graph ran 4.32-4.34 ms in every
+(every configuration behind a lead or at K under `gemv.SMALL_K`). On the H200 the 8B verify graph ran 4.32-4.34 ms in every
 re-ranked process, where one-launch choices gave 4.28-5.15 (`explore-archive:bench/results/explore/rerank_ab.json`,
 `mulred_ab.json`)."""
 _SWAP_PREFERENCE = 0.02
@@ -161,8 +194,8 @@ _SWAP_PREFERENCE = 0.02
 was the slow one of a near-tie twice: the 1B down projection at 2 rows, 64x128 with 4 splits,
 draft graph 3.13 ms against 2.87-2.90 swapped, where the chain timed the two 12.59 and 12.64 µs;
 and the 8B down projection at 8 rows (above). `explore-archive:bench/results/explore/rerank_ab.json`."""
-def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
-                      fastest: list[tuple[float, Any]], rival: Callable[[torch.Tensor], Any],
+def _rerank_in_chains(w: torch.Tensor, fastest: list[tuple[float, Any]], gemv: Callable[[torch.Tensor, Any], Any],
+                      rival: Callable[[torch.Tensor], Any],
                       lead: Optional[_Lead] = None) -> tuple[list[tuple[float, Any, float]], Optional[float]]:
     """`(one-launch ms, config, chain ms)` of each of the `fastest` configurations, timed as the
     epilogue decisions are (`_Chain.ms`: a captured chain over rotating weight copies, a small
@@ -175,13 +208,11 @@ def _rerank_in_chains(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
     without a K split for the 8B down projection at 8 rows, and its verify graph ran 5.15 ms
     against 4.28-4.43 in processes that picked the swapped 64x128 tile with two splits
     (`explore-archive:bench/results/explore/mulred_ab.json`)."""
-    from spec_kernels import gemv as G
-
     if len(fastest) < 2 or not w.is_cuda:
         return [], None
     chain = _Chain.around(w, lead)
     try:
-        shortlist = [(t, cfg, chain.ms(lambda wc, cfg=cfg: G._launch(x, wc, bias, out, cfg))) for t, cfg in fastest]
+        shortlist = [(t, cfg, chain.ms(lambda wc, cfg=cfg: gemv(wc, cfg))) for t, cfg in fastest]
     except Exception:  # noqa: BLE001 - a capture that fails: keep the one-launch choice
         return [], None
     try:

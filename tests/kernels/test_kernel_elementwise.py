@@ -74,6 +74,30 @@ def test_add_rmsnorm_between_gemvs_same_bits(rows):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_is_the_add_of_add_rmsnorm(dtype):
+    """`add` (an EAGLE head's residual add, no norm after it) gives bit for bit `add_rmsnorm`'s sum, for
+    a whole delta and for split-K partials (summed in split order and rounded, as the GEMV's reduce),
+    and torch's `x + delta`; an empty batch and a delta of another shape are handled."""
+    from spec_kernels.gemv import SplitKParts
+
+    hidden = 4096 if ON_GPU else 48
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, hidden, generator=gen).to(dtype).to(DEVICE)
+    w = torch.ones(hidden, dtype=dtype, device=DEVICE)
+    parts = torch.randn(4, 3, hidden, generator=gen).to(DEVICE)
+    whole = SplitKParts(parts, dtype).sum()
+    for delta in (whole, SplitKParts(parts, dtype)):
+        got = ew.add(x, delta)
+        assert torch.equal(got, ew.add_rmsnorm(x, delta, w, 1e-5)[0])
+        if ON_GPU or dtype == torch.float32:  # the interpreter truncates to bfloat16 where the GPU rounds
+            assert torch.equal(got, x + whole)
+        torch.testing.assert_close(got, x + whole, rtol=2e-2, atol=2e-2)
+    assert ew.add(x[:0], whole[:0]).shape == (0, hidden)
+    with pytest.raises(ValueError, match="delta has shape"):
+        ew.add(x, whole[:2])
+
+
 def test_fast_forward_marks_only_the_layer_norms_between_gemvs(tmp_path, monkeypatch):
     """`LlamaForCausal.forward` with the fast ops makes the promise of `add_rmsnorm(between_gemvs=True)` for the norms
     after the down projection (before QKV) and after the o projection (before gate/up) only: not

@@ -57,7 +57,7 @@ def test_old_tuning_file_gets_the_32_row_bucket_timed(tmp_path, monkeypatch) -> 
     T._GEMV_DECISIONS.clear()
     timed = []
 
-    def fake_time(lin, rows, log, lead=None):
+    def fake_time(lin, rows, log, lead=None, deferred=False):
         timed.append(rows)
         return T.GemvDecision(0.03, 0.04, G.GemvConfig(32, 128, 1, swap=True))
 

@@ -41,7 +41,7 @@ def test_shipped_h200_decisions_cover_the_benchmark_setup(real_dir: Path, monkey
 
     asked, missing = set(), []
 
-    def time_gemv(lin, rows, log, lead=None):
+    def time_gemv(lin, rows, log, lead=None, deferred=False):
         missing.append(("gemv", tuple(lin.weight.shape), rows))
         return T.GemvDecision(None, 1.0, None)
 
@@ -57,9 +57,9 @@ def test_shipped_h200_decisions_cover_the_benchmark_setup(real_dir: Path, monkey
 
     real_gemv_wins = T._gemv_wins
 
-    def gemv_wins(lin, rows, log, lead=lambda: None):
+    def gemv_wins(lin, rows, log, lead=lambda: None, deferred=False):
         asked.add((tuple(lin.weight.shape), rows))
-        return real_gemv_wins(lin, rows, log, lead)
+        return real_gemv_wins(lin, rows, log, lead, deferred)
 
     monkeypatch.setattr(T, "_time_gemv", time_gemv)
     monkeypatch.setattr(T, "_epilogue_timing", epilogue_timing)

@@ -178,7 +178,7 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     alone = {1: False, 2: True, 4: False, 8: True}
     paths = {1: T.EpilogueTiming(1.0, 0.9, 0.95), 2: T.EpilogueTiming(1.0, 1.1, 0.9),
              4: T.EpilogueTiming(1.0, 1.1, None), 8: None}
-    monkeypatch.setattr(T, "_gemv_wins", lambda lin, rows, log, lead: alone[rows])
+    monkeypatch.setattr(T, "_gemv_wins", lambda lin, rows, log, lead, deferred=False: alone[rows])
     monkeypatch.setattr(T, "_epilogue_timing", lambda lin, rows, log, lead: paths.get(rows))
     be = M.FastBackend(M.FastOptions(elementwise="triton", gemv_rows=(1, 2, 4, 8)), torch.device("cpu"))
     be.linear, be.epilogues, be.epilogues_timed = "auto", frozenset({"silu"}), True
@@ -207,6 +207,46 @@ def test_linear_choice_times_whole_paths(monkeypatch) -> None:
     lin(torch.zeros(1, 6))
     forced(torch.zeros(1, 5))
     assert seen == [True, False]
+
+
+def test_parts_linears_timed_with_their_add(monkeypatch) -> None:
+    """A "parts" linear (o and down projections: every call site adds its partials through
+    `add_rmsnorm` or `add`) is timed deferred, without the GEMV's reduce; other linears, or "parts"
+    with that epilogue off, with it."""
+    from spec_kernels import tuning as T
+    from spec_runtime.gpu import models as M
+
+    seen = {}
+    monkeypatch.setattr(T, "_gemv_wins", lambda lin, rows, log, lead, deferred=False: seen.setdefault(
+        (lin.epilogue, rows, deferred), True))
+    monkeypatch.setattr(T, "_epilogue_timing", lambda lin, rows, log, lead: None)
+    be = M.FastBackend(M.FastOptions(elementwise="triton", gemv_rows=(1, 8)), torch.device("cpu"))
+    be.linear, be.epilogues_timed = "auto", True
+    for epilogues, deferred in ((frozenset({"parts", "silu"}), True), (frozenset({"silu"}), False)):
+        seen.clear()
+        be.epilogues = epilogues
+        be.choose_linears([M.Linear(torch.zeros(4, 2), epilogue="parts"), M.Linear(torch.zeros(4, 3), epilogue="silu"),
+                           M.Linear(torch.zeros(4, 5))])
+        assert set(seen) == {("parts", r, deferred) for r in (1, 8)} | {(e, r, False) for e in ("silu", "") for r in (1, 8)}
+
+
+def test_gemv_candidates_split_small_k() -> None:
+    """Under `SMALL_K` the tuner's candidates add K splits of 2, 3, 4 and 6 and narrow tiles (the 135M
+    projections: 9-60 programs per weight without them); from `SMALL_K` up they are the powers of two
+    around the device's fill as before, no other split."""
+    from spec_kernels import gemv as G
+
+    dev = torch.device("cpu")
+    small = G._candidates(576, 1536, dev, 8)
+    assert {c.split_k for c in small} >= {1, 2, 3, 4, 6}
+    assert any((c.block_n, c.block_k) == (16, 128) for c in small)
+    assert all((1536 // c.split_k) >= c.block_k for c in small)
+    for n, k in ((6144, 4096), (576, 4096), (2048, 2048)):
+        for m in (1, 8, 32):
+            big = G._candidates(n, k, dev, m)
+            assert all(c.split_k & (c.split_k - 1) == 0 for c in big)
+            assert not any((c.block_n, c.block_k, c.swap) in ((16, 128, False), (32, 64, False), (64, 64, True))
+                           for c in big)
 
 
 def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
@@ -242,7 +282,7 @@ def test_down_projection_timed_behind_its_gate_up(monkeypatch) -> None:
     assert be._lead(mlp.gate_up, 1) is None
     # the decisions receive the lead (built lazily, only where they time something)
     seen = {}
-    monkeypatch.setattr(T, "_gemv_wins", lambda lin, rows, log, lead: seen.setdefault((id(lin), rows), lead()) or True)
+    monkeypatch.setattr(T, "_gemv_wins", lambda lin, rows, log, lead, deferred=False: seen.setdefault((id(lin), rows), lead()) or True)
     monkeypatch.setattr(T, "_epilogue_timing", lambda lin, rows, log, lead: None)
     real_decide(mlp.down, 2, None)
     assert seen[(id(mlp.down), 2)].path(None) == "separate"
@@ -327,7 +367,7 @@ def test_tuning_cache_keeps_decisions_between_processes(tmp_path, monkeypatch) -
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     timed = []
 
-    def fake_time(lin, rows, log, lead=None):
+    def fake_time(lin, rows, log, lead=None, deferred=False):
         timed.append((tuple(lin.weight.shape), rows))
         return T.GemvDecision(0.03, 0.04 if rows < 8 else 0.02, G.GemvConfig(32, 128, 1))
 

@@ -200,7 +200,8 @@ class FastBackend:
         def lead() -> Optional[T._Lead]:  # built only where something is timed
             return self._lead(lin, rows, forced)
 
-        gemv = forced or T._gemv_wins(lin, rows, log, lead)
+        deferred = lin.epilogue == "parts" and self._epilogue_on(lin)
+        gemv = forced or T._gemv_wins(lin, rows, log, lead, deferred)
         if not self._epilogue_on(lin):
             return gemv, False
         if not self.epilogues_timed:

@@ -273,6 +273,12 @@ class FastOps(TorchOps):
             return self._ew.add_rmsnorm(x, delta, norm.weight, norm.eps, between_gemvs=between_gemvs)
         return super().add_norm(x, delta, norm)
 
+    def add(self, x: torch.Tensor, delta: Any) -> torch.Tensor:
+        """With the Triton kernels one launch that also sums a deferred GEMV's partials (`elementwise.add`)."""
+        if self._ew is not None and (not isinstance(delta, torch.Tensor) or delta.dtype == x.dtype):
+            return self._ew.add(x, delta)
+        return super().add(x, delta)
+
     def linear(self, module: nn.Linear, x: torch.Tensor, defer: bool = False) -> Any:
         lin = self._lin[module]
         return lin.parts(x) if defer else lin(x)

@@ -133,7 +133,7 @@ class Eagle1Head(EagleHeadBase):
         rope = ops.rope(self.rotary, positions, h.dtype)
         # no input norm: the layer reads h itself
         x, delta = self.layers[0](h, h, rope, attn, cache, 0, self.attention_fn, ops)
-        return x + delta
+        return ops.add(x, delta)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

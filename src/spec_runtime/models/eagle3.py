@@ -96,7 +96,7 @@ class Eagle3Midlayer(nn.Module):
         `(T, H)` hidden (the residual) -> `(T, H)` pre-norm output."""
         a = self.self_attn(x, rope, attn, cache, 0, attention_fn, ops, defer=True)
         h, normed = ops.add_norm(h, a, self.post_attention_layernorm)
-        return h + self.mlp(normed, ops)
+        return ops.add(h, self.mlp(normed, ops, defer=True))
 
 
 class Eagle3Head(EagleHeadBase):

@@ -262,12 +262,13 @@ class DecoderLayer(nn.Module):
         """`(x, delta)` for the residual stream `x` `(T, H)` entering the layer and its input norm
         `normed`: the layer's output is `x + delta`, left to the caller's add (with the next norm).
 
-        `chained`: the layer sits in a stack whose residual stream comes out of `ops.add_norm`
-        and whose delta goes into the next one (`LlamaForCausal.forward`): the post-attention
-        norm makes the `between_gemvs` promise and the MLP's output may stay deferred."""
+        `delta` may be the down projection's unreduced partials (`ops.linear(defer=True)`): the
+        caller adds it through `ops.add_norm` or `ops.add`. `chained`: the layer sits in a stack
+        whose residual stream comes out of `ops.add_norm` and whose delta goes into the next one
+        (`LlamaForCausal.forward`): the post-attention norm makes the `between_gemvs` promise."""
         a = self.self_attn(normed, rope, attn, cache, layer, attention_fn, ops, defer=True)
         x, normed = ops.add_norm(x, a, self.post_attention_layernorm, between_gemvs=chained)
-        return x, self.mlp(normed, ops, defer=chained)
+        return x, self.mlp(normed, ops, defer=True)
 
 
 class _Body(nn.Module):

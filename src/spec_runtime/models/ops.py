@@ -14,11 +14,12 @@ Steps and what they return:
 - `embed_norm_cat(ids, table, norm_e, h, norm_h, dtype)`: `cat([norm_e(table[ids]), norm_h(h)], -1)`
   (EAGLE-3's layer input; the embedded rows in `dtype`);
 - `norm(x, norm)`, `add_norm(x, delta, norm, between_gemvs)`: RMSNorm, or `(x + delta, norm(x + delta))`;
+- `add(x, delta)`: `x + delta` (a residual add with no norm after it);
 - `qkv_rope_store(attn_module, x, rope, attn, cache, layer)`: rotated q `(T, Hq, D)`, k/v stored
   (`qkv` then `rope_store`, unless the fast ops run RoPE and the store in the QKV GEMV's epilogue);
 - `attention(attn_module, q, cache, layer, attn, attention_fn)`: `(T, Hq, D)`;
 - `linear(module, x, defer)`: `module(x)`; `defer` lets the fast ops hand back a GEMV's unreduced
-  split-K partials, which only `add_norm` accepts as its delta;
+  split-K partials, which only `add_norm` and `add` accept as their delta;
 - `gate_up_silu(mlp, x)`: `silu(gate(x)) * up(x)`;
 - `lm_head(model, h)`, `argmax(logits)`: `F.linear(h, model.lm_head_weight)`, the last-axis argmax.
 """
@@ -83,6 +84,10 @@ class TorchOps:
         if delta is not None:
             x = x + (delta if isinstance(delta, torch.Tensor) else delta.sum())
         return x, self.norm(x, norm)
+
+    def add(self, x: torch.Tensor, delta: Any) -> torch.Tensor:
+        """`x + delta`, where `delta` may be a deferred `linear`'s unreduced partials (summed first)."""
+        return x + (delta if isinstance(delta, torch.Tensor) else delta.sum())
 
     def linear(self, module: nn.Linear, x: torch.Tensor, defer: bool = False) -> torch.Tensor:
         """`module(x)`."""
