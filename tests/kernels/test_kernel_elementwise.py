@@ -1,5 +1,6 @@
 """`spec_kernels.elementwise.embed_rmsnorm` (a forward's embedding gather and first RMSNorm in one kernel)
-against the torch reference and the plain RMSNorm kernel. The other elementwise kernels are checked
+against the torch reference and the plain RMSNorm kernel, `add` against `add_rmsnorm`, and where the fast
+forwards call them (the norms' `between_gemvs` promise, the o and down projections' deferred partials). The other elementwise kernels are checked
 under the interpreter in `tests/runtime/test_static_executor.py` and on the GPU through the engine."""
 
 import pytest
@@ -184,3 +185,57 @@ def test_eagle3_input_in_two_launches_same_bits(tmp_path, dtype):
         ref = head.forward(ids, h, torch.arange(4, device=DEVICE), attn, cache, from_target=False)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+
+
+def test_every_o_and_down_projection_is_deferred(tmp_path, monkeypatch):
+    """The setup times an o or down projection without its reduce kernel (`tuning._time_gemv`,
+    `deferred`) because every call site adds its output through `add_rmsnorm` or `add`, which sum a
+    K split's partials. Held here for the target and both EAGLE heads with the fast ops: each such
+    linear is called with `defer=True`, each head's residual add after its MLP is `elementwise.add`,
+    and the outputs are the reference forwards'."""
+    from spec_runtime.attention import AttnBatch
+    from spec_runtime.gpu.models import FastBackend, FastModel, FastOps, FastOptions
+    from spec_runtime.kv_cache import KVCache
+    from spec_runtime.models.loading import load_eagle1, load_eagle3, load_target
+    from spec_runtime.tiny import build_tiny_eagle1, build_tiny_eagle3, build_tiny_target
+
+    target_dir = build_tiny_target(tmp_path / "t", num_layers=2, seed=5)
+    target = load_target(target_dir, device=DEVICE)
+    heads = [load_eagle1(build_tiny_eagle1(tmp_path / "e1", target_dir), target, device=DEVICE),
+             load_eagle3(build_tiny_eagle3(tmp_path / "e3", target_dir), target, device=DEVICE)]
+    be = FastBackend(FastOptions(elementwise="triton", attention="reference" if not ON_GPU else "triton",
+                                 linear="torch"), DEVICE)
+    calls, adds = [], []
+    real_linear, real_add = FastOps.linear, ew.add
+
+    def linear(self, module, x, defer=False):
+        calls.append((module, defer))
+        return real_linear(self, module, x, defer)
+
+    monkeypatch.setattr(FastOps, "linear", linear)
+    monkeypatch.setattr(ew, "add", lambda x, delta: adds.append(x.shape) or real_add(x, delta))
+    ids, positions = torch.tensor([5, 17, 99], device=DEVICE), torch.arange(3, device=DEVICE)
+
+    def batch(model):
+        cache = KVCache(getattr(model, "num_layers", 1), model.num_kv_heads, model.head_dim, 16, 1, 16, model.dtype,
+                        DEVICE)
+        return cache, AttnBatch.extend(torch.tensor([0], device=DEVICE), torch.tensor([0], device=DEVICE),
+                                       torch.tensor([3], device=DEVICE), cache.alloc_slots(3))
+
+    def projections(model):
+        return {m for name, m in model.named_modules() if name.endswith(("o_proj", "down_proj"))}
+
+    with torch.inference_mode():
+        cache, attn = batch(target)
+        got, _ = FastModel(target, FastOps(be, target, 64)).forward(ids, positions, attn, cache)
+        torch.testing.assert_close(got, target.forward(ids, positions, attn, batch(target)[0])[0], rtol=1e-4, atol=1e-4)
+        assert {m for m, d in calls if d} == projections(target) and not any(
+            m in projections(target) for m, d in calls if not d)
+        for head in heads:
+            calls.clear(), adds.clear()
+            h = torch.randn(3, head.hidden_size, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+            cache, attn = batch(head)
+            got = FastModel(head, FastOps(be, head, 64)).forward(ids, h, positions, attn, cache, from_target=False)
+            want = head.forward(ids, h, positions, attn, batch(head)[0], from_target=False)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert {m for m, d in calls if d} == projections(head) and adds == [(3, head.hidden_size)]
