@@ -122,7 +122,8 @@ def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_
     def bench(fn: Callable[[], Any]) -> float:
         return triton.testing.do_bench(fn, warmup=2, rep=6, return_mode="median")
 
-    gemv, cublas = _timed_paths(x, bias, out, deferred and k < G.SMALL_K)
+    small_k = k < G.SMALL_K  # deferred timing and every configuration re-timed in chains
+    gemv, cublas = _timed_paths(x, bias, out, deferred and small_k)
     heuristic = G.heuristic_config(m, n, k, w.device)
     configs = [heuristic] + [c for c in G._candidates(n, k, w.device, m) if c != heuristic]
     timed: list[tuple[float, Any]] = []
@@ -139,7 +140,7 @@ def _time_gemv(lin: LinearSpec, rows: int, log: Optional[list], lead: Optional[_
         return GemvDecision(None, t_blas, None)
     ranked = sorted(timed, key=lambda tc: tc[0])
     t_gemv, best = ranked[0]
-    n_short = len(ranked) if lead is not None or k < G.SMALL_K else _SHORTLIST
+    n_short = len(ranked) if lead is not None or small_k else _SHORTLIST
     shortlist, chain_blas = _rerank_in_chains(w, ranked[:n_short], gemv, cublas, lead)
     chain_gemv = None
     if shortlist:

@@ -54,6 +54,11 @@ class Rope(NamedTuple):
     table: Any = None
 
 
+def _dense(delta: Any) -> torch.Tensor:
+    """An added delta as a tensor: a deferred `linear`'s unreduced partials summed (`SplitKParts.sum`)."""
+    return delta if isinstance(delta, torch.Tensor) else delta.sum()
+
+
 class TorchOps:
     """The reference implementation of every step: the model's own torch modules and functions."""
 
@@ -82,12 +87,12 @@ class TorchOps:
         """`(x + delta, norm(x + delta))`; delta None: no add. `between_gemvs` is the caller's
         promise for the fast ops' kernel (`spec_kernels.elementwise.add_rmsnorm`); no meaning here."""
         if delta is not None:
-            x = x + (delta if isinstance(delta, torch.Tensor) else delta.sum())
+            x = x + _dense(delta)
         return x, self.norm(x, norm)
 
     def add(self, x: torch.Tensor, delta: Any) -> torch.Tensor:
         """`x + delta`, where `delta` may be a deferred `linear`'s unreduced partials (summed first)."""
-        return x + (delta if isinstance(delta, torch.Tensor) else delta.sum())
+        return x + _dense(delta)
 
     def linear(self, module: nn.Linear, x: torch.Tensor, defer: bool = False) -> torch.Tensor:
         """`module(x)`."""
