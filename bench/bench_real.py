@@ -158,8 +158,10 @@ class SpecRun:
                             executor=resolve_executor("auto", device), fast=fast)
         self.engine, self.prompts, self.steps, self.device = SpecEngine(rt), prompts, steps, device
         self.step_seconds: list[list[float]] = []  # each timed run's engine.step() durations (host clock)
+        self.step_finishes: list[list[bool]] = []  # each timed run's steps: whether a request finished in it
         self.timed()  # the warm-up run: captures, compiles, tuning
         self.step_seconds.clear()
+        self.step_finishes.clear()
 
     def _admit(self) -> None:
         for p in self.prompts:
@@ -173,13 +175,15 @@ class SpecRun:
         self._admit()
         sync(self.device)
         start = time.perf_counter()
-        ends = [start]
+        ends, finishes = [start], []
         while self.engine.has_work:
-            self.engine.step()
+            events = self.engine.step()
             ends.append(time.perf_counter())
+            finishes.append(any(e.finished for e in events))
         sync(self.device)
         seconds = time.perf_counter() - start
         self.step_seconds.append([b - a for a, b in zip(ends, ends[1:])])
+        self.step_finishes.append(finishes)
         reqs = sorted(self.engine.requests.values(), key=lambda r: r.rid)
         self.engine.requests.clear()
         lengths = [a for r in reqs for a in r.accept_lengths]
@@ -197,17 +201,26 @@ class SpecRun:
         return prof
 
 
-def step_times(runs: list[list[float]], iterations: int) -> dict[str, float]:
+def step_times(runs: list[list[float]], iterations: int,
+               finishes: Optional[list[list[bool]]] = None) -> dict[str, float]:
     """What the timed runs' engine steps took (host clock; in steady state the host waits for each
     verify, so a step lasts as long as the device's iteration): the median step, and the time per
     iteration that steps slower than 1.5x the median added over it (requests finishing or joining:
-    the host path, new buckets), medians over the runs."""
-    medians, slow = [], []
-    for steps in runs:
+    the host path, new buckets), medians over the runs. With `finishes` (per run, per step: whether a
+    request finished in it), also what the steps in which requests finished added over the median
+    (whatever their length) and what the first step added, per iteration."""
+    medians, slow, finish, first = [], [], [], []
+    for r, steps in enumerate(runs):
         mid = statistics.median(steps)
         medians.append(1e3 * mid)
         slow.append(1e3 * sum(t - mid for t in steps if t > 1.5 * mid) / iterations)
-    return {"step_median_ms": statistics.median(medians), "slow_steps_ms": statistics.median(slow)}
+        first.append(1e3 * (steps[0] - mid) / iterations)
+        if finishes is not None:
+            finish.append(1e3 * sum(t - mid for t, done in zip(steps, finishes[r]) if done) / iterations)
+    out = {"step_median_ms": statistics.median(medians), "slow_steps_ms": statistics.median(slow)}
+    if finishes is not None:
+        out.update(first_step_ms=statistics.median(first), finish_steps_ms=statistics.median(finish))
+    return out
 
 
 PROFILE_WARM = 3
@@ -324,7 +337,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 prof = runs[s].profile(args.profile_iters,
                                        trace_path(args, f"{s.algorithm}_{s.num_steps}_{s.topk}_{s.num_draft_tokens}_bs{bs}"))
                 prof.update(wall_ms=1e3 * statistics.median(x[1] for x in each) / iterations, iterations=iterations,
-                            **step_times(runs[s].step_seconds, iterations))
+                            **step_times(runs[s].step_seconds, iterations, runs[s].step_finishes))
             d = dirs[s.algorithm]
             rows.append({"config": f"{s.algorithm} {s.num_steps}/{s.topk}/{s.num_draft_tokens}", "bs": bs,
                          "tok_s": statistics.median(tok_each), "accept_len": accept,
