@@ -207,19 +207,25 @@ def step_times(runs: list[list[float]], iterations: int,
     verify, so a step lasts as long as the device's iteration): the median step, and the time per
     iteration that steps slower than 1.5x the median added over it (requests finishing or joining:
     the host path, new buckets), medians over the runs. With `finishes` (per run, per step: whether a
-    request finished in it), also what the steps in which requests finished added over the median
-    (whatever their length) and what the first step added, per iteration."""
-    medians, slow, finish, first = [], [], [], []
+    request finished in it), also per iteration: what the first step added over the median, what the
+    steps in which requests finished added (whatever their length), and what the step after each of
+    them added (negative when it ran shorter: a finishing step's host work after its launch overlaps
+    the device's, and the next step waits that much less). The last two summed are what finishing cost."""
+    medians, slow, finish, after, first = [], [], [], [], []
     for r, steps in enumerate(runs):
         mid = statistics.median(steps)
         medians.append(1e3 * mid)
         slow.append(1e3 * sum(t - mid for t in steps if t > 1.5 * mid) / iterations)
         first.append(1e3 * (steps[0] - mid) / iterations)
         if finishes is not None:
-            finish.append(1e3 * sum(t - mid for t, done in zip(steps, finishes[r]) if done) / iterations)
+            done = finishes[r]
+            finish.append(1e3 * sum(t - mid for t, d in zip(steps, done) if d) / iterations)
+            nxt = [steps[i + 1] for i in range(len(steps) - 1) if done[i] and not done[i + 1]]
+            after.append(1e3 * sum(t - mid for t in nxt) / iterations)
     out = {"step_median_ms": statistics.median(medians), "slow_steps_ms": statistics.median(slow)}
     if finishes is not None:
-        out.update(first_step_ms=statistics.median(first), finish_steps_ms=statistics.median(finish))
+        out.update(first_step_ms=statistics.median(first), finish_steps_ms=statistics.median(finish),
+                   after_finish_ms=statistics.median(after))
     return out
 
 

@@ -135,7 +135,8 @@ def profile_iterations(step: Callable[[], None], iterations: int, trace: Optiona
 
 PROFILE_COLUMNS = ("kernels", "memcpys", "eager_launches", "host_copies", "graph_replays", "host_syncs",
                    "ahead_before_read", "ahead_after_read", "gpu_busy_ms", "idle_host_ms", "idle_queued_ms",
-                   "step_median_ms", "slow_steps_ms", "first_step_ms", "finish_steps_ms", "wall_ms")
+                   "step_median_ms", "slow_steps_ms", "first_step_ms", "finish_steps_ms",
+                   "after_finish_ms", "wall_ms")
 
 
 def merge(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -161,9 +161,10 @@ def test_bench_step_times_split_slow_steps() -> None:
     got = bench_real.step_times(runs, iterations=5)
     assert got == pytest.approx({"step_median_ms": 1.0, "slow_steps_ms": 0.5}), got
     # the steps in which requests finished: their excess over the median whatever their length (the 1.4x
-    # step counts, the 2x step does not finish anything), and the first step's, per iteration
-    runs = [[0.003, 0.001, 0.001, 0.0014, 0.001, 0.001, 0.002], [0.002, 0.001, 0.001, 0.001, 0.0015, 0.001, 0.001]]
+    # step counts, the 2x step does not finish anything); the step after each run of them (shorter: -0.3 and
+    # -0.2, never a finishing step itself), and the first step's, per iteration
+    runs = [[0.003, 0.001, 0.001, 0.0014, 0.001, 0.0007, 0.002], [0.002, 0.001, 0.001, 0.001, 0.0015, 0.001, 0.0008]]
     finishes = [[False, False, False, True, True, False, False], [False, False, False, False, True, True, False]]
     got = bench_real.step_times(runs, iterations=5, finishes=finishes)
     assert got == pytest.approx({"step_median_ms": 1.0, "slow_steps_ms": 0.4, "first_step_ms": 0.3,
-                                 "finish_steps_ms": 0.09}), got
+                                 "finish_steps_ms": 0.09, "after_finish_ms": -0.05}), got
