@@ -83,14 +83,17 @@ class Executor(Protocol):
     def read_verify(self, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor, host_rows: Optional[HostRows],
                     greedy: bool, sim: bool, budget: Sequence[int], room: Optional[Sequence[int]],
                     read: Callable[[Optional[HostRows]], StopRead],
-                    build: Callable[..., VerifyOutput], shrink: bool = False) -> tuple[StopRead, Optional[VerifyOutput]]:
+                    build: Callable[..., VerifyOutput], shrink: bool = False,
+                    stop_tokens: bool = True) -> tuple[StopRead, Optional[VerifyOutput]]:
         """Read the verify `out` once on the host (`read`: the stops, the one sync) and return what it
         read, with the VerifyOutput `build(ext_slots, counts, rows)` gave when the rest of the iteration
         was launched ahead (None: the phase builds its output the host way); `rows`: the output's
         tensors as the launched graphs built them (`spec_kernels.verify_output.AheadOutput`), or None
         (the phase builds them from device counts). `shrink`: when some requests finish, the rest of the
         iteration may still be launched for the others (`build(..., shrunk)` then gives the whole
-        batch's output, `executors.ahead_shrink`)."""
+        batch's output, `executors.ahead_shrink`). `stop_tokens`: some request of the batch stops on a
+        token (EOS or a stop id; only then can the read refuse a launch queued before it for any
+        reason but a budget or the context)."""
         ...
 
     def take_draft(self, inp: DraftInput) -> Optional[DraftCoreOut]:

@@ -136,9 +136,11 @@ class FastOptions:
             wins. Default on; `SPEC_TUNING_CACHE=0` turns the default off.
         launch_ahead: greedy verifies: when every request of a verify goes on, queue the rest of the
             iteration and the next verify before the host bookkeeping (`executors.ahead`).
-        launch_before_read: for batches of at most this many requests, queue that launch before the
-            host reads the verify, whenever no budget or context can stop a request this iteration
-            (a stop token then costs the batch one discarded iteration); 0: after the read only.
+        launch_before_read: for batches of at most this many requests, and for batches of any size in
+            which no request stops on a token (`ignore_eos` and no stop ids: nothing can refuse the
+            launch), queue that launch before the host reads the verify, whenever no budget or
+            context can stop a request this iteration (a stop token then costs the batch one
+            discarded iteration); 0: after the read only.
     """
 
     fuse: Optional[bool] = None

@@ -70,7 +70,7 @@ def verify(rt: RuntimeState, inp: VerifyInput, sampling: BatchSampling, stops: S
         read=lambda rows: _stops_host(out.accept_tokens, out.num_correct, stops, host_rows=rows),
         build=lambda ext_slots, counts, built, shrunk=None: _ahead_output(rt, inp, out, slots, ext_slots, counts,
                                                                          built, shrunk),
-        shrink=stops.shrink)
+        shrink=stops.shrink, stop_tokens=any(stops.stop_ids))
     if ahead is not None:
         return _emitted(rt, ahead, rows_h, counts_h, finished_h)
     if all(finished_h):  # nothing to commit or extend: the trees' slots go back, the output from the read

@@ -1,8 +1,9 @@
 """The host side of launch-ahead at a batch of four, in steady state (CPU, executor "static"):
 
 - every iteration launches the rest of the next one ahead, after verify's read when the batch is
-  larger than `FastOptions.launch_before_read` (default 1), before it when the option covers the
-  batch (`ahead_stats` "after_read" / "before_read", one per iteration either way);
+  larger than `FastOptions.launch_before_read` (default 1) and a request stops on a token, before it
+  when the option covers the batch or no request stops on a token (`ignore_eos`, no stop ids: nothing
+  can refuse the launch) (`ahead_stats` "after_read" / "before_read", one per iteration either way);
 - between the read and the first replay of that launch (the device idles there on a GPU) the host
   runs only the launch decision and the launch itself: the checks and bookkeeping that do not depend
   on the read ran before it (`LaunchAhead.prepare_ahead`);
@@ -72,10 +73,12 @@ def _between_read_and_replay(monkeypatch) -> list[Counter]:
 
 @pytest.mark.parametrize("algorithm", sorted(DRAFTS))
 def test_launch_after_read_runs_nothing_but_the_launch(request, load_pair, monkeypatch, algorithm: str) -> None:
-    """bs=4, default options: each steady iteration launches after the read, and between the read and
-    the launch's first replay the host calls only `ALLOWED`. Tokens = target-only greedy."""
+    """bs=4, default options, requests with a stop token (one they never emit): each steady iteration
+    launches after the read, and between the read and the launch's first replay the host calls only
+    `ALLOWED`. Tokens = target-only greedy."""
     engine = _engine(request, load_pair, algorithm)
-    rids = [engine.add_request(p, NEW, ignore_eos=True) for p in _prompts()]
+    stop = _unused_stop(engine)
+    rids = [engine.add_request(p, NEW, stop_token_ids=stop, ignore_eos=True) for p in _prompts()]
     for _ in range(WARM):
         engine.step()
     stats = engine.rt.runner.ahead_stats
@@ -98,11 +101,15 @@ def test_launch_after_read_runs_nothing_but_the_launch(request, load_pair, monke
     _assert_target_only(engine, rids)
 
 
-def test_launch_before_read_at_four(request, load_pair) -> None:
-    """`launch_before_read=4`: every steady iteration of a batch of four launches before the read
-    (none after it, none revoked without a stop token); the tokens stay target-only greedy's."""
-    engine = _engine(request, load_pair, "EAGLE3", launch_before_read=BS)
-    rids = [engine.add_request(p, NEW, ignore_eos=True) for p in _prompts()]
+@pytest.mark.parametrize("why", ["option", "no stop tokens"])
+def test_launch_before_read_at_four(request, load_pair, why: str) -> None:
+    """A batch of four launches every steady iteration before the read (none after it, none revoked)
+    when `launch_before_read=4` covers it (its requests with a stop token they never emit), and by
+    default when no request stops on a token (`ignore_eos`, no stop ids); the tokens stay target-only
+    greedy's."""
+    engine = _engine(request, load_pair, "EAGLE3", **({"launch_before_read": BS} if why == "option" else {}))
+    stop = _unused_stop(engine) if why == "option" else []
+    rids = [engine.add_request(p, NEW, stop_token_ids=stop, ignore_eos=True) for p in _prompts()]
     for _ in range(WARM):
         engine.step()
     stats = engine.rt.runner.ahead_stats
@@ -121,6 +128,13 @@ def test_launch_before_read_at_four(request, load_pair) -> None:
 def _assert_target_only(engine: SpecEngine, rids: list[int]) -> None:
     want = target_only_generate(engine.rt.target, _prompts(), NEW)
     assert [engine.requests[r].output for r in rids] == want
+
+
+def _unused_stop(engine: SpecEngine) -> list[int]:
+    """A stop token id that target-only decoding of the prompts never emits: a request given it
+    stops on a token (so a launch before the read could be refused) and still decodes every token."""
+    seen = {t for row in target_only_generate(engine.rt.target, _prompts(), NEW) for t in row}
+    return [min(set(range(engine.rt.spec_config.vocab)) - seen)]
 
 
 def test_profile_splits_device_idle_by_what_it_waited_for() -> None:

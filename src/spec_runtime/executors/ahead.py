@@ -41,21 +41,24 @@ class LaunchAhead(AheadSlots, AheadShrink):
     def read_verify(self, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor, host_rows: Optional["HostRows"],
                     greedy: bool, sim: bool, budget: Sequence[int], room: Optional[Sequence[int]],
                     read: Callable[[Optional["HostRows"]], StopRead],
-                    build: Callable[..., VerifyOutput], shrink: bool = False) -> tuple[StopRead, Optional[VerifyOutput]]:
-        """`Executor.read_verify`: stage a launch before the read (`prepare_ahead`); for small batches
-        that nothing but a stop token can stop this iteration, launch before the read
-        (`may_launch_before_read`), so that the device goes on while the host reads; read (`read`, the
-        one sync); then settle, launch or cancel as the read allows. When launched, the VerifyOutput is
-        `build(ext_slots, counts)`, its device work queued beside the launched graphs (`bookkeeping`).
-        `shrink`: when some requests finish, launch for the others (`AheadShrink.launch_shrunk`)."""
+                    build: Callable[..., VerifyOutput], shrink: bool = False,
+                    stop_tokens: bool = True) -> tuple[StopRead, Optional[VerifyOutput]]:
+        """`Executor.read_verify`: stage a launch before the read (`prepare_ahead`); for batches that
+        nothing but a stop token can stop this iteration, small ones or ones without stop tokens, launch
+        before the read (`may_launch_before_read`), so that the device goes on while the host reads;
+        read (`read`, the one sync); then settle, launch or cancel as the read allows. When launched,
+        the VerifyOutput is `build(ext_slots, counts)`, its device work queued beside the launched
+        graphs (`bookkeeping`). `shrink`: when some requests finish, launch for the others
+        (`AheadShrink.launch_shrunk`). `stop_tokens`: some request of the batch stops on a token."""
         bs = len(inp)
+        before = self.before_read_size(bs, stop_tokens)
         # bookkeeping beside the launched graphs (with bookkeeping="triton" they do it themselves)
-        side = 0 < bs <= self.before_read_bs and self.backend.bookkeeping != "triton"
+        side = before and self.backend.bookkeeping != "triton"
         with self.bookkeeping(side) as escape:
             prepared = self.prepare_ahead(greedy, room, bs, sim)
             if prepared:
                 escape(self.prepared_tensors())
-        early = prepared and self.may_launch_before_read(bs, budget, room)
+        early = prepared and before and self.may_launch_before_read(budget, room)
         ext_slots = None
         try:
             if early:
@@ -159,15 +162,22 @@ class LaunchAhead(AheadSlots, AheadShrink):
         finished, and each stays inside its context next iteration: `room[b]` tokens)."""
         return self._prepared is not None and ahead_allowed(finished, counts, room)
 
-    def may_launch_before_read(self, bs: int, budget: Sequence[int], room: Optional[Sequence[int]]) -> bool:
-        """Whether the prepared launch may be queued before verify's read, so that the device goes
-        from this verify straight into the next phases instead of waiting for the host to read it.
-        Only for batches of at most `before_read_bs` requests (a refused launch costs the batch one
-        iteration of device time), and only when no accept count (at most num_steps + 1) can stop
-        a request by its token budget or take it past its context: then only a stop token (EOS) can
-        make the read refuse the launch, and `revoke_ahead` undoes it."""
+    def before_read_size(self, bs: int, stop_tokens: bool) -> bool:
+        """Whether a batch of `bs` requests may launch before verify's read at all: launch before the
+        read is on (`before_read_bs` > 0) and the batch has at most `before_read_bs` requests (a stop
+        token refuses the launch and costs the batch one iteration of device time) or no request
+        stops on a token (`stop_tokens` False: nothing but a budget or the context, which
+        `may_launch_before_read` rules out, can refuse it)."""
+        return 0 < bs and self.before_read_bs > 0 and (bs <= self.before_read_bs or not stop_tokens)
+
+    def may_launch_before_read(self, budget: Sequence[int], room: Optional[Sequence[int]]) -> bool:
+        """Whether the prepared launch, for a batch `before_read_size` allows, may be queued before
+        verify's read, so that the device goes from this verify straight into the next phases
+        instead of waiting for the host to read it: only when no accept count (at most num_steps + 1)
+        can stop a request by its token budget or take it past its context. Then only a stop token
+        (EOS) can make the read refuse the launch, and `revoke_ahead` undoes it."""
         width = self.rt.spec_config.num_steps + 1
-        return (self._prepared is not None and 0 < bs <= self.before_read_bs and room is not None
+        return (self._prepared is not None and room is not None
                 and all(b > width for b in budget) and all(r >= width for r in room))
 
     def settle_ahead(self, finished: Sequence[bool], counts: Sequence[int], room: Optional[Sequence[int]],

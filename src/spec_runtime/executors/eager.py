@@ -67,7 +67,8 @@ class EagerExecutor:
     def read_verify(self, inp: VerifyInput, out: VerifyCoreOut, slots: torch.Tensor, host_rows: Optional[HostRows],
                     greedy: bool, sim: bool, budget: Sequence[int], room: Optional[Sequence[int]],
                     read: Callable[[Optional[HostRows]], StopRead],
-                    build: Callable[..., VerifyOutput], shrink: bool = False) -> tuple[StopRead, Optional[VerifyOutput]]:
+                    build: Callable[..., VerifyOutput], shrink: bool = False,
+                    stop_tokens: bool = True) -> tuple[StopRead, Optional[VerifyOutput]]:
         """The read only: nothing is launched ahead."""
         return read(host_rows), None
 
