@@ -151,7 +151,8 @@ def test_graphs_sharing_one_pool(request, load_pair, monkeypatch, pair: str, fir
     keeps its intermediates, and are overwritten by that graph's next replay. The static executor
     with `emulate_graph_pool` (every bucket captured at setup, captures and replays as on CUDA, the
     outputs of later-captured graphs overwritten by each replay) still gives eager's tokens,
-    accept lengths and events with launch-ahead, both pools whole."""
+    accept lengths and events with launch-ahead, both pools whole; the rows of requests going on
+    when others finish are compacted by graphs too (`AheadShrink._compact_fn`)."""
     emulate_graph_pool(monkeypatch)
     algorithm, target, draft = _models(request, load_pair, pair)
     engine = _compare(algorithm, target, draft, first, joins, budget=24 if pair == "aligned" else 6)
@@ -160,6 +161,9 @@ def test_graphs_sharing_one_pool(request, load_pair, monkeypatch, pair: str, fir
     order = runner.graphs._emulated["order"]
     assert order[0][-1] == max(BUCKETS) and len(order) > 3 * len(BUCKETS), order  # setup captured all, largest first
     assert any(runner.graphs._emulated["owned"].values())
+    # finishing requests' rows were compacted by their own graphs (one run per shrunk launch)
+    compactions = sum(v for k, v in runner.graphs.calls.items() if k[0] == "compact")
+    assert compactions == runner.ahead_stats["shrunk"] and (compactions > 0 or joins > 0), runner.ahead_stats
 
 
 @pytest.mark.parametrize("pair,steps,topk,n", [("standalone", 3, 1, 4), ("eagle3", 3, 2, 6), ("aligned", 4, 1, 5)])

@@ -107,6 +107,7 @@ class GraphRunner(LaunchAhead):
         if self.before_read_bs > 0 and rt.device.type == "cuda":
             rt.target_cache.track_order = rt.draft_cache.track_order = True
         self._vout_full: dict[tuple, VerifyCoreOut] = {}
+        self._compaction: Optional[tuple] = None  # the compaction graphs' rows and saves (`AheadShrink`)
         self.kept = Kept(self.max_bs)  # the launch-ahead graphs' outputs, outside the graphs' pool
         self._unsaved: Optional[tuple] = None  # the launched verify's kept views, before a graph fills them
         self.linear_log: list = []
@@ -363,6 +364,6 @@ class GraphRunner(LaunchAhead):
         self.discard_ahead()
         self._vout_full.clear()
         self.kept.clear()
-        self._rows, self._unsaved = None, None
+        self._rows, self._unsaved, self._compaction = None, None, None
         self.graphs.close()
         self.bufs = None
