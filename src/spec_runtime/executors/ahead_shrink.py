@@ -98,8 +98,9 @@ class AheadShrink:
             accept_index = vo.accept_index[:bs].clone()
             done_slots = self._verified.slots.index_select(0, done_d)
             pairs, moved = self._moved_rows(vo, old, new, perm_d, shift_d)
+            rows = new * self.rt.spec_config.num_draft_tokens
             dst = VerifyCoreOut(moved.accept_index, moved.accept_tokens, moved.num_correct,
-                                None if moved.captured is None else vo.captured[: new * self.rt.spec_config.num_draft_tokens])
+                                None if moved.captured is None else vo.captured[:rows])
             if moved.captured is not None:
                 pairs.append((dst.captured, moved.captured))
             copy_all(pairs)
@@ -147,7 +148,7 @@ class AheadShrink:
             pairs.append((dst.captured, moved.captured))
         pairs = [(dst.accept_index, moved.accept_index), (dst.accept_tokens, moved.accept_tokens),
                  (dst.num_correct, moved.num_correct)] + pairs
-        for to, src in saves + pairs:  # (every source is read before the first write)
+        for to, src in saves + pairs:  # (the saves first; every moved row was gathered before any write)
             torch.where(armed, src.to(to.dtype), to, out=to)
         flag.zero_()
         return dst
