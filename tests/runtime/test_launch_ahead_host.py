@@ -77,7 +77,8 @@ def test_launch_after_read_runs_nothing_but_the_launch(request, load_pair, monke
     launches after the read, and between the read and the launch's first replay the host calls only
     `ALLOWED`. Tokens = target-only greedy."""
     engine = _engine(request, load_pair, algorithm)
-    stop = _unused_stop(engine)
+    want = _target_only(engine)
+    stop = _unused_stop(engine, want)
     rids = [engine.add_request(p, NEW, stop_token_ids=stop, ignore_eos=True) for p in _prompts()]
     for _ in range(WARM):
         engine.step()
@@ -98,7 +99,7 @@ def test_launch_after_read_runs_nothing_but_the_launch(request, load_pair, monke
     assert stats.get("after_read") == steady and "before_read" not in stats, stats
     extra = [sorted(set(w) - ALLOWED) for w in windows]
     assert not any(extra), f"host work between the read and the launch: {extra}"
-    _assert_target_only(engine, rids)
+    _assert_target_only(engine, rids, want)
 
 
 @pytest.mark.parametrize("why", ["option", "no stop tokens"])
@@ -108,7 +109,8 @@ def test_launch_before_read_at_four(request, load_pair, why: str) -> None:
     default when no request stops on a token (`ignore_eos`, no stop ids); the tokens stay target-only
     greedy's."""
     engine = _engine(request, load_pair, "EAGLE3", **({"launch_before_read": BS} if why == "option" else {}))
-    stop = _unused_stop(engine) if why == "option" else []
+    want = _target_only(engine)
+    stop = _unused_stop(engine, want) if why == "option" else []
     rids = [engine.add_request(p, NEW, stop_token_ids=stop, ignore_eos=True) for p in _prompts()]
     for _ in range(WARM):
         engine.step()
@@ -122,18 +124,22 @@ def test_launch_before_read_at_four(request, load_pair, why: str) -> None:
     assert steady >= 5 and stats.get("before_read") == steady, (steady, stats)
     assert "after_read" not in stats and "revoked" not in stats, stats
     engine.run()
-    _assert_target_only(engine, rids)
+    _assert_target_only(engine, rids, want)
 
 
-def _assert_target_only(engine: SpecEngine, rids: list[int]) -> None:
-    want = target_only_generate(engine.rt.target, _prompts(), NEW)
+def _target_only(engine: SpecEngine) -> list[list[int]]:
+    """Target-only greedy decoding of the prompts (`NEW` tokens each)."""
+    return target_only_generate(engine.rt.target, _prompts(), NEW)
+
+
+def _assert_target_only(engine: SpecEngine, rids: list[int], want: list[list[int]]) -> None:
     assert [engine.requests[r].output for r in rids] == want
 
 
-def _unused_stop(engine: SpecEngine) -> list[int]:
-    """A stop token id that target-only decoding of the prompts never emits: a request given it
-    stops on a token (so a launch before the read could be refused) and still decodes every token."""
-    seen = {t for row in target_only_generate(engine.rt.target, _prompts(), NEW) for t in row}
+def _unused_stop(engine: SpecEngine, want: list[list[int]]) -> list[int]:
+    """A stop token id that target-only decoding of the prompts (`want`) never emits: a request given
+    it stops on a token (so a launch before the read could be refused) and still decodes every token."""
+    seen = {t for row in want for t in row}
     return [min(set(range(engine.rt.spec_config.vocab)) - seen)]
 
 
