@@ -108,7 +108,7 @@ def config_for(alg: str, target: Path, work: Path, args: argparse.Namespace, ste
         save_every=max(1, steps // 4), gen_batch_size=args.gen_batch_size, device=args.device,
         progress=args.progress, init_from=args.init_from.get(alg), keep_draft_vocab=args.keep_draft_vocab,
         profile_steps=profile_steps, cache_target=args.cache_target, seed=args.seed,
-        extra_data=tuple(args.extra_data),
+        extra_data=tuple(args.extra_data), past_eos=args.past_eos,
     )
 
 
@@ -180,13 +180,15 @@ def pack(name: str, work: Path, out: Path) -> None:
 def evaluate(alg: str, target: Path, draft: Path, args: argparse.Namespace, sample: tuple, log: dict) -> None:
     """Greedy acceptance of the draft on the held-out sample, in all and per kind."""
     prompts, kinds = sample
-    for name in args.evals:
-        steps, topk, ndraft = eval_tree(name)
+    for tree, past in [(t, p) for t in args.evals for p in (False, True)[:1 + args.eval_past_eos]]:
+        steps, topk, ndraft = eval_tree(tree)
+        name = tree + "_past_eos" * past
         t0 = time.perf_counter()
         try:
             acc = measure_acceptance(target, draft, alg, prompts, num_steps=steps, topk=topk,
                                      num_draft_tokens=ndraft, max_new_tokens=args.eval_max_new_tokens,
-                                     dtype=torch.float32, device=args.device, batch_size=args.eval_batch_size, kinds=kinds)
+                                     dtype=torch.float32, device=args.device, batch_size=args.eval_batch_size, kinds=kinds,
+                                     ignore_eos=past)
             log[alg][name] = {**acc.as_dict(), "seconds": round(time.perf_counter() - t0, 1)}
         except Exception as err:  # keep the trained drafts even when one measurement breaks
             log[alg][name] = {"error": f"{type(err).__name__}: {err}"}
@@ -325,6 +327,10 @@ def main() -> int:
     p.add_argument("--gen-batch-size", type=int, default=128)
     p.add_argument("--extra-data", nargs="+", type=Path, default=[], metavar="FILE",
                    help="data caches of earlier runs (other --seed, samples or prompts) whose sequences join this run's")
+    p.add_argument("--past-eos", action="store_true",
+                   help="continuations run --max-new-tokens tokens past the target's EOS (as ignore_eos requests decode)")
+    p.add_argument("--eval-past-eos", action="store_true",
+                   help="the held-out measurements decode past EOS too (ignore_eos; recorded as NAME_past_eos)")
     p.add_argument("--eval-prompts", type=int, default=40)
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=8, help="prompts measured together")

@@ -12,7 +12,8 @@ A run resumes from `OUTPUT/trainer_state.pt` when present. After training, `--ev
 `OUTPUT/acceptance.json`. `--cache-target` runs the target once per run instead of once per step;
 `--profile-steps N` writes `OUTPUT/profile.txt` (where a step's time goes) and its Chrome trace.
 `--extra-data FILE...` adds the sequences of data caches earlier runs made (the same target, template and
-lengths; other seeds, samples or prompts, but none trained on a prompt this run holds out).
+lengths; other seeds, samples or prompts, but none trained on a prompt this run holds out). `--past-eos`
+continues each sequence past the target's EOS, as benchmarks' `ignore_eos` requests decode.
 """
 
 import argparse
@@ -58,6 +59,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the target once over the training sequences and keep its hidden states on the device "
                         "(tokens x (aux width + hidden) in its dtype; in pinned host memory when that is more than "
                         "half the device's free memory) instead of running it every step")
+    p.add_argument("--past-eos", action="store_true",
+                   help="continuations run --max-new-tokens tokens past the target's EOS, as ignore_eos requests "
+                        "(benchmarks) decode, instead of stopping there")
     p.add_argument("--no-chat-template", action="store_true", help="tokenize text prompts without the template")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars, and no warnings or bars of transformers")
@@ -115,6 +119,8 @@ def run_train(args: argparse.Namespace) -> int:
         fields["extra_data"] = tuple(args.extra_data)
     if args.cache_target:
         fields["cache_target"] = True
+    if args.past_eos:
+        fields["past_eos"] = True
     try:
         cfg = TrainConfig(algorithm=args.algorithm, target=args.target, output=args.output,
                           chat_template=not args.no_chat_template, progress=not args.no_progress, **fields)

@@ -23,7 +23,10 @@ class TrainConfig(BaseModel):
 
     Data: the target's own continuations (greedy when `temperature` is 0) of the training prompts,
     plus `samples_per_prompt - 1` continuations sampled at `sample_temperature`; cached in
-    `data_cache` (default `output/train_data.pt`), which runs of other algorithms may share.
+    `data_cache` (default `output/train_data.pt`), which runs of other algorithms may share. Each is
+    cut after the target's EOS, or with `past_eos` runs on to `max_new_tokens` past it, as a request
+    with `ignore_eos` decodes (throughput benchmarks): after its end of turn a chat model writes on, often
+    a new turn of its own, text a draft trained only up to EOS has never seen.
     `extra_data`: data caches made by earlier runs for the same target, chat template and lengths (other
     seeds, samples or prompts; none trained on a prompt this run holds out), whose sequences join this
     run's (fresh continuations without generating them again).
@@ -58,6 +61,7 @@ class TrainConfig(BaseModel):
     temperature: float = Field(0.0, ge=0.0)
     samples_per_prompt: int = Field(1, ge=1)
     sample_temperature: float = Field(0.7, gt=0.0)
+    past_eos: bool = False
     data_cache: Optional[Path] = None
     extra_data: tuple[Path, ...] = ()
     steps: int = Field(1000, ge=1)
@@ -103,6 +107,8 @@ class TrainConfig(BaseModel):
                 "token_map_size"}
         if not self.extra_data:  # a run without extra data keeps the fingerprint runs before it had
             skip.add("extra_data")
+        if not self.past_eos:  # so does a run whose continuations stop at EOS
+            skip.add("past_eos")
         return {k: (str(v) if isinstance(v, Path) else tuple(str(p) for p in v) if k == "extra_data" else v)
                 for k, v in self.model_dump().items() if k not in skip}
 

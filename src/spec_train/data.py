@@ -180,7 +180,8 @@ def sample_seed(seed: int, k: int) -> int:
 def generate_continuations(model: Any, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float,
                            batch_size: int, eos_ids: Sequence[int], seed: int,
                            progress: bool = False) -> Sequences:
-    """The target's continuation of each prompt (greedy when `temperature` is 0), cut after EOS.
+    """The target's continuation of each prompt (greedy when `temperature` is 0), cut after EOS (any of
+    `eos_ids`; none given: `max_new_tokens` tokens, past any EOS).
 
     Batched with left padding; prompts are sorted by length so batches pad little."""
     from tqdm import tqdm

@@ -180,7 +180,7 @@ def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train:
             return _with_extra(cfg, Sequences.from_dict(saved["data"])), held_ids
     gen_cfg_path = cfg.target / "generation_config.json"
     gen_cfg = json.loads(gen_cfg_path.read_text()) if gen_cfg_path.is_file() else None
-    eos = eos_token_ids(target_cfg, gen_cfg)
+    eos = [] if cfg.past_eos else eos_token_ids(target_cfg, gen_cfg)
     seqs = Sequences([], [])
     for k in range(cfg.samples_per_prompt):
         temperature = cfg.temperature if k == 0 else cfg.sample_temperature
@@ -194,13 +194,14 @@ def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train:
 
 
 DATA_KEYS = ("target", "prompts", "held_out_every", "max_prompts", "chat_template", "max_new_tokens", "max_seq_len",
-             "temperature", "samples_per_prompt", "sample_temperature", "seed")
-"""The options a data cache is made for (its `key`): a cache made for other ones is generated again."""
+             "temperature", "samples_per_prompt", "sample_temperature", "seed", "past_eos")
+"""The options a data cache is made for (its `key`): a cache made for other ones is generated again
+(`past_eos` only when set, so caches made before it existed keep their keys)."""
 
 
 def _data_key(cfg: TrainConfig) -> dict:
     fingerprint = cfg.fingerprint()
-    return {k: fingerprint[k] for k in DATA_KEYS}
+    return {k: fingerprint[k] for k in DATA_KEYS if k in fingerprint}
 
 
 def _read_extra(path: Path) -> dict:
@@ -225,7 +226,7 @@ def check_extra_data(cfg: TrainConfig, target_cfg: dict, held: list) -> None:
     of this run's prompts and split holds out the same prompts; one of other prompts is refused when the
     prompt of any of its sequences is, token for token, one of this run's held-out prompts."""
     own = _data_key(cfg)
-    seen = {tuple(repr(own[k]) for k in DATA_KEYS): "this run"}
+    seen = {tuple(repr(own.get(k)) for k in DATA_KEYS): "this run"}
     held_ids: Optional[set] = None
     for path in cfg.extra_data:
         if not path.is_file():

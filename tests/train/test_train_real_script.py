@@ -203,3 +203,43 @@ def test_calibration_reads_the_cache_the_budgeted_run_reads(script, monkeypatch,
     assert runs == [(10, True), (60, True), (200, True)] and released == [3]
     script.prepare_data(target, seen_args[0])
     assert runs[-1] == (1, False)
+
+
+def test_past_eos_reaches_the_runs_and_the_measurements(script, monkeypatch, tmp_path: Path) -> None:
+    """`--past-eos`: every algorithm's run continues past EOS (off by default); `--eval-past-eos`: each
+    held-out measurement runs twice, stopping at EOS (NAME) and past it (NAME_past_eos, ignore_eos)."""
+    from spec_runtime.tiny import build_tiny_target
+    from spec_train.evaluate import Acceptance
+
+    target = build_tiny_target(tmp_path / "target", seed=1)
+    base = ["train_real_drafts.py", "--target", str(target), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+            "--algorithms", "EAGLE3"]
+    seen, parsed = [], []
+
+    def first_run(alg, target, work, args, log):
+        seen.append(script.config_for(alg, target, work, args, 1).past_eos)
+        parsed.append(args)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(script, "train_one", first_run)
+    for extra in ([], ["--past-eos", "--eval-past-eos", "--evals", "tree_5_4_8", "chain_4_1_5"]):
+        monkeypatch.setattr(sys, "argv", [*base, *extra])
+        with pytest.raises(SystemExit):
+            script.main()
+    assert seen == [False, True]
+    calls = []
+
+    def fake_measure(*a, ignore_eos=False, **k):
+        calls.append((k["num_steps"], k["topk"], ignore_eos))
+        return Acceptance(2.0 + ignore_eos, 2, 1, (2.0,))
+
+    monkeypatch.setattr(script, "measure_acceptance", fake_measure)
+    log: dict = {"EAGLE3": {}}
+    script.evaluate("EAGLE3", target, tmp_path, parsed[1], ([[1, 2]], ["chat"]), log)
+    assert calls == [(5, 4, False), (5, 4, True), (4, 1, False), (4, 1, True)]
+    assert {k: v["tokens_per_iteration"] for k, v in log["EAGLE3"].items()} == {
+        "tree_5_4_8": 2.0, "tree_5_4_8_past_eos": 3.0, "chain_4_1_5": 2.0, "chain_4_1_5_past_eos": 3.0}
+    parsed[0].evals = ["tree_5_4_8"]
+    calls.clear()
+    script.evaluate("EAGLE3", target, tmp_path, parsed[0], ([[1, 2]], ["chat"]), {"EAGLE3": {}})
+    assert calls == [(5, 4, False)]
