@@ -407,14 +407,14 @@ def test_tuning_cache_keeps_decisions_between_processes(tmp_path, monkeypatch) -
     with _progress(new_shape, rows, path) as bar:
         assert bar is None  # off a terminal
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    from spec_runtime import options
+
+    monkeypatch.setattr(options, "_QUIET", False)  # an earlier test's `generate --no-progress` may have set it
     with _progress(new_shape, rows, path) as bar:
         assert bar.total == len(rows) and not bar.disable
     with _progress([M.Linear(a)], rows, path) as bar:
         assert bar is None
-    from spec_runtime import options
-
-    monkeypatch.setattr(options, "_QUIET", False)
-    options.set_quiet()  # the CLI's --no-progress
+    options.set_quiet()  # the CLI's --no-progress (monkeypatch restores the flag)
     with _progress(new_shape, rows, path) as bar:
         assert bar is None
     # off: timed in the process, the file neither read nor written
