@@ -2,10 +2,10 @@
 (every 10th prompt of the package's prompt set, never trained on), as a tree of 5 steps, topk 4,
 8 draft tokens: each accepts what it was trained to accept, and all three emit the same tokens.
 
-Measured here on the first 4 held-out prompts, 48 new tokens: EAGLE-3 3.48, EAGLE-1 2.98 (2.93
+Measured here on the first 4 held-out prompts, 48 new tokens: EAGLE-3 3.55, EAGLE-1 2.98 (2.93
 without its hot-token map), STANDALONE 3.55 tokens per iteration. The floors catch a shipped draft that does not fit the loaders
 or the runtime (EAGLE-1 with its `fc` input halves swapped: 1.05; EAGLE-3 reading every
-aux layer one deeper, sglang's convention: 2.98). Other draft-side bugs barely move acceptance on these drafts
+aux layer one deeper, sglang's convention: 2.93). Other draft-side bugs barely move acceptance on these drafts
 (the chat-only STANDALONE draft fed the EAGLE shift accepted 2.83 against 2.88):
 tests/train/test_draft_chain_parity.py is the sharp check for those.
 """
