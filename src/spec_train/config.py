@@ -18,6 +18,11 @@ class TrainError(ValueError):
     """Bad training input: a target the trainer cannot handle, a missing file, a too-small prompt set."""
 
 
+ADDED_OPTIONS = ("extra_data", "past_eos")
+"""Options that joined `TrainConfig` after checkpoints and data caches were saved: left unset, a run's
+fingerprint and data key (`trainer._data_key`) are what they were before the option existed."""
+
+
 class TrainConfig(BaseModel):
     """Everything a training run depends on; saved beside the checkpoint so a resume can check it.
 
@@ -102,13 +107,11 @@ class TrainConfig(BaseModel):
 
     def fingerprint(self) -> dict:
         """The options a resumed run must share with the saved one (all but the step count, the
-        checkpoint cadence and the display)."""
+        checkpoint cadence and the display). Options added later (`ADDED_OPTIONS`) count only when set, so
+        runs that leave them unset keep the fingerprint runs before them had."""
         skip = {"steps", "save_every", "progress", "device", "data_cache", "profile_steps", "cache_target",
                 "token_map_size"}
-        if not self.extra_data:  # a run without extra data keeps the fingerprint runs before it had
-            skip.add("extra_data")
-        if not self.past_eos:  # so does a run whose continuations stop at EOS
-            skip.add("past_eos")
+        skip |= {k for k in ADDED_OPTIONS if not getattr(self, k)}
         return {k: (str(v) if isinstance(v, Path) else tuple(str(p) for p in v) if k == "extra_data" else v)
                 for k, v in self.model_dump().items() if k not in skip}
 

@@ -196,7 +196,7 @@ def _data(cfg: TrainConfig, model: Any, tokenizer: Any, target_cfg: dict, train:
 DATA_KEYS = ("target", "prompts", "held_out_every", "max_prompts", "chat_template", "max_new_tokens", "max_seq_len",
              "temperature", "samples_per_prompt", "sample_temperature", "seed", "past_eos")
 """The options a data cache is made for (its `key`): a cache made for other ones is generated again
-(`past_eos` only when set, so caches made before it existed keep their keys)."""
+(`past_eos` only when set, as `TrainConfig.fingerprint` has it, so caches made before it keep their keys)."""
 
 
 def _data_key(cfg: TrainConfig) -> dict:
